@@ -1,0 +1,257 @@
+"""Tokenisation into :class:`TokenBatch` rows, on top of the ``tokenizers`` library.
+
+A row is ``[CLS] sentence_1 sentence_2 ... [SEP]`` from consecutive sentences of one document,
+right-padded to the batch's length. Word ids (for whole-word masking) come from the backend's
+pre-tokeniser, so they work for any tokenizer, not only ``##`` WordPiece.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from objreg.core.errors import DataError, InvalidParameterError
+from objreg.core.types import Corpus, TokenBatch, Vocabulary
+
+# A sentence ends at . ! or ? followed by space and an upper-case letter, digit, quote or bracket.
+# Deliberately simple: good enough for encyclopaedic and documentation prose; a corpus plugin
+# with better needs can split sentences itself before building its Corpus.
+_SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+(?=[\"'(\[A-Z0-9])")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split prose into sentences; whitespace is normalised and empty pieces dropped."""
+    text = " ".join(text.split())
+    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
+
+
+class Tokenizer:
+    """A ``tokenizers.Tokenizer`` plus the special tokens objreg needs.
+
+    Args:
+        backend: The ``tokenizers.Tokenizer``; objreg adds special tokens itself, so the
+            backend's post-processor is not used.
+        pad, unk, cls, sep, mask: The special-token strings, which must be in the vocabulary.
+        sentinels: Span sentinel tokens in order of use (T5's ``<extra_id_0>``, ...).
+        named: Further special tokens objectives may look up by name (mode tokens, FIM markers).
+        name: Shown in reports.
+    """
+
+    def __init__(
+        self,
+        backend: object,
+        *,
+        pad: str,
+        unk: str,
+        cls: str,
+        sep: str,
+        mask: str,
+        sentinels: Sequence[str] = (),
+        named: Sequence[str] = (),
+        name: str = "",
+    ):
+        self.backend = backend
+        self.name = name
+
+        def token_id(token: str) -> int:
+            value = backend.token_to_id(token)  # type: ignore[attr-defined]
+            if value is None:
+                raise InvalidParameterError(f"tokenizer {name!r} has no token {token!r} in its vocabulary")
+            return int(value)
+
+        named_ids = {t: token_id(t) for t in named}
+        core_ids = {k: token_id(t) for k, t in dict(pad=pad, unk=unk, cls=cls, sep=sep, mask=mask).items()}
+        sentinel_ids = tuple(token_id(t) for t in sentinels)
+        specials = set(core_ids.values()) | set(sentinel_ids) | set(named_ids.values())
+        self.vocab = Vocabulary(
+            size=backend.get_vocab_size(with_added_tokens=True),  # type: ignore[attr-defined]
+            pad_id=core_ids["pad"],
+            unk_id=core_ids["unk"],
+            cls_id=core_ids["cls"],
+            sep_id=core_ids["sep"],
+            mask_id=core_ids["mask"],
+            special_ids=tuple(sorted(specials)),
+            sentinel_ids=sentinel_ids,
+            named_ids=named_ids,
+        )
+
+    # -- encoding -------------------------------------------------------------------------------
+
+    def encode_sentences(self, sentences: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+        """Token ids and word ids (within the sentence) of each sentence, no special tokens."""
+        encodings = self.backend.encode_batch(list(sentences), add_special_tokens=False)  # type: ignore[attr-defined]
+        out = []
+        for enc in encodings:
+            words = [-1 if w is None else w for w in enc.word_ids]
+            out.append((list(enc.ids), words))
+        return out
+
+    def batch_from_documents(self, documents: Sequence[Sequence[str]], seq_len: int) -> TokenBatch:
+        """One row per document: ``[CLS]`` + its sentences + ``[SEP]``, truncated to ``seq_len``."""
+        rows = [_Chunk(i, tuple(self.encode_sentences(doc))) for i, doc in enumerate(documents)]
+        return self.assemble(rows, seq_len)
+
+    def batch_from_texts(self, texts: Sequence[str], seq_len: int | None = None) -> TokenBatch:
+        """One row per text, split into sentences. ``seq_len=None`` fits the longest text."""
+        if isinstance(texts, str):
+            raise InvalidParameterError("batch_from_texts takes a list of texts, not a single string")
+        documents = [split_sentences(t) for t in texts]
+        if seq_len is None:
+            lengths = [sum(len(ids) for ids, _ in self.encode_sentences(d)) + 2 for d in documents]
+            seq_len = max(lengths, default=2)
+        return self.batch_from_documents(documents, seq_len)
+
+    def assemble(self, chunks: Sequence[_Chunk], seq_len: int) -> TokenBatch:
+        """Frame each chunk as ``[CLS] ... [SEP]``, truncate to ``seq_len``, pad to the longest row."""
+        if seq_len < 3:
+            raise InvalidParameterError(f"seq_len must be at least 3 ([CLS] token [SEP]), got {seq_len}")
+        v = self.vocab
+        rows = []
+        for chunk in chunks:
+            ids, words, sentences = [v.cls_id], [-1], [-1]
+            word_offset = 0
+            for s, (s_ids, s_words) in enumerate(chunk.sentences):
+                ids += s_ids
+                words += [w + word_offset if w >= 0 else -1 for w in s_words]
+                sentences += [s] * len(s_ids)
+                word_offset += max(s_words, default=-1) + 1
+            ids, words, sentences = ids[: seq_len - 1], words[: seq_len - 1], sentences[: seq_len - 1]
+            rows.append((ids + [v.sep_id], words + [-1], sentences + [-1], chunk.document))
+        T = max(len(r[0]) for r in rows)
+        B = len(rows)
+        input_ids = torch.full((B, T), v.pad_id, dtype=torch.long)
+        word_ids = torch.full((B, T), -1, dtype=torch.long)
+        sentence_ids = torch.full((B, T), -1, dtype=torch.long)
+        document_ids = torch.full((B, T), -1, dtype=torch.long)
+        is_padding = torch.ones(B, T, dtype=torch.bool)
+        for b, (ids, words, sentences, doc) in enumerate(rows):
+            n = len(ids)
+            input_ids[b, :n] = torch.tensor(ids)
+            word_ids[b, :n] = torch.tensor(words)
+            sentence_ids[b, :n] = torch.tensor(sentences)
+            document_ids[b, :n] = doc
+            is_padding[b, :n] = False
+        is_special = torch.isin(input_ids, v.special_id_tensor()) | is_padding
+        return TokenBatch(input_ids, is_padding, is_special, word_ids, sentence_ids, document_ids)
+
+    # -- decoding -------------------------------------------------------------------------------
+
+    def tokens(self, ids: Sequence[int] | torch.Tensor) -> list[str]:
+        """The token string of each id."""
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        return [self.backend.id_to_token(int(i)) or f"<{int(i)}>" for i in ids]  # type: ignore[attr-defined]
+
+    def decode(self, ids: Sequence[int] | torch.Tensor, skip_special_tokens: bool = True) -> str:
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    document: int
+    sentences: tuple[tuple[list[int], list[int]], ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(ids) for ids, _ in self.sentences)
+
+
+class TokenizedCorpus:
+    """A corpus tokenised once and cut into row-sized chunks of consecutive sentences.
+
+    Each chunk holds whole sentences of one document and fits ``seq_len`` with ``[CLS]``/``[SEP]``
+    (a single sentence longer than that is truncated). Batches are drawn with an explicit
+    generator, so the same seed gives the same batches.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, corpus: Corpus, seq_len: int):
+        if not corpus.documents or corpus.num_sentences == 0:
+            raise DataError(f"corpus {corpus.name!r} is empty: it has no text to train on")
+        self.tokenizer = tokenizer
+        self.corpus = corpus
+        self.seq_len = seq_len
+        budget = seq_len - 2
+        sentences = [s for doc in corpus.documents for s in doc]
+        encoded = iter(tokenizer.encode_sentences(sentences))
+        chunks: list[_Chunk] = []
+        for d, doc in enumerate(corpus.documents):
+            current: list[tuple[list[int], list[int]]] = []
+            used = 0
+            for _ in doc:
+                ids, words = next(encoded)
+                if not ids:
+                    continue
+                if current and used + len(ids) > budget:
+                    chunks.append(_Chunk(d, tuple(current)))
+                    current, used = [], 0
+                current.append((ids, words))
+                used += len(ids)
+            if current:
+                chunks.append(_Chunk(d, tuple(current)))
+        if not chunks:
+            raise DataError(f"corpus {corpus.name!r} has no tokens after tokenisation")
+        self.chunks = chunks
+        self._sentence_counts = torch.tensor([len(c.sentences) for c in chunks])
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+    def eligible(self, min_sentences: int = 1) -> torch.Tensor:
+        """Indices of chunks with at least ``min_sentences`` sentences."""
+        return torch.nonzero(self._sentence_counts >= min_sentences).flatten()
+
+    def sample(self, batch_size: int, generator: torch.Generator, min_sentences: int = 1, what: str = "") -> TokenBatch:
+        """``batch_size`` chunks drawn uniformly (without replacement when there are enough)."""
+        pool = self.eligible(min_sentences)
+        if len(pool) == 0:
+            need = f" ({what} needs {min_sentences} sentences in one document window)" if what else ""
+            raise DataError(
+                f"corpus {self.corpus.name!r} is too short{need}: no window of seq_len {self.seq_len} "
+                f"holds {min_sentences} sentences of one document"
+            )
+        if len(pool) >= batch_size:
+            picks = pool[torch.randperm(len(pool), generator=generator)[:batch_size]]
+        else:
+            picks = pool[torch.randint(len(pool), (batch_size,), generator=generator)]
+        return self.tokenizer.assemble([self.chunks[i] for i in picks.tolist()], self.seq_len)
+
+
+# -- the default WordPiece layout ------------------------------------------------------------------
+
+#: Special tokens of tokenizers objreg trains itself, in id order: the BERT five first, then span
+#: sentinels (T5, UL2, BART infilling) and named markers (UL2 modes, FIM, end of text).
+BASE_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+SENTINELS = tuple(f"[S{i}]" for i in range(64))
+NAMED_SPECIALS = ("[EOS]", "[NLU]", "[NLG]", "[S2S]", "[FIM_PREFIX]", "[FIM_MIDDLE]", "[FIM_SUFFIX]", "[FIM_PAD]")
+
+
+def wordpiece_tokenizer(backend: object, name: str) -> Tokenizer:
+    """Wrap a backend built with the default special-token layout."""
+    return Tokenizer(
+        backend, pad="[PAD]", unk="[UNK]", cls="[CLS]", sep="[SEP]", mask="[MASK]",
+        sentinels=SENTINELS, named=NAMED_SPECIALS, name=name,
+    )
+
+
+def train_wordpiece(texts: Sequence[str], vocab_size: int = 8000, name: str = "wordpiece") -> Tokenizer:
+    """Train a lower-cased BERT-style WordPiece tokenizer on ``texts`` (deterministic for the same
+    texts). Special tokens get the first ids, in the order of ``BASE_SPECIALS + SENTINELS +
+    NAMED_SPECIALS``."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+
+    backend = Backend(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
+    backend.normalizer = normalizers.BertNormalizer(lowercase=True)
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece()
+    trainer = trainers.WordPieceTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=[*BASE_SPECIALS, *SENTINELS, *NAMED_SPECIALS],
+        show_progress=False,
+    )
+    backend.train_from_iterator(list(texts), trainer=trainer)
+    return wordpiece_tokenizer(backend, name)

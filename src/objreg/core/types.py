@@ -1,0 +1,333 @@
+"""The data types that cross the plugin boundary.
+
+Tensor bundles are ``NamedTuple``s so that ``torch.func`` transforms (``vmap``, ``grad``, ``jvp``)
+can flatten them as pytrees; metadata and configuration are frozen dataclasses. Every tensor in a
+batch has the batch dimension first, so a batch can be sliced per example and vmapped over.
+
+Shapes: ``B`` batch size, ``T`` sequence length, ``H`` hidden size, ``V`` vocabulary size.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal, NamedTuple
+
+import torch
+
+from objreg.core.errors import InvalidParameterError, UnknownNameError
+
+#: Label value that the loss ignores (the PyTorch / Hugging Face convention).
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """Size and special-token ids of a tokenizer's vocabulary.
+
+    Objectives read special ids from here rather than hard-coding them, so they work with any
+    tokenizer. ``sentinel_ids`` are the span sentinels (T5 ``<extra_id_k>``) in the order they are
+    used: the first corrupted span gets ``sentinel_ids[0]``.
+    """
+
+    size: int
+    pad_id: int
+    unk_id: int
+    cls_id: int
+    sep_id: int
+    mask_id: int
+    special_ids: tuple[int, ...]
+    sentinel_ids: tuple[int, ...] = ()
+    #: Other named special tokens, e.g. ``{"[NLU]": 7}`` for UL2 mode tokens or FIM markers.
+    named_ids: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("pad_id", "unk_id", "cls_id", "sep_id", "mask_id"):
+            value = getattr(self, name)
+            if not 0 <= value < self.size:
+                raise InvalidParameterError(f"Vocabulary.{name}={value} is outside [0, {self.size})")
+        object.__setattr__(self, "named_ids", MappingProxyType(dict(self.named_ids)))
+
+    def special_id_tensor(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """All special ids as a 1-D long tensor (for ``torch.isin``)."""
+        return torch.tensor(sorted(self.special_ids), dtype=torch.long, device=device)
+
+    def normal_token_weights(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """Shape ``[V]``: 1.0 for ordinary tokens, 0.0 for special ones.
+
+        Sampling replacement tokens from these weights never draws a special token, a bug of
+        several reference MLM implementations.
+        """
+        weights = torch.ones(self.size, device=device)
+        weights[self.special_id_tensor(device)] = 0.0
+        return weights
+
+
+class TokenBatch(NamedTuple):
+    """Tokenised text before corruption. Each row holds consecutive sentences of one document
+    (or, when packed, of several documents), framed ``[CLS] ... [SEP]`` and right-padded.
+
+    Attributes:
+        input_ids: Shape ``[B, T]`` long. Token ids.
+        is_padding: Shape ``[B, T]`` bool. True at padding positions.
+        is_special: Shape ``[B, T]`` bool. True at special tokens, padding included.
+        word_ids: Shape ``[B, T]`` long. Index of the word a token belongs to within its row,
+            ``-1`` at special tokens. Tokens of one word share an id (whole-word masking).
+        sentence_ids: Shape ``[B, T]`` long. Index of the sentence within its row, ``-1`` at
+            special tokens and padding.
+        document_ids: Shape ``[B, T]`` long. Document index, ``-1`` at padding. Constant along a row
+            unless documents are packed.
+    """
+
+    input_ids: torch.Tensor
+    is_padding: torch.Tensor
+    is_special: torch.Tensor
+    word_ids: torch.Tensor
+    sentence_ids: torch.Tensor
+    document_ids: torch.Tensor
+
+    def to(self, device: torch.device | str) -> TokenBatch:
+        return TokenBatch(*(t.to(device) for t in self))
+
+    def select(self, index: torch.Tensor | slice) -> TokenBatch:
+        """The examples at ``index`` (a slice or an index tensor) along the batch dimension."""
+        return TokenBatch(*(t[index] for t in self))
+
+    @property
+    def batch_size(self) -> int:
+        return self.input_ids.shape[0]
+
+
+class CorruptedBatch(NamedTuple):
+    """What an objective feeds the model and its loss.
+
+    Attributes:
+        input_ids: Shape ``[B, T]`` long. The corrupted input (the length may differ from the
+            uncorrupted batch, e.g. T5 concatenates ``[corrupted input ; target]``).
+        labels: Shape ``[B, T]`` long. Token-level targets, ``IGNORE_INDEX`` where there is none.
+            Objectives whose target is not per token (SOP, NSP) leave them all ``IGNORE_INDEX`` and
+            put their targets in ``extras``.
+        is_padding: Shape ``[B, T]`` bool. True at padding.
+        position_ids: Shape ``[B, T]`` long. Positions, restarting at each packed document.
+        document_ids: Shape ``[B, T]`` long. Document index per token, ``-1`` at padding; the
+            attention mask keeps documents apart.
+        extras: Objective-specific tensors, each with batch dimension ``B`` first, e.g.
+            ``{"order_label": [B]}`` or ``{"masked_positions": [B, K]}``.
+    """
+
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    is_padding: torch.Tensor
+    position_ids: torch.Tensor
+    document_ids: torch.Tensor
+    extras: dict[str, torch.Tensor]
+
+    def to(self, device: torch.device | str) -> CorruptedBatch:
+        fields = [t.to(device) for t in self[:5]]
+        return CorruptedBatch(*fields, {k: v.to(device) for k, v in self.extras.items()})
+
+    def select(self, index: torch.Tensor | slice) -> CorruptedBatch:
+        """The examples at ``index`` (a slice or an index tensor) along the batch dimension."""
+        fields = [t[index] for t in self[:5]]
+        return CorruptedBatch(*fields, {k: v[index] for k, v in self.extras.items()})
+
+    @property
+    def batch_size(self) -> int:
+        return self.input_ids.shape[0]
+
+
+class ModelOutputs(NamedTuple):
+    """What ``objreg_loss`` receives.
+
+    Attributes:
+        hidden: Shape ``[B, T, H]``. The backbone's final hidden states for the corrupted batch
+            under the objective's attention mask.
+        model: The model: ``model.heads[name]`` is the head the objective declared (a module
+            mapping ``[..., H]`` to the head's outputs); ``model.encode(input_ids, attention_mask,
+            position_ids)`` runs the backbone again, for objectives that need a second pass (e.g.
+            ELECTRA's discriminator). Calling them inside ``objreg_loss`` is transform-safe: the
+            analysis swaps the parameters functionally around the whole call.
+    """
+
+    hidden: torch.Tensor
+    model: Any
+
+
+HeadKind = Literal["lm", "classifier", "span", "token_classifier", "projection"]
+
+
+@dataclass(frozen=True)
+class HeadSpec:
+    """A head an objective or task needs on top of the shared backbone.
+
+    Kinds:
+        ``lm``: tied language-model head, ``[..., H] -> [..., V]`` (output weights are the input
+        embeddings; only its transform and bias are head parameters).
+        ``classifier``: ``[B, T, H] -> [B, num_outputs]`` from the first token.
+        ``span``: ``[B, T, H] -> [B, T, 2]`` start/end logits (extractive QA).
+        ``token_classifier``: ``[..., H] -> [..., num_outputs]``.
+        ``projection``: ``[B, T, H] -> [B, num_outputs]`` pooled embedding (contrastive).
+
+    Two objectives that declare the same name and kind share the head.
+    """
+
+    name: str
+    kind: HeadKind
+    num_outputs: int = 0
+
+
+_PARAM_TYPES = (bool, int, float, str)
+
+
+@dataclass(frozen=True)
+class Param:
+    """One parameter of an objective: name, default (from the reference implementation), type,
+    help text, and optional bounds or choices. ``coerce`` turns CLI strings into the type."""
+
+    name: str
+    default: Any
+    help: str
+    type: type = float
+    low: float | None = None
+    high: float | None = None
+    choices: tuple[Any, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.type not in _PARAM_TYPES:
+            raise InvalidParameterError(f"Param {self.name!r}: type must be one of bool, int, float, str")
+
+    def coerce(self, value: Any, owner: str = "") -> Any:
+        where = f"{owner}: " if owner else ""
+        try:
+            if self.type is bool and isinstance(value, str):
+                lowered = value.strip().lower()
+                if lowered not in ("true", "false", "1", "0", "yes", "no"):
+                    raise ValueError(value)
+                result: Any = lowered in ("true", "1", "yes")
+            elif self.type is int and isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            else:
+                result = self.type(value)
+        except (TypeError, ValueError):
+            raise InvalidParameterError(
+                f"{where}parameter {self.name!r} must be {self.type.__name__}, got {value!r}"
+            ) from None
+        if isinstance(result, float) and not math.isfinite(result):
+            raise InvalidParameterError(f"{where}parameter {self.name!r} must be finite, got {value!r}")
+        if self.choices is not None and result not in self.choices:
+            allowed = ", ".join(map(str, self.choices))
+            raise InvalidParameterError(f"{where}parameter {self.name!r} must be one of {allowed}, got {value!r}")
+        if self.low is not None and result < self.low or self.high is not None and result > self.high:
+            raise InvalidParameterError(
+                f"{where}parameter {self.name!r} must lie in [{self.low}, {self.high}], got {value!r}"
+            )
+        return result
+
+
+ObjectiveKind = Literal["pretrain", "downstream"]
+
+
+@dataclass(frozen=True)
+class ObjectiveInfo:
+    """What an objective (or downstream task) is, returned by ``objreg_objective_info``.
+
+    Attributes:
+        name: Registration name, e.g. ``"mlm"``; must equal the plugin's registration
+            (entry-point) name.
+        description: One line for ``objreg list``.
+        kind: ``"pretrain"`` for objectives, ``"downstream"`` for tasks.
+        attention: The attention pattern, for display: ``"bidirectional"``, ``"causal"``,
+            ``"prefix"``, ``"fim"`` or ``"custom"``.
+        heads: Heads the loss uses.
+        params: Every parameter, with its reference default.
+        references: Papers and reference implementations.
+        batch_coupled: True when ``ℓ_i`` depends on other examples of the batch (in-batch
+            negatives); per-sample quantities are then derivatives of ``ℓ_i`` on the whole batch.
+        min_seq_len: Shortest sequence length the objective can work with.
+        min_sentences: Sentences a row needs (SOP/NSP need 2).
+    """
+
+    name: str
+    description: str
+    kind: ObjectiveKind = "pretrain"
+    attention: str = "bidirectional"
+    heads: tuple[HeadSpec, ...] = ()
+    params: tuple[Param, ...] = ()
+    references: tuple[str, ...] = ()
+    batch_coupled: bool = False
+    min_seq_len: int = 4
+    min_sentences: int = 1
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("pretrain", "downstream"):
+            raise InvalidParameterError(f"ObjectiveInfo {self.name!r}: kind must be 'pretrain' or 'downstream'")
+        names = [p.name for p in self.params]
+        if len(set(names)) != len(names):
+            raise InvalidParameterError(f"ObjectiveInfo {self.name!r}: duplicate parameter names {names}")
+
+    def defaults(self) -> dict[str, Any]:
+        return {p.name: p.default for p in self.params}
+
+    def resolve_params(self, overrides: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
+        """Defaults updated with ``overrides``; every override is checked and coerced.
+
+        Raises:
+            UnknownNameError: an override names no parameter of this objective.
+            InvalidParameterError: a value of the wrong type or out of range.
+        """
+        by_name = {p.name: p for p in self.params}
+        resolved = self.defaults()
+        for key, value in (overrides or {}).items():
+            if key not in by_name:
+                raise UnknownNameError(f"parameter of {self.name!r}", key, by_name)
+            resolved[key] = by_name[key].coerce(value, owner=self.name)
+        return MappingProxyType(resolved)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["params"] = [
+            {**dataclasses.asdict(p), "type": p.type.__name__, "choices": list(p.choices) if p.choices else None}
+            for p in self.params
+        ]
+        return data
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Plain-text documents, each a sequence of sentences.
+
+    Attributes:
+        name: What the user asked for (``"default"`` or a path).
+        documents: Documents as tuples of sentences, in a fixed order.
+        description: One line saying where the text came from.
+    """
+
+    name: str
+    documents: tuple[tuple[str, ...], ...]
+    description: str = ""
+
+    @property
+    def num_sentences(self) -> int:
+        return sum(len(d) for d in self.documents)
+
+    def split(self, heldout_every: int = 10) -> tuple[Corpus, Corpus]:
+        """Deterministic split into (pre-training, held-out): every ``heldout_every``-th document is
+        held out, e.g. for building a downstream set the model never pre-trains on."""
+        train = tuple(d for i, d in enumerate(self.documents) if i % heldout_every != heldout_every - 1)
+        heldout = tuple(d for i, d in enumerate(self.documents) if i % heldout_every == heldout_every - 1)
+        return (
+            Corpus(self.name, train, self.description),
+            Corpus(f"{self.name} (held out)", heldout, self.description),
+        )
+
+
+@dataclass(frozen=True)
+class ProviderInfo:
+    """A model, corpus or tokenizer a plugin can provide, for ``objreg list``."""
+
+    kind: Literal["model", "corpus", "tokenizer"]
+    name: str
+    description: str

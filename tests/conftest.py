@@ -1,0 +1,47 @@
+"""Shared fixtures. Torch runs on one thread: CI machines are shared and have two cores."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from objreg.core.tokenizer import train_wordpiece
+
+torch.set_num_threads(1)
+
+#: The real data shipped beside the checkout; tests that read it skip where it is absent.
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+_TEXTS = [
+    "The committee met on Tuesday. It approved the budget for the new library. Members argued about the roof.",
+    "Rivers carry sediment to the sea. Deltas form where the current slows. Some deltas grow every year.",
+    "A compiler translates source code into machine code. Optimisers remove redundant instructions.",
+    "The orchestra played a symphony by Brahms. The audience stood and applauded for several minutes.",
+    "Bees collect nectar from flowers. They store honey in wax cells. The queen lays the eggs.",
+    "Mountains shape the weather of a region. Rain falls on the windward side. The other side stays dry.",
+]
+
+
+@pytest.fixture(scope="session")
+def texts() -> list[str]:
+    return list(_TEXTS)
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """A small WordPiece tokenizer with objreg's default special-token layout."""
+    return train_wordpiece(_TEXTS * 20, vocab_size=400, name="test")
+
+
+@pytest.fixture
+def generator() -> torch.Generator:
+    return torch.Generator().manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path_factory, monkeypatch):
+    """Keep caches out of the user's home; one cache per test session so the default corpus and
+    tokenizer are built once."""
+    monkeypatch.setenv("OBJREG_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "objreg-cache"))
