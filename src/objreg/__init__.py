@@ -16,6 +16,9 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from objreg.analysis.config import AnalysisConfig
+from objreg.analysis.report import AlignmentReport
+from objreg.analysis.run import analyze
 from objreg.core import masks
 from objreg.core.cache import cache_dir
 from objreg.core.errors import (
@@ -52,6 +55,8 @@ except PackageNotFoundError:  # an uninstalled checkout
 
 __all__ = [
     "IGNORE_INDEX",
+    "AlignmentReport",
+    "AnalysisConfig",
     "Corpus",
     "CorruptedBatch",
     "DataError",
@@ -125,10 +130,3 @@ def default_tokenizer(registry: Registry | None = None, cache: Path | None = Non
 def tokenize(texts: list[str], seq_len: int | None = None, tokenizer: Tokenizer | None = None) -> TokenBatch:
     """Tokenise texts into a :class:`TokenBatch`, one row per text (default tokenizer unless given)."""
     return (tokenizer or default_tokenizer()).batch_from_texts(texts, seq_len)
-
-
-def analyze(*args: Any, **kwargs: Any) -> Any:
-    """Run the gradient-alignment analysis; see :func:`objreg.analysis.run.analyze`."""
-    from objreg.analysis.run import analyze as _analyze
-
-    return _analyze(*args, **kwargs)

@@ -57,7 +57,7 @@ PRETRAIN_HOOKS = ("objreg_corrupt", "objreg_attention_mask", "objreg_loss")
 #: Hooks every downstream task must implement.
 DOWNSTREAM_HOOKS = ("objreg_task_data", "objreg_attention_mask", "objreg_loss")
 #: Hooks dispatched by objective name.
-PER_OBJECTIVE_HOOKS = ("objreg_objective_info", *PRETRAIN_HOOKS, "objreg_task_data")
+PER_OBJECTIVE_HOOKS = ("objreg_objective_info", "objreg_check_params", *PRETRAIN_HOOKS, "objreg_task_data")
 
 
 # -- objectives and tasks (dispatched by name) ---------------------------------------------------
@@ -73,6 +73,19 @@ def objreg_objective_info() -> ObjectiveInfo:
         default; ``heads`` the heads ``objreg_loss`` uses.
 
     Called once per plugin when the registry loads; must be cheap and side-effect free.
+    """
+
+
+@hookspec
+def objreg_check_params(params: Mapping[str, Any]) -> None:
+    """Check constraints that span several parameters (optional).
+
+    :param params: The resolved parameters; each value has already been checked on its own
+        against its :class:`objreg.Param` (type, bounds, choices).
+
+    Raise :class:`objreg.InvalidParameterError` naming the parameters and what is allowed, e.g.
+    "mask_replace_prob + random_replace_prob must be at most 1". Called when the objective is
+    created, so a bad combination fails before any data is loaded.
     """
 
 
@@ -186,7 +199,8 @@ def objreg_load_model(
     :param model: What the user passed to ``--model``.
     :param vocab: The tokenizer's vocabulary.
     :param heads: Heads the selected objectives and task declared (deduplicated by name).
-    :param config: Model options from the user (e.g. ``{"dtype": torch.float64}``).
+    :param config: Model options from the user (e.g. ``{"num_layers": 4}``); the host moves the
+        returned model to its device and dtype.
     :param generator: Initialise weights from this generator, so the same seed gives the same model.
     :return: An ``nn.Module`` with ``backbone`` (the shared parameters), ``heads`` (an
         ``nn.ModuleDict`` keyed by head name), ``hidden_size``, and

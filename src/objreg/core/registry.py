@@ -201,8 +201,7 @@ class Registry:
             )
         if name not in self._infos:
             raise UnknownObjectiveError(name, self.objectives())
-        info = self._infos[name]
-        return Objective(self, info, info.resolve_params(params), vocab)
+        return Objective(self, self._infos[name], self._resolve(name, params), vocab)
 
     def get_task(self, name: str, **params: Any) -> Objective:
         """The downstream task ``name`` with ``params`` overriding its defaults."""
@@ -212,8 +211,12 @@ class Registry:
             )
         if name not in self._infos:
             raise UnknownObjectiveError(name, self.tasks(), kind="downstream task")
-        info = self._infos[name]
-        return Objective(self, info, info.resolve_params(params), None)
+        return Objective(self, self._infos[name], self._resolve(name, params), None)
+
+    def _resolve(self, name: str, overrides: Mapping[str, Any]) -> Mapping[str, Any]:
+        params = self._infos[name].resolve_params(overrides)
+        self._hooks_for(name)["objreg_check_params"](params=params)
+        return params
 
     # -- providers ------------------------------------------------------------------------------
 
@@ -226,7 +229,7 @@ class Registry:
     def load_corpus(self, name: str, cache_dir: Path) -> Corpus:
         corpus = self.pm.hook.objreg_load_corpus(name=name, cache_dir=cache_dir)
         if corpus is None:
-            raise UnknownNameError("corpus", name, self._provider_names("corpus") + ["<path to a text file>"])
+            raise UnknownNameError("corpus", name, self._provider_names("corpus"))
         return corpus
 
     def load_tokenizer(self, model: str, corpus: Corpus, cache_dir: Path) -> Tokenizer:

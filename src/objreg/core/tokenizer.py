@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -88,6 +89,12 @@ class Tokenizer:
             words = [-1 if w is None else w for w in enc.word_ids]
             out.append((list(enc.ids), words))
         return out
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids and their character offsets in ``text`` (no special tokens), for mapping
+        character spans (e.g. SQuAD answers) to tokens."""
+        encoding = self.backend.encode(text, add_special_tokens=False)  # type: ignore[attr-defined]
+        return list(encoding.ids), [tuple(o) for o in encoding.offsets]
 
     def batch_from_documents(self, documents: Sequence[Sequence[str]], seq_len: int) -> TokenBatch:
         """One row per document: ``[CLS]`` + its sentences + ``[SEP]``, truncated to ``seq_len``."""
@@ -236,22 +243,44 @@ def wordpiece_tokenizer(backend: object, name: str) -> Tokenizer:
     )
 
 
-def train_wordpiece(texts: Sequence[str], vocab_size: int = 8000, name: str = "wordpiece") -> Tokenizer:
-    """Train a lower-cased BERT-style WordPiece tokenizer on ``texts`` (deterministic for the same
-    texts). Special tokens get the first ids, in the order of ``BASE_SPECIALS + SENTINELS +
-    NAMED_SPECIALS``."""
+def _bert_style_backend(model: object) -> object:
+    """A lower-casing BERT pipeline (normaliser, pre-tokeniser, decoder) around a WordPiece model."""
     from tokenizers import Tokenizer as Backend
-    from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import decoders, normalizers, pre_tokenizers
 
-    backend = Backend(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
+    backend = Backend(model)
     backend.normalizer = normalizers.BertNormalizer(lowercase=True)
     backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     backend.decoder = decoders.WordPiece()
+    return backend
+
+
+def train_wordpiece(texts: Sequence[str], vocab_size: int = 8000, name: str = "wordpiece") -> Tokenizer:
+    """Train a lower-cased BERT-style WordPiece tokenizer on ``texts``. Special tokens get the
+    first ids, in the order of ``BASE_SPECIALS + SENTINELS + NAMED_SPECIALS``.
+
+    Not bit-reproducible: two trainings on the same texts can break frequency ties differently
+    (tokenizers#1794). Save the result (``tokenizer.backend.save``) and reuse the file where runs
+    must repeat; the built-in default tokenizer ships its vocabulary for that reason.
+    """
+    from tokenizers import models, trainers
+
+    backend = _bert_style_backend(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=100))
     trainer = trainers.WordPieceTrainer(
         vocab_size=vocab_size,
         min_frequency=2,
         special_tokens=[*BASE_SPECIALS, *SENTINELS, *NAMED_SPECIALS],
         show_progress=False,
     )
-    backend.train_from_iterator(list(texts), trainer=trainer)
+    backend.train_from_iterator(list(texts), trainer=trainer)  # type: ignore[attr-defined]
     return wordpiece_tokenizer(backend, name)
+
+
+def wordpiece_from_vocab(path: str | Path, name: str) -> Tokenizer:
+    """The BERT-style WordPiece tokenizer for a ``vocab.txt`` file (one token per line, id = line
+    number) with objreg's special-token layout."""
+    from tokenizers import models
+
+    vocab = {token: i for i, token in enumerate(Path(path).read_text(encoding="utf-8").splitlines())}
+    model = models.WordPiece(vocab=vocab, unk_token="[UNK]", max_input_chars_per_word=100)
+    return wordpiece_tokenizer(_bert_style_backend(model), name)

@@ -1,1 +1,459 @@
-"""(being written)"""
+"""qa: extractive span question answering, the downstream task of the gradient-alignment analysis.
+
+Each example is one row ``[CLS] question [SEP] context [SEP]``; a span head predicts the start and
+end token of the answer inside the context (Devlin et al. 2019). An unanswerable question
+(SQuAD v2.0 ``"is_impossible": true``) points both at position 0, the ``[CLS]`` token, the
+standard BERT handling.
+
+Two sources of examples:
+
+* ``--downstream-data PATH``: a SQuAD v1.1 / v2.0 JSON file (Rajpurkar et al. 2016). The first
+  answer of each question is the target. Up to ``limit`` questions, evenly spaced over the file.
+* No path: a built-in **cloze** QA set built from held-out documents of the corpus, after Lewis
+  et al. 2019 ("Unsupervised Question Answering by Cloze Translation", their identity-mapping
+  baseline). For each sentence an answer span is picked by a fixed rule (a capitalised,
+  non-sentence-initial word run or a number, else the longest content word), the question is that
+  sentence with the answer replaced by the mask token, and the context is a window of sentences
+  around it, *including the sentence itself*. So the question is the context sentence with one
+  word masked: this is much easier than SQuAD (answering amounts to aligning the question with
+  its copy in the context and reading off the gap). It still needs a span head reading the
+  context, which is what the analysis measures transfer to; use real SQuAD data for claims about
+  reading comprehension.
+
+Shortcut: when question + context exceed ``seq_len``, one window of context tokens centred on the
+answer is kept (the first tokens for an unanswerable question). The standard approach, several
+overlapping windows with a stride, is later work; a centred window tells the model roughly where
+the answer is, a mild bias for an evaluation set whose gradients, not its accuracy, are used.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import objreg
+
+NAME = "qa"
+
+#: Function words that never make a cloze answer (lower-cased).
+STOPWORDS = frozenset(
+    """a about above after again against all also although among an and another any are around as
+    at be because been before being below between both but by can could did do does doing down
+    during each either every few for from further had has have having he her here hers herself him
+    himself his how however i if in into is it its itself just many may me might more most much
+    must my myself neither no nor not now of off often on once only or other others our ours
+    ourselves out over own same several she should since so some such than that the their theirs
+    them themselves then there these they this those through thus to too under until up upon us
+    very was we were what when where whether which while who whom whose why will with within
+    without would yet you your yours yourself""".split()
+)
+
+# A word: letters or digits, with inner apostrophes or hyphens ("don't", "well-known").
+_WORD = re.compile(r"[^\W_]+(?:['’-][^\W_]+)*")
+
+
+@objreg.hookimpl
+def objreg_objective_info() -> objreg.ObjectiveInfo:
+    return objreg.ObjectiveInfo(
+        name=NAME,
+        description="Extractive span QA: SQuAD v1.1/v2.0 JSON, or built-in cloze questions from held-out text",
+        kind="downstream",
+        attention="bidirectional",
+        heads=(objreg.HeadSpec("qa", "span"),),
+        params=(
+            objreg.Param("max_question_tokens", 32, "Longest question in tokens (longer ones are cut)", int, low=1),
+            objreg.Param(
+                "context_sentences", 2, "Built-in cloze set: sentences of context on each side of the question", int,
+                low=0,
+            ),
+        ),
+        references=(
+            "Rajpurkar et al. 2016, SQuAD: 100,000+ Questions for Machine Comprehension of Text",
+            "Lewis et al. 2019, Unsupervised Question Answering by Cloze Translation",
+            "Devlin et al. 2019, BERT (span start/end head for SQuAD)",
+        ),
+        min_seq_len=8,
+    )
+
+
+# -- examples and rows --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Example:
+    """One question before framing: token ids and the answer's inclusive token span in the
+    context (``None`` for an unanswerable question)."""
+
+    question: list[int]
+    context: list[int]
+    answer: tuple[int, int] | None
+
+
+def _token_span(offsets: Sequence[tuple[int, int]], start: int, end: int) -> tuple[int, int] | None:
+    """Inclusive token span covering the characters ``[start, end)``: every token that overlaps
+    them. ``None`` when no token does (an answer made only of whitespace or dropped characters)."""
+    inside = [i for i, (a, b) in enumerate(offsets) if a < end and b > start]
+    return (inside[0], inside[-1]) if inside else None
+
+
+def _fit(example: _Example, seq_len: int) -> _Example | None:
+    """Cut the context to what fits beside the question, keeping the answer inside (a window
+    centred on it); ``None`` when even the answer alone does not fit."""
+    budget = seq_len - 3 - len(example.question)  # [CLS] q [SEP] c [SEP]
+    context = example.context
+    if example.answer is None:
+        return _Example(example.question, context[:budget], None) if budget >= 1 and context else None
+    start, end = example.answer
+    length = end - start + 1
+    if budget < length:
+        return None
+    width = min(budget, len(context))
+    first = min(max(start - (width - length) // 2, 0), len(context) - width)
+    return _Example(example.question, context[first : first + width], (start - first, end - first))
+
+
+def _assemble(examples: Sequence[_Example], vocab: objreg.Vocabulary) -> objreg.CorruptedBatch:
+    """Frame each example as ``[CLS] question [SEP] context [SEP]`` and right-pad to the longest row."""
+    B = len(examples)
+    T = max(len(e.question) + len(e.context) + 3 for e in examples)
+    input_ids = torch.full((B, T), vocab.pad_id, dtype=torch.long)
+    is_padding = torch.ones(B, T, dtype=torch.bool)
+    segment_ids = torch.zeros(B, T, dtype=torch.long)
+    context_mask = torch.zeros(B, T, dtype=torch.bool)
+    start_positions = torch.zeros(B, dtype=torch.long)  # 0 = [CLS]: unanswerable
+    end_positions = torch.zeros(B, dtype=torch.long)
+    for b, e in enumerate(examples):
+        ids = [vocab.cls_id, *e.question, vocab.sep_id, *e.context, vocab.sep_id]
+        first = len(e.question) + 2  # row index of the first context token
+        n = len(ids)
+        input_ids[b, :n] = torch.tensor(ids)
+        is_padding[b, :n] = False
+        segment_ids[b, first:n] = 1  # context and its closing [SEP], as in BERT's token_type_ids
+        context_mask[b, first : first + len(e.context)] = True
+        if e.answer is not None:
+            start_positions[b] = first + e.answer[0]
+            end_positions[b] = first + e.answer[1]
+    rows = torch.arange(B)[:, None].expand(B, T)
+    return objreg.CorruptedBatch(
+        input_ids=input_ids,
+        labels=torch.full((B, T), objreg.IGNORE_INDEX, dtype=torch.long),
+        is_padding=is_padding,
+        position_ids=torch.arange(T).repeat(B, 1),
+        document_ids=torch.where(is_padding, -1, rows),
+        extras={
+            "start_positions": start_positions,
+            "end_positions": end_positions,
+            "context_mask": context_mask,
+            "segment_ids": segment_ids,
+        },
+    )
+
+
+# -- the built-in cloze set ---------------------------------------------------------------------
+
+
+def cloze_answer(sentence: str) -> tuple[int, int] | None:
+    """Character span ``[start, end)`` of the cloze answer in ``sentence``, or ``None``.
+
+    First choice, named-entity-like: the first number, or the first capitalised word that does
+    not open the sentence (extended over the capitalised words that follow it, so "Johannes
+    Brahms" stays whole). Otherwise the longest content word of at least 5 letters (the first of
+    equal length). Stopwords never qualify.
+    """
+    words = [m for m in _WORD.finditer(sentence) if m.group().lower() not in STOPWORDS]
+    for i, m in enumerate(words):
+        word = m.group()
+        if word.isdigit():
+            return m.span()
+        if word[0].isupper() and m.start() > _first_word_start(sentence):
+            end = m.end()
+            for following in words[i + 1 :]:
+                if sentence[end:following.start()] != " " or not following.group()[0].isupper():
+                    break
+                end = following.end()
+            return m.start(), end
+    content = [m for m in words if m.group().isalpha() and len(m.group()) >= 5]
+    if not content:
+        return None
+    best = max(content, key=lambda m: len(m.group()))  # max keeps the first of equal length
+    return best.span()
+
+
+def _first_word_start(sentence: str) -> int:
+    first = _WORD.search(sentence)
+    return first.start() if first else 0
+
+
+def _cloze_examples(
+    document: Sequence[str], tokenizer: objreg.Tokenizer, seq_len: int, params: Mapping[str, Any]
+) -> Iterator[_Example]:
+    """The cloze questions of one document, in sentence order, already fitted to ``seq_len``."""
+    width = params["context_sentences"]
+    max_question = params["max_question_tokens"]
+    for i, sentence in enumerate(document):
+        span = cloze_answer(sentence)
+        if span is None:
+            continue
+        question = _cloze_question(sentence, span, tokenizer, max_question)
+        # The context: neighbouring sentences joined by spaces; the answer keeps its offset
+        # inside sentence i, shifted by the text before it.
+        before = list(document[max(i - width, 0) : i])
+        after = list(document[i + 1 : i + 1 + width])
+        shift = sum(len(s) + 1 for s in before)
+        context = " ".join([*before, sentence, *after])
+        ids, offsets = tokenizer.encode_with_offsets(context)
+        answer = _token_span(offsets, shift + span[0], shift + span[1])
+        if answer is None:
+            continue
+        fitted = _fit(_Example(question, ids, answer), seq_len)
+        if fitted is not None:
+            yield fitted
+
+
+def _cloze_question(sentence: str, span: tuple[int, int], tokenizer: objreg.Tokenizer, max_tokens: int) -> list[int]:
+    """The sentence with the answer replaced by the mask token, cut to ``max_tokens`` around the
+    mask. The two sides are encoded apart and the mask id put between them, which is what
+    encoding ``left + "[MASK]" + right`` gives, without relying on the backend to recognise the
+    mask string in text."""
+    left = tokenizer.encode_with_offsets(sentence[: span[0]])[0]
+    right = tokenizer.encode_with_offsets(sentence[span[1] :])[0]
+    ids = [*left, tokenizer.vocab.mask_id, *right]
+    first = min(max(len(left) - max_tokens // 2, 0), max(len(ids) - max_tokens, 0))
+    return ids[first : first + max_tokens]
+
+
+def _round_robin(streams: Sequence[Iterator[_Example]], limit: int) -> list[_Example]:
+    """Take one example from each document in turn, so a small ``limit`` still spans documents."""
+    out: list[_Example] = []
+    active = list(streams)
+    while active and len(out) < limit:
+        still = []
+        for stream in active:
+            example = next(stream, None)
+            if example is None:
+                continue
+            out.append(example)
+            still.append(stream)
+            if len(out) == limit:
+                break
+        active = still
+    return out
+
+
+def cloze_task_data(
+    documents: Sequence[Sequence[str]], tokenizer: objreg.Tokenizer, seq_len: int, limit: int,
+    params: Mapping[str, Any],
+) -> objreg.CorruptedBatch:
+    streams = [_cloze_examples(doc, tokenizer, seq_len, params) for doc in documents]
+    examples = _round_robin(streams, limit)
+    if not examples:
+        sentences = sum(len(d) for d in documents)
+        raise objreg.DataError(
+            f"too few held-out documents to build the built-in qa set ({len(documents)} documents, "
+            f"{sentences} sentences gave no cloze question that fits seq_len {seq_len}); "
+            f"pass --downstream-data with a SQuAD v1.1/v2.0 JSON file"
+        )
+    return _assemble(examples, tokenizer.vocab)
+
+
+# -- SQuAD JSON ---------------------------------------------------------------------------------
+
+_JSON_TYPES = {dict: "object", list: "list", str: "string", int: "integer", float: "number", bool: "boolean"}
+_ARTICLE = {"object": "an", "integer": "an"}
+_SQUAD_SHAPE = (
+    'SQuAD v1.1/v2.0 JSON is {"data": [{"paragraphs": [{"context": str, "qas": [{"question": str, '
+    '"answers": [{"text": str, "answer_start": int}], "is_impossible": bool (v2, optional)}]}]}]}'
+)
+
+
+@dataclass(frozen=True)
+class _Question:
+    """One SQuAD question that passed the text checks; ``paragraph`` indexes the contexts list."""
+
+    paragraph: int
+    question: str
+    answer: tuple[int, int] | None  # character span [start, end) in the context
+
+
+def _type_name(value: Any) -> str:
+    return "null" if value is None else _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def _a(kind: type) -> str:
+    name = _JSON_TYPES[kind]
+    return f"{_ARTICLE.get(name, 'a')} {name}"
+
+
+def _field(path: Path, node: Any, where: str, key: str, kind: type) -> Any:
+    """``node[key]`` checked to be a ``kind``; a clear DataError naming the place otherwise."""
+    if not isinstance(node, dict):
+        raise objreg.DataError(f"{path}: {where} must be a JSON object, got {_type_name(node)}. {_SQUAD_SHAPE}")
+    if key not in node:
+        raise objreg.DataError(f"{path}: {where} has no {key!r} key (expected {_a(kind)}). {_SQUAD_SHAPE}")
+    value = node[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise objreg.DataError(f"{path}: {where}.{key} must be {_a(kind)}, got {_type_name(value)}. {_SQUAD_SHAPE}")
+    return value
+
+
+def _read_json(path: Path) -> Any:
+    if not path.is_file():
+        what = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise objreg.DataError(f"qa data file {path} {what}; pass a SQuAD v1.1/v2.0 JSON file")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise objreg.DataError(
+            f"{path}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}. {_SQUAD_SHAPE}"
+        ) from None
+    except UnicodeDecodeError as e:
+        raise objreg.DataError(f"{path}: not UTF-8 text (byte {e.start}); SQuAD files are UTF-8 JSON") from None
+
+
+@dataclass
+class _Skipped:
+    mismatched: list[str]
+    no_answer: list[str]
+
+
+def _read_squad(path: Path) -> tuple[list[str], list[_Question], _Skipped]:
+    """Validate the file's shape and flatten it to (contexts, questions, skipped)."""
+    top = _read_json(path)
+    articles = _field(path, top, "the top level", "data", list)
+    contexts: list[str] = []
+    questions: list[_Question] = []
+    skipped = _Skipped([], [])
+    for a, article in enumerate(articles):
+        paragraphs = _field(path, article, f"data[{a}]", "paragraphs", list)
+        for p, paragraph in enumerate(paragraphs):
+            where_p = f"data[{a}].paragraphs[{p}]"
+            context = _field(path, paragraph, where_p, "context", str)
+            qas = _field(path, paragraph, where_p, "qas", list)
+            contexts.append(context)
+            for q, qa in enumerate(qas):
+                question = _read_question(path, qa, f"{where_p}.qas[{q}]", len(contexts) - 1, context, skipped)
+                if question is not None:
+                    questions.append(question)
+    return contexts, questions, skipped
+
+
+def _read_question(
+    path: Path, qa: Any, where: str, paragraph: int, context: str, skipped: _Skipped
+) -> _Question | None:
+    text = _field(path, qa, where, "question", str)
+    answers = _field(path, qa, where, "answers", list)
+    impossible = qa.get("is_impossible", False)
+    if not isinstance(impossible, bool):
+        raise objreg.DataError(f"{path}: {where}.is_impossible must be a boolean, got {_type_name(impossible)}")
+    for k, answer in enumerate(answers):  # check every answer's shape, though only the first is used
+        _field(path, answer, f"{where}.answers[{k}]", "text", str)
+        _field(path, answer, f"{where}.answers[{k}]", "answer_start", int)
+    if impossible:
+        return _Question(paragraph, text, None)
+    if not answers:
+        skipped.no_answer.append(where)
+        return None
+    start, answer_text = answers[0]["answer_start"], answers[0]["text"]
+    end = start + len(answer_text)
+    if start < 0 or not answer_text.strip() or context[start:end] != answer_text:
+        skipped.mismatched.append(f"{where}.answers[0]")
+        return None
+    return _Question(paragraph, text, (start, end))
+
+
+def _evenly_spaced(n: int, k: int) -> list[int]:
+    """``k`` indices spread evenly over ``range(n)`` (all of them when ``k >= n``)."""
+    k = min(k, n)
+    return [i * n // k for i in range(k)]
+
+
+def squad_task_data(
+    source: str, tokenizer: objreg.Tokenizer, seq_len: int, limit: int, params: Mapping[str, Any]
+) -> objreg.CorruptedBatch:
+    """Up to ``limit`` questions at evenly spaced indices over the file's usable questions (those
+    whose answer text matches the context), so a small limit still samples every article."""
+    path = Path(source)
+    contexts, questions, skipped = _read_squad(path)
+    encodings: dict[int, tuple[list[int], list[tuple[int, int]]]] = {}  # many questions share a paragraph
+    examples: list[_Example] = []
+    too_long = untokenised = 0
+    for index in _evenly_spaced(len(questions), limit):
+        item = questions[index]
+        if item.paragraph not in encodings:
+            encodings[item.paragraph] = tokenizer.encode_with_offsets(contexts[item.paragraph])
+        context_ids, offsets = encodings[item.paragraph]
+        answer = None if item.answer is None else _token_span(offsets, *item.answer)
+        if item.answer is not None and answer is None:
+            untokenised += 1  # an answer the tokenizer drops entirely must not become "unanswerable"
+            continue
+        question = tokenizer.encode_with_offsets(item.question)[0][: params["max_question_tokens"]]
+        fitted = _fit(_Example(question, context_ids, answer), seq_len)
+        if fitted is None:
+            too_long += 1
+        else:
+            examples.append(fitted)
+    if skipped.mismatched:
+        warnings.warn(
+            f"{path}: skipped {len(skipped.mismatched)} questions whose answer text does not match the context "
+            f"at answer_start (first: {skipped.mismatched[0]})",
+            stacklevel=2,
+        )
+    if not examples:
+        total = len(questions) + len(skipped.mismatched) + len(skipped.no_answer)
+        raise objreg.DataError(
+            f"{path}: no usable qa example ({total} questions; {len(skipped.mismatched)} with an answer text "
+            f"that does not match the context at answer_start, {len(skipped.no_answer)} with no answer and no "
+            f'"is_impossible": true, {untokenised} whose answer has no tokens, {too_long} that do not fit '
+            f"seq_len {seq_len}). Each answerable question needs context[answer_start:answer_start + len(text)] "
+            f"== text"
+        )
+    return _assemble(examples, tokenizer.vocab)
+
+
+# -- the hooks ----------------------------------------------------------------------------------
+
+
+@objreg.hookimpl
+def objreg_task_data(
+    source: str | None,
+    documents: Sequence[Sequence[str]],
+    tokenizer: objreg.Tokenizer,
+    seq_len: int,
+    limit: int,
+    params: Mapping[str, Any],
+) -> objreg.CorruptedBatch:
+    if limit < 1:
+        raise objreg.InvalidParameterError(f"qa: limit must be at least 1, got {limit}")
+    if source is None:
+        return cloze_task_data(documents, tokenizer, seq_len, limit, params)
+    return squad_task_data(source, tokenizer, seq_len, limit, params)
+
+
+@objreg.hookimpl
+def objreg_attention_mask(batch: objreg.CorruptedBatch) -> torch.Tensor:
+    return objreg.masks.bidirectional(batch.is_padding)
+
+
+@objreg.hookimpl
+def objreg_loss(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> torch.Tensor:
+    """Mean of the start and end cross-entropies over the allowed positions: the context tokens
+    and position 0 ([CLS], the target of unanswerable questions). Written with ``where``,
+    ``logsumexp`` and ``gather`` so it is vmap/jvp-safe."""
+    logits = outputs.model.heads["qa"](outputs.hidden)  # (B, T, 2): start, end
+    T = logits.shape[1]
+    is_cls = torch.arange(T, device=logits.device) == 0  # (T,)
+    allowed = batch.extras["context_mask"] | is_cls  # (B, T)
+    # finfo.min rather than -inf: exp underflows to exactly 0, and no inf - inf NaN can appear.
+    floor = torch.full((), torch.finfo(logits.dtype).min, dtype=logits.dtype, device=logits.device)
+    masked = torch.where(allowed[..., None], logits, floor)  # (B, T, 2)
+    targets = torch.stack([batch.extras["start_positions"], batch.extras["end_positions"]], dim=-1)  # (B, 2)
+    picked = masked.gather(1, targets[:, None, :]).squeeze(1)  # (B, 2)
+    nll = torch.logsumexp(masked, dim=1) - picked  # (B, 2)
+    return nll.mean(dim=-1)  # (B,)

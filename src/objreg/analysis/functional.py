@@ -1,0 +1,115 @@
+"""Objective losses as pure functions of the shared (backbone) parameters.
+
+Alignment is measured on the parameters every objective shares with the downstream task: the
+backbone. Heads belong to one objective or task and are held fixed here. The model's tied LM
+decoder weight is the embedding Parameter, which ``named_parameters`` lists once, under the
+backbone, so it is counted once; ``functional_call(..., tie_weights=True)`` substitutes it in both
+places.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+from torch.func import functional_call
+from torch.utils._pytree import tree_map
+
+from objreg.core.registry import Objective
+from objreg.core.types import CorruptedBatch, ModelOutputs
+
+Params = dict[str, torch.Tensor]
+SHARED_PREFIX = "backbone."
+
+
+def shared_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The backbone's trainable parameters by name (tied weights once)."""
+    return {n: p for n, p in model.named_parameters() if n.startswith(SHARED_PREFIX) and p.requires_grad}
+
+
+def count_parameters(params: Params) -> int:
+    return sum(p.numel() for p in params.values())
+
+
+def detached(params: dict[str, nn.Parameter]) -> Params:
+    return {n: p.detach() for n, p in params.items()}
+
+
+class _LossForward(nn.Module):
+    """Backbone then the objective's loss, as one module so ``functional_call`` can swap every
+    parameter (backbone and heads) around the whole computation."""
+
+    def __init__(self, model: nn.Module, objective: Objective):
+        super().__init__()
+        self.model = model
+        self.objective = objective
+
+    def forward(self, batch: CorruptedBatch, mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.model.encode(batch.input_ids, mask, batch.position_ids)
+        return self.objective.loss(ModelOutputs(hidden, self.model), batch)
+
+
+def model_losses(model: nn.Module, objective: Objective, batch: CorruptedBatch, mask: torch.Tensor) -> torch.Tensor:
+    """Per-sample losses ``[B]`` with the model's own parameters (ordinary autograd)."""
+    hidden = model.encode(batch.input_ids, mask, batch.position_ids)
+    return objective.loss(ModelOutputs(hidden, model), batch)
+
+
+class ObjectiveFunction:
+    """``θ_shared ↦ ℓ(θ_shared) ∈ R^B`` for one objective on one fixed batch.
+
+    The attention mask is built once, outside any transform. Everything except the shared
+    parameters (heads, buffers) is taken from the model as it is now and held fixed.
+    """
+
+    def __init__(self, model: nn.Module, objective: Objective, batch: CorruptedBatch):
+        self.model = model
+        self.objective = objective
+        self.batch = batch
+        self.mask = objective.attention_mask(batch)
+        self._forward = _LossForward(model, objective)
+        shared = set(shared_parameters(model))
+        self._fixed = {
+            f"model.{n}": t.detach()
+            for n, t in [*model.named_parameters(), *model.named_buffers()]
+            if n not in shared
+        }
+
+    @property
+    def batch_size(self) -> int:
+        return self.batch.input_ids.shape[0]
+
+    def __call__(self, shared: Params) -> torch.Tensor:
+        """Per-sample losses ``[B]`` at ``shared``."""
+        return self.losses(shared, self.batch, self.mask)
+
+    def losses(self, shared: Params, batch: CorruptedBatch, mask: torch.Tensor) -> torch.Tensor:
+        params = {**self._fixed, **{f"model.{n}": t for n, t in shared.items()}}
+        return functional_call(self._forward, params, (batch, mask))
+
+    def mean(self, shared: Params) -> torch.Tensor:
+        return self(shared).mean()
+
+    def example_loss(self, shared: Params, example: CorruptedBatch, mask: torch.Tensor) -> torch.Tensor:
+        """Loss of one example given without its batch dimension (for ``vmap``)."""
+        batch = tree_map(lambda t: t.unsqueeze(0), example)
+        return self.losses(shared, batch, mask.unsqueeze(0))[0]
+
+    def chunks(self, size: int) -> Iterator[ObjectiveFunction]:
+        """The same function over consecutive slices of the batch (to bound memory)."""
+        for start in range(0, self.batch_size, size):
+            part = ObjectiveFunction.__new__(ObjectiveFunction)
+            part.__dict__.update(self.__dict__)
+            part.batch = self.batch.select(slice(start, start + size))
+            part.mask = self.mask[start : start + size]
+            yield part
+
+
+def flat_dot(a: Params, b: Params) -> torch.Tensor:
+    """``Σ_name ⟨a[name], b[name]⟩`` as a 0-d tensor."""
+    return sum((a[n] * b[n]).sum() for n in a)  # type: ignore[return-value]
+
+
+def flat_norm(a: Params) -> torch.Tensor:
+    return torch.sqrt(flat_dot(a, a))

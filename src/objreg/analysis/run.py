@@ -1,0 +1,157 @@
+"""``analyze``: everything from names to a report.
+
+Names are checked before any heavy work (an unknown objective fails in milliseconds), then the
+corpus, tokenizer, downstream set and model are loaded through the registry, the downstream head
+is fitted as a linear probe, and the trainer runs with probes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from objreg.analysis.config import AnalysisConfig
+from objreg.analysis.functional import count_parameters, shared_parameters
+from objreg.analysis.report import AlignmentReport, RunWriter, summarise
+from objreg.analysis.trainer import Downstream, StepCallback, Trainer, fit_downstream_head
+from objreg.core.cache import cache_dir
+from objreg.core.errors import DataError, InvalidParameterError
+from objreg.core.registry import Registry, merge_heads
+from objreg.core.tokenizer import TokenizedCorpus
+from objreg.core.types import CorruptedBatch
+
+
+def analyze(
+    pretrain: Sequence[str] | str,
+    downstream: str = "qa",
+    *,
+    registry: Registry | None = None,
+    out_dir: str | Path | None = None,
+    on_step: StepCallback | None = None,
+    on_status: Callable[[str], None] | None = None,
+    cache: Path | None = None,
+    **settings: Any,
+) -> AlignmentReport:
+    """Train on the weighted mix of ``pretrain`` objectives and measure, at every probe, how each
+    objective's gradient aligns with the ``downstream`` task's gradient.
+
+    Args:
+        pretrain: Objective names, as a list or a comma-separated string (``"mlm,sop"``).
+        downstream: Task name.
+        registry: Plugins to use (default: built-ins and installed plugins).
+        out_dir: Where to write ``config.json``, ``steps.jsonl`` (one line per finished probe)
+            and ``report.json``.
+        on_step: Called after every training step with ``(step, probe record or None)``.
+        on_status: Called with a short line as each loading stage starts.
+        cache: Cache directory for the default corpus and tokenizer.
+        **settings: Any field of :class:`objreg.analysis.config.AnalysisConfig` (``steps``,
+            ``lr``, ``optimizer``, ``weights``, ``batch_size``, ``seq_len``, ``seed``, ...).
+
+    Returns:
+        The :class:`AlignmentReport`.
+    """
+    if isinstance(pretrain, str):
+        pretrain = [p.strip() for p in pretrain.split(",") if p.strip()]
+    config = AnalysisConfig(pretrain=tuple(pretrain), downstream=downstream, **settings)
+    status = on_status or (lambda _message: None)
+    registry = registry or Registry.load()
+    device = config.resolved_device()
+    task = registry.get_task(config.downstream)
+    for name in config.pretrain:  # fail on a bad name or parameter before loading anything heavy
+        _check_fits(registry.get(name, **config.objective_params.get(name, {})).info, config)
+    writer = RunWriter(out_dir) if out_dir is not None else None
+    cache = cache or cache_dir()
+
+    status(f"loading corpus {config.corpus!r}")
+    corpus = registry.load_corpus(config.corpus, cache)
+    status(f"loading tokenizer for model {config.model!r}")
+    tokenizer = registry.load_tokenizer(config.model, corpus, cache)
+    objectives = {
+        name: registry.get(name, vocab=tokenizer.vocab, **config.objective_params.get(name, {}))
+        for name in config.pretrain
+    }
+    pretrain_corpus, heldout = corpus.split()
+    tokenized = TokenizedCorpus(tokenizer, pretrain_corpus, config.seq_len)
+
+    status(f"loading downstream data for {config.downstream!r}")
+    fit_size = config.head_fit_size if config.head_warmup_steps else 0
+    data = task.task_data(
+        config.downstream_data, heldout.documents, tokenizer, config.seq_len, config.eval_size + fit_size
+    )
+    eval_batch, fit_batch = _split_evaluation(data, config.eval_size, with_fit=fit_size > 0)
+
+    status(f"building model {config.model!r}")
+    heads = merge_heads([o.info for o in objectives.values()] + [task.info])
+    model_generator = torch.Generator().manual_seed(config.seed)
+    model = registry.load_model(config.model, tokenizer.vocab, heads, {}, model_generator)
+    model.to(device=device, dtype=config.torch_dtype)
+
+    warmup = fit_downstream_head(model, task, fit_batch.to(device), config.head_warmup_steps)
+    downstream_set = Downstream(task, eval_batch.to(device))
+    trainer = Trainer(
+        model, objectives, config.weights, tokenized, downstream_set,
+        optimizer=config.optimizer, lr=config.lr, batch_size=config.batch_size, seed=config.seed,
+        device=device, per_sample_method=config.per_sample_method,
+    )
+    shared = shared_parameters(model)
+    report_config = {
+        **config.to_dict(),
+        "device": str(device),
+        "shared_parameters": count_parameters(shared),
+        "model_parameters": sum(p.numel() for p in model.parameters()),
+        "vocab_size": tokenizer.vocab.size,
+        "corpus_description": corpus.description,
+        "pretrain_chunks": len(tokenized),
+        "downstream_examples": eval_batch.batch_size,
+        "head_warmup": {"examples": fit_batch.batch_size, "loss_before": warmup[0] if warmup else None,
+                        "loss_after": warmup[-1] if warmup else None},
+        "objective_params": {n: dict(o.params) for n, o in objectives.items()},
+    }
+    if writer is not None:
+        writer.write_config(report_config)
+        writer.start_steps()
+
+    initial_loss = downstream_set.loss(model)
+
+    def record_step(step: int, record: dict[str, Any] | None) -> None:
+        if record is not None and writer is not None:
+            writer.append_step(record)
+        if on_step is not None:
+            on_step(step, record)
+
+    status("training with probes")
+    records = trainer.run(config.steps, config.probe_every, record_step)
+    report_config["per_sample_method"] = ",".join(sorted(trainer.methods_used))
+    report = AlignmentReport(
+        pretrain=list(config.pretrain),
+        downstream=config.downstream,
+        config=report_config,
+        steps=records,
+        summary=summarise(list(config.pretrain), records, initial_loss, downstream_set.loss(model)),
+    )
+    if writer is not None:
+        writer.write_report(report)
+    return report
+
+
+def _split_evaluation(data: CorruptedBatch, eval_size: int, with_fit: bool) -> tuple[CorruptedBatch, CorruptedBatch]:
+    """Evenly spaced rows define D; the rest fit the downstream head. Disjoint, so the probe is
+    not fitted on the examples it is evaluated on. With a fit split, at most half goes to D."""
+    total = data.batch_size
+    if with_fit and total < 2:
+        raise DataError(f"the downstream set has {total} example(s); fitting its head needs at least 2")
+    size = min(eval_size, total // 2 if with_fit else total)
+    chosen = torch.linspace(0, total - 1, size).round().long()
+    rest = torch.ones(total, dtype=torch.bool)
+    rest[chosen] = False
+    return data.select(chosen), data.select(torch.nonzero(rest).flatten())
+
+
+def _check_fits(info: Any, config: AnalysisConfig) -> None:
+    if config.seq_len < info.min_seq_len:
+        raise InvalidParameterError(
+            f"--seq-len {config.seq_len} is too short for {info.name!r}, which needs at least {info.min_seq_len} tokens"
+        )

@@ -1,0 +1,129 @@
+"""The ``objreg`` command line: a click group of thin commands (one module each).
+
+The group does two things beyond click's: it turns library errors into one line and exit code 1
+(the only place errors are handled), and it asks plugins for extra commands through the
+``objreg_register_commands`` hook, lazily, so built-in commands never pay for it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+import objreg
+from objreg.cli.analyze import analyze
+from objreg.cli.corrupt import corrupt
+from objreg.cli.listing import list_command
+from objreg.cli.render import plugin_manager
+from objreg.cli.show import show
+
+RAISE_ERRORS_ENV = "OBJREG_RAISE_ERRORS"
+_PLUGIN_COMMANDS_KEY = "objreg.plugin_commands"
+
+
+class ObjregGroup(click.Group):
+    """The root group.
+
+    Args:
+        plugin_manager_factory: Builds the plugin manager the commands use (called at most once
+            per invocation). Tests pass a factory for a manager with their own plugins.
+    """
+
+    def __init__(
+        self, *args: Any, plugin_manager_factory: Callable[[], Any] = objreg.get_plugin_manager, **kwargs: Any
+    ):
+        super().__init__(*args, **kwargs)
+        self.plugin_manager_factory = plugin_manager_factory
+
+    # -- plugin commands ----------------------------------------------------------------------
+
+    def plugin_commands(self, ctx: click.Context) -> dict[str, click.Command]:
+        """Commands added by plugins, collected once per invocation.
+
+        Plugins register on a scratch group rather than on this one, so a plugin seen in one
+        invocation (a test's throwaway plugin, say) does not stay attached to the module-level
+        ``cli`` afterwards. A plugin cannot replace a built-in command.
+        """
+        root = ctx.find_root()
+        if _PLUGIN_COMMANDS_KEY not in root.meta:
+            with _errors_as_click_exceptions():
+                scratch = click.Group()
+                plugin_manager(ctx).hook.objreg_register_commands(cli=scratch)
+            root.meta[_PLUGIN_COMMANDS_KEY] = {n: c for n, c in scratch.commands.items() if n not in self.commands}
+        return root.meta[_PLUGIN_COMMANDS_KEY]
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        # `objreg --help` lists plugin commands too, so it imports the plugins (but validates and
+        # builds nothing).
+        return sorted({*self.commands, *self.plugin_commands(ctx)})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.commands:  # built-ins: no plugin loading
+            return self.commands[cmd_name]
+        return self.plugin_commands(ctx).get(cmd_name)
+
+    # -- errors -------------------------------------------------------------------------------
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _errors_as_click_exceptions():
+            return super().invoke(ctx)
+
+
+@contextmanager
+def _errors_as_click_exceptions() -> Iterator[None]:
+    """Turn exceptions into click's one-line ``Error: ...`` and exit code 1.
+
+    An ``ObjregError`` is a problem with the user's input or plugins: its message is shown as is.
+    Anything else is a bug: one line names it and how to see the traceback. With
+    ``OBJREG_RAISE_ERRORS=1`` every error goes through untouched, traceback and all. Click's own
+    exceptions pass unchanged (usage errors exit 2, ``--help`` exits 0).
+    """
+    try:
+        yield
+    except (click.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+        raise
+    except Exception as error:
+        if os.environ.get(RAISE_ERRORS_ENV, "") not in ("", "0"):
+            raise
+        if isinstance(error, objreg.ObjregError):
+            raise click.ClickException(str(error)) from error
+        raise click.ClickException(
+            f"internal error: {type(error).__name__}: {error} (set {RAISE_ERRORS_ENV}=1 for the traceback)"
+        ) from error
+
+
+def make_cli(plugin_manager_factory: Callable[[], Any] = objreg.get_plugin_manager) -> ObjregGroup:
+    """A fresh ``objreg`` group; ``plugin_manager_factory`` decides which plugins it sees."""
+
+    @click.group(
+        name="objreg",
+        cls=ObjregGroup,
+        plugin_manager_factory=plugin_manager_factory,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    @click.version_option(objreg.__version__, prog_name="objreg")
+    def group() -> None:
+        """Pre-training objectives as plugins, and how their gradients align with a downstream task.
+
+        Set OBJREG_LOAD_PLUGINS='' to skip installed plugins (when one breaks the CLI) and
+        OBJREG_TRACE_PLUGINS=1 to print every hook call.
+        """
+
+    for command in (list_command, show, corrupt, analyze):
+        group.add_command(command)
+    return group
+
+
+cli = make_cli()
+
+
+def main() -> None:
+    """The ``objreg`` console script."""
+    cli(prog_name="objreg")
+
+
+__all__ = ["ObjregGroup", "cli", "main", "make_cli"]

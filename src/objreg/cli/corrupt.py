@@ -1,0 +1,133 @@
+"""``objreg corrupt NAME --text ...``: see what an objective does to real text.
+
+Tokenises the texts with the default tokenizer, corrupts them with a seeded generator and shows
+the model input, the labels, the extras and the attention mask, token by token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+import torch
+
+import objreg
+from objreg.cli import render
+
+#: The mask grid shows at most this many positions: wider grids wrap and become unreadable.
+MASK_GRID_LIMIT = 48
+#: Extras longer than this are cut short on the terminal (JSON always has them whole).
+EXTRAS_LIMIT = 16
+
+
+def parse_params(raw: tuple[str, ...], info: objreg.ObjectiveInfo) -> dict[str, str]:
+    """``("mask_prob=0.3", ...)`` -> ``{"mask_prob": "0.3"}``. Values stay strings: the registry
+    checks names and coerces values against the objective's declared parameters."""
+    allowed = ", ".join(p.name for p in info.params) or "(none)"
+    params: dict[str, str] = {}
+    for item in raw:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise objreg.InvalidParameterError(
+                f"--param {item!r} is not key=value; parameters of {info.name!r}: {allowed}"
+            )
+        params[key.strip()] = value.strip()
+    return params
+
+
+def _tokens_or_none(tokenizer: objreg.Tokenizer, labels: list[int]) -> list[str | None]:
+    strings = tokenizer.tokens([0 if label == objreg.IGNORE_INDEX else label for label in labels])
+    return [None if label == objreg.IGNORE_INDEX else s for label, s in zip(labels, strings)]
+
+
+def corruption_rows(
+    tokenizer: objreg.Tokenizer, batch: objreg.TokenBatch, corrupted: objreg.CorruptedBatch, mask: torch.Tensor
+) -> list[dict[str, Any]]:
+    """One dict per row with every field as plain lists (what ``--json`` prints). Rows keep their
+    padding so that positions line up with the attention mask."""
+    rows = []
+    for b in range(batch.batch_size):
+        rows.append({
+            "original": tokenizer.tokens(batch.input_ids[b]),
+            "input": tokenizer.tokens(corrupted.input_ids[b]),
+            "labels": _tokens_or_none(tokenizer, corrupted.labels[b].tolist()),
+            "attention_mask": mask[b].int().tolist(),
+            "extras": {name: value[b].tolist() for name, value in sorted(corrupted.extras.items())},
+        })
+    return rows
+
+
+@click.command()
+@click.argument("name")
+@click.option("--text", "texts", multiple=True, required=True, metavar="TEXT",
+              help="A text to corrupt; repeat for several rows.")
+@click.option("--seed", default=0, show_default=True, help="Seed of the corruption's random generator.")
+@click.option("--param", "raw_params", multiple=True, metavar="KEY=VALUE",
+              help="Override a parameter of the objective (see `objreg show NAME`); repeatable.")
+@click.option("--seq-len", type=click.IntRange(min=3), default=None,
+              help="Truncate rows to this many tokens [default: fit the longest text].")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@click.pass_context
+def corrupt(
+    ctx: click.Context, name: str, texts: tuple[str, ...], seed: int, raw_params: tuple[str, ...],
+    seq_len: int | None, as_json: bool,
+) -> None:
+    """Corrupt TEXTs with objective NAME and show input, labels and attention mask."""
+    registry = render.registry(ctx)
+    # Check the name (unknown, or a downstream task) before the slower tokenizer loading.
+    info = registry.get(name).info
+    params = parse_params(raw_params, info)
+    tokenizer = objreg.default_tokenizer(registry=registry)
+    objective = registry.get(name, vocab=tokenizer.vocab, **params)
+    batch = objreg.tokenize(list(texts), seq_len, tokenizer)
+    corrupted = objective.corrupt(batch, torch.Generator().manual_seed(seed))
+    mask = objective.attention_mask(corrupted)
+    rows = corruption_rows(tokenizer, batch, corrupted, mask)
+    if as_json:
+        # Compact: indented, the masks alone would run to thousands of lines.
+        render.echo_json({"objective": name, "seed": seed, "params": dict(objective.params), "rows": rows},
+                         indent=None)
+        return
+    console = render.console()
+    settings = ", ".join(f"{k}={v}" for k, v in objective.params.items()) or "no parameters"
+    console.print(render.text(f"{name} (seed {seed}; {settings})", "bold"))
+    # The terminal view hides padding; JSON keeps it so positions line up with the mask.
+    original_padding, input_padding = batch.is_padding.tolist(), corrupted.is_padding.tolist()
+    for b, row in enumerate(rows):
+        _print_row(console, b, row, original_padding[b], input_padding[b])
+    _print_mask(console, rows[0], input_padding[0])
+
+
+def _print_row(
+    console: Any, b: int, row: dict[str, Any], original_padding: list[bool], input_padding: list[bool]
+) -> None:
+    original = [t for t, pad in zip(row["original"], original_padding) if not pad]
+    inputs = [t for t, pad in zip(row["input"], input_padding) if not pad]
+    labels = [label for label, pad in zip(row["labels"], input_padding) if not pad]
+    grid = render.table(f"Row {b}", "pos", "original", "input", "label")
+    for i in range(max(len(original), len(inputs))):
+        before = original[i] if i < len(original) else ""
+        after = inputs[i] if i < len(inputs) else ""
+        label = labels[i] if i < len(labels) else None
+        grid.add_row(
+            render.text(i, "dim"),
+            render.text(before),
+            render.text(after, "bold red" if after != before else ""),
+            render.text("·" if label is None else label, "green" if label is not None else "dim"),
+        )
+    console.print(grid)
+    for name, values in row["extras"].items():
+        long = isinstance(values, list) and len(values) > EXTRAS_LIMIT
+        shown = [*values[:EXTRAS_LIMIT], "..."] if long else values
+        console.print(render.text(f"  {name}: {shown}"))
+
+
+def _print_mask(console: Any, row: dict[str, Any], input_padding: list[bool]) -> None:
+    positions = [i for i, pad in enumerate(input_padding) if not pad]
+    shown = positions[:MASK_GRID_LIMIT]
+    note = f" (first {len(shown)} of {len(positions)} positions)" if len(shown) < len(positions) else ""
+    console.print(render.text(f"Attention mask of row 0{note}", "bold"))
+    console.print(render.text("rows are queries, columns keys; ■ may attend, · may not", "dim"))
+    for i in shown:
+        cells = " ".join("■" if row["attention_mask"][i][j] else "·" for j in shown)
+        console.print(render.text(f"{i:>3} {row['input'][i][:12]:<12} {cells}"))

@@ -1,0 +1,93 @@
+"""The docs stay true to the code (datasette-style meta-tests): every hook has a section in
+docs/hooks.md titled with its exact signature, and docs/cli.md holds the current --help of every
+command.
+
+After changing a command, regenerate docs/cli.md with::
+
+    python tests/test_docs.py --write
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+import objreg
+from objreg.cli import make_cli
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+#: Help is rendered at this width, so the page does not depend on the terminal it was made in.
+HELP_WIDTH = 80
+
+
+def hook_signatures() -> dict[str, str]:
+    """``{"objreg_corrupt": "objreg_corrupt(batch, generator, params, vocab)", ...}``"""
+    hooks = vars(objreg.get_plugin_manager(load_entrypoints=False).hook)
+    return {name: f"{name}({', '.join(caller.spec.argnames)})" for name, caller in sorted(hooks.items())}
+
+
+def builtin_cli() -> click.Group:
+    # Only the built-ins: commands that installed plugins add do not belong in objreg's docs.
+    return make_cli(lambda: objreg.get_plugin_manager(load_entrypoints=False))
+
+
+def help_texts() -> dict[str, str]:
+    """``{"objreg": <objreg --help>, "objreg list": <objreg list --help>, ...}``"""
+    group = builtin_cli()
+    commands = [[], *([name] for name in group.list_commands(click.Context(group)))]
+    texts = {}
+    for command in commands:
+        result = CliRunner().invoke(group, [*command, "--help"], prog_name="objreg", terminal_width=HELP_WIDTH)
+        assert result.exit_code == 0, result.output
+        texts[" ".join(["objreg", *command])] = result.stdout
+    return texts
+
+
+def render_cli_page() -> str:
+    parts = [
+        "# Command-line reference\n",
+        "Generated from the CLI's own `--help`. Regenerate it with `python tests/test_docs.py --write`;",
+        "`tests/test_docs.py` fails when it is out of date. See also [hooks.md](hooks.md) and",
+        "[writing-a-plugin.md](writing-a-plugin.md).\n",
+    ]
+    for command, text in help_texts().items():
+        parts += [f"## {command}\n", "```text", text.rstrip(), "```\n"]
+    return "\n".join(parts)
+
+
+HOOKS = hook_signatures()
+HELP = help_texts()
+
+
+@pytest.mark.parametrize("hook", sorted(HOOKS))
+def test_hook_has_a_section_with_its_signature(hook):
+    assert f"\n## {HOOKS[hook]}\n" in (DOCS / "hooks.md").read_text()
+
+
+def test_hooks_page_documents_no_missing_hook():
+    documented = re.findall(r"^## (objreg_\w+)\(", (DOCS / "hooks.md").read_text(), flags=re.MULTILINE)
+    assert sorted(documented) == sorted(HOOKS)
+
+
+@pytest.mark.parametrize("command", sorted(HELP))
+def test_cli_page_has_current_help(command):
+    page = (DOCS / "cli.md").read_text()
+    assert f"## {command}\n\n```text\n{HELP[command].rstrip()}\n```" in page, (
+        f"docs/cli.md is out of date for `{command} --help`: run python tests/test_docs.py --write"
+    )
+
+
+def test_cli_page_covers_every_builtin_command():
+    assert {"objreg", "objreg list", "objreg show", "objreg corrupt", "objreg analyze"} <= set(HELP)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        sys.exit("usage: python tests/test_docs.py --write   (rewrites docs/cli.md)")
+    (DOCS / "cli.md").write_text(render_cli_page())
+    print(f"wrote {DOCS / 'cli.md'}")
