@@ -12,7 +12,8 @@ import torch
 from torch.func import grad, jvp
 
 from objreg.analysis.functional import Params
-from objreg.analysis.per_sample import forward_mode_unsupported
+from objreg.analysis.per_sample import derivative_unsupported
+from objreg.core.errors import InvalidParameterError
 
 
 def hvp_forward_over_reverse(loss: Callable[[Params], torch.Tensor], shared: Params, direction: Params) -> Params:
@@ -29,10 +30,22 @@ def hvp_double_backward(loss: Callable[[Params], torch.Tensor], shared: Params, 
 
 
 def hvp(loss: Callable[[Params], torch.Tensor], shared: Params, direction: Params) -> tuple[Params, str]:
-    """``H v`` for the Hessian ``H`` of ``loss`` at ``shared``, and the method used."""
+    """``H v`` for the Hessian ``H`` of ``loss`` at ``shared``, and the method used.
+
+    Raises:
+        InvalidParameterError: the model has neither derivative an exact HVP needs.
+    """
     try:
         return hvp_forward_over_reverse(loss, shared, direction), "forward_over_reverse"
     except (NotImplementedError, RuntimeError) as error:
-        if not forward_mode_unsupported(error):
+        if not derivative_unsupported(error):
             raise
+    try:
         return hvp_double_backward(loss, shared, direction), "double_backward"
+    except (NotImplementedError, RuntimeError) as error:
+        if not derivative_unsupported(error):
+            raise
+        raise InvalidParameterError(
+            f"Hessian-vector products need forward-mode or double-backward derivatives, and this model has "
+            f"neither ({str(error).splitlines()[0]}); use the math attention path (config attention='math')"
+        ) from None

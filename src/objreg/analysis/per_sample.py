@@ -73,9 +73,13 @@ def dots_vmap(fn: ObjectiveFunction, shared: Params, direction: Params) -> torch
     return sum((g * direction[n]).flatten(1).sum(1) for n, g in grads.items())  # type: ignore[return-value]
 
 
-def forward_mode_unsupported(error: Exception) -> bool:
+def derivative_unsupported(error: Exception) -> bool:
+    """Whether ``error`` says an operation lacks the derivative asked for (forward mode, or a
+    backward of a backward), as opposed to a real bug that must surface."""
     text = str(error).lower()
-    return isinstance(error, NotImplementedError) or "forward ad" in text or "forward-mode" in text or "jvp" in text
+    return isinstance(error, NotImplementedError) or any(
+        phrase in text for phrase in ("forward ad", "forward-mode", "jvp", "is not implemented", "not implemented for")
+    )
 
 
 def per_sample_dots(
@@ -83,18 +87,21 @@ def per_sample_dots(
 ) -> tuple[torch.Tensor, str]:
     """``⟨∇ℓ_i, direction⟩`` for every example, and the method that computed it.
 
-    ``auto`` uses ``jvp`` and falls back to ``double_backward`` when the model has no forward-mode
-    derivative for some operation.
+    ``auto`` tries, in order of cost, ``jvp`` (one forward-mode pass), ``double_backward`` (two
+    reverse passes) and the per-example ``loop`` (B backward passes), moving on only when the model
+    lacks the derivative a method needs (fused attention kernels have neither forward mode nor
+    double backward).
     """
     if method not in METHODS:
         raise InvalidParameterError(f"per-sample method must be one of {', '.join(METHODS)}, got {method!r}")
     if method == "auto":
-        try:
-            return dots_jvp(fn, shared, direction), "jvp"
-        except (NotImplementedError, RuntimeError) as error:
-            if not forward_mode_unsupported(error):
-                raise
-            return dots_double_backward(fn, shared, direction), "double_backward"
+        for name, compute in (("jvp", dots_jvp), ("double_backward", dots_double_backward)):
+            try:
+                return compute(fn, shared, direction), name
+            except (NotImplementedError, RuntimeError) as error:
+                if not derivative_unsupported(error):
+                    raise
+        return dots_loop(fn, shared, direction), "loop"
     compute = {"jvp": dots_jvp, "double_backward": dots_double_backward, "vmap": dots_vmap, "loop": dots_loop}[method]
     return compute(fn, shared, direction), method
 

@@ -118,7 +118,7 @@ class Trainer:
             loss = model_losses(self.model, objective, batch, mask).mean()
             if not torch.isfinite(loss):
                 raise NonFiniteLossError(
-                    f"objective {name!r} produced a non-finite loss ({float(loss)}) at step {step}; "
+                    f"objective {name!r} produced a non-finite loss ({loss.item()}) at step {step}; "
                     f"try a smaller --lr or --dtype float64"
                 )
             grads = torch.autograd.grad(loss, self.trainable, allow_unused=True)

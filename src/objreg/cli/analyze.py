@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 import objreg
+from objreg.cli import render
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(objreg.AnalysisConfig) if f.default is not dataclasses.MISSING}
 
@@ -52,19 +53,26 @@ def _parse_params(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
 @click.option("--eval-size", type=int, default=None, help=f"Downstream evaluation examples {_default('eval_size')}.")
 @click.option("--head-warmup-steps", type=int, default=None,
               help=f"Linear-probe steps fitting the downstream head first {_default('head_warmup_steps')}.")
+@click.option("--head-fit-size", type=int, default=None,
+              help=f"Examples that fit the downstream head, apart from the evaluation set {_default('head_fit_size')}.")
 @click.option("--per-sample-method", default=None,
               help=f"auto, jvp, double_backward, vmap or loop {_default('per_sample_method')}.")
 @click.option("--param", "params", multiple=True, metavar="OBJ.NAME=VALUE", help="Objective parameter, repeatable.")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
               help="Write config.json, steps.jsonl and report.json here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout and nothing else.")
-def analyze(pretrain: str, downstream: str, params: tuple[str, ...], out_dir: str | None, as_json: bool, **options: Any) -> None:
+@click.pass_context
+def analyze(
+    ctx: click.Context, pretrain: str, downstream: str, params: tuple[str, ...], out_dir: str | None, as_json: bool,
+    **options: Any,
+) -> None:
     """Train on a weighted mix of pre-training objectives and measure how each one's gradient
     aligns with the downstream task's gradient."""
     settings = {k: v for k, v in options.items() if v is not None}
     objective_params = _parse_params(params)
     if objective_params:
         settings["objective_params"] = objective_params
+    settings["registry"] = render.registry(ctx)
     names = [p.strip() for p in pretrain.split(",") if p.strip()]
     console = Console(stderr=True)
     if as_json:
@@ -79,13 +87,13 @@ def analyze(pretrain: str, downstream: str, params: tuple[str, ...], out_dir: st
             progress.update(bar, description=message)
 
         def on_step(step: int, record: dict[str, Any] | None) -> None:
-            progress.update(bar, completed=step + 1, total=settings.get("steps", _DEFAULTS["steps"]),
+            progress.update(bar, completed=step + 1, total=options["steps"] or _DEFAULTS["steps"],
                             description="training with probes")
 
         report = objreg.analyze(names, downstream, out_dir=out_dir, on_step=on_step, on_status=on_status, **settings)
-    _render(report.to_dict(), Console())
+    _render(report.to_dict(), render.console())
     if out_dir:
-        Console().print(f"Wrote {out_dir}/report.json, steps.jsonl and config.json")
+        render.console().print(f"Wrote {out_dir}/report.json, steps.jsonl and config.json")
 
 
 def _render(report: dict[str, Any], console: Console) -> None:
@@ -96,13 +104,17 @@ def _render(report: dict[str, Any], console: Console) -> None:
         f"optimizer={config['optimizer']} lr={config['lr']}  steps={config['steps']}"
     )
     table = Table(title="Alignment with the downstream gradient (mean over probes)")
-    for column in ("objective", "weight", "dot ⟨∇L,∇D⟩", "95% CI", "cosine", "conflicting", "‖∇L‖"):
+    # Each objective's share of the predicted improvement is exact only for plain SGD.
+    shares = config["optimizer"] == "sgd"
+    columns = ["objective", "weight", "dot ⟨∇L,∇D⟩", "95% CI", "cosine", "conflicting", "‖∇L‖"]
+    for column in columns + (["predicted gain"] if shares else []):
         table.add_column(column, justify="right" if column != "objective" else "left")
     for name, a in summary["alignment"].items():
-        table.add_row(
+        row = [
             name, f"{config['weights'][name]:g}", f"{a['dot']:.4g}", f"[{a['ci95'][0]:.3g}, {a['ci95'][1]:.3g}]",
             f"{a['cosine']:+.3f}", f"{a['conflict_fraction']:.0%}", f"{a['grad_norm']:.3g}",
-        )
+        ]
+        table.add_row(*row, *([f"{a['first_order_contribution']:+.4g}"] if shares else []))
     console.print(table)
     error = summary["taylor_relative_error"]
     console.print(

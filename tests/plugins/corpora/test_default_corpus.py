@@ -27,7 +27,7 @@ def default_corpus(session_cache):
 
 @pytest.fixture(scope="session")
 def default_tok(default_corpus, session_cache):
-    return default.objreg_load_tokenizer(model="default", corpus=default_corpus, cache_dir=session_cache)
+    return default.objreg_load_tokenizer(corpus=default_corpus, cache_dir=session_cache)
 
 
 def _corpus_cache_file(cache):
@@ -195,7 +195,7 @@ def test_default_corpus_uses_the_shipped_vocabulary(default_tok, default_corpus,
     shipped = default.SHIPPED_VOCAB.read_text(encoding="utf-8").splitlines()
     assert len(shipped) == default.VOCAB_SIZE == default_tok.vocab.size
     assert shipped[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    again = default.objreg_load_tokenizer(model="default", corpus=default_corpus, cache_dir=tmp_path)
+    again = default.objreg_load_tokenizer(corpus=default_corpus, cache_dir=tmp_path)
     assert not list(tmp_path.iterdir())  # nothing trained, nothing cached
     sentences = list(default_corpus.documents[0]) + ["An unusual Zyzzyva word appears here."]
     assert again.encode_sentences(sentences) == default_tok.encode_sentences(sentences)
@@ -204,9 +204,9 @@ def test_default_corpus_uses_the_shipped_vocabulary(default_tok, default_corpus,
 
 def test_cached_tokenizer_gives_identical_ids(tmp_path, texts):
     corpus = objreg.Corpus("mine", tuple(tuple(objreg.split_sentences(t)) for t in texts * 5))
-    first = default.objreg_load_tokenizer(model="default", corpus=corpus, cache_dir=tmp_path)
+    first = default.objreg_load_tokenizer(corpus=corpus, cache_dir=tmp_path)
     assert list(tmp_path.glob("default-tokenizer-*.json"))
-    again = default.objreg_load_tokenizer(model="default", corpus=corpus, cache_dir=tmp_path)
+    again = default.objreg_load_tokenizer(corpus=corpus, cache_dir=tmp_path)
     sentences = list(texts) + ["An unusual Zyzzyva word appears here."]
     assert again.encode_sentences(sentences) == first.encode_sentences(sentences)
     assert again.vocab == first.vocab
@@ -215,27 +215,42 @@ def test_cached_tokenizer_gives_identical_ids(tmp_path, texts):
 def test_tokenizer_cache_is_keyed_by_corpus_content(tmp_path, texts):
     first = objreg.Corpus("a", tuple((t,) for t in texts))
     second = objreg.Corpus("a", tuple((t,) for t in texts[:-1]))
-    default.objreg_load_tokenizer(model="default", corpus=first, cache_dir=tmp_path)
-    default.objreg_load_tokenizer(model="default", corpus=second, cache_dir=tmp_path)
+    default.objreg_load_tokenizer(corpus=first, cache_dir=tmp_path)
+    default.objreg_load_tokenizer(corpus=second, cache_dir=tmp_path)
     assert len(list(tmp_path.glob("default-tokenizer-*.json"))) == 2
 
 
 def test_corrupt_tokenizer_cache_is_rebuilt(tmp_path, texts):
     corpus = objreg.Corpus("a", tuple((t,) for t in texts))
-    default.objreg_load_tokenizer(model="default", corpus=corpus, cache_dir=tmp_path)
+    default.objreg_load_tokenizer(corpus=corpus, cache_dir=tmp_path)
     (path,) = tmp_path.glob("default-tokenizer-*.json")
     path.write_text("{ not a tokenizer", encoding="utf-8")
-    rebuilt = default.objreg_load_tokenizer(model="default", corpus=corpus, cache_dir=tmp_path)
+    rebuilt = default.objreg_load_tokenizer(corpus=corpus, cache_dir=tmp_path)
     # Not compared with the first training: tokenizers' WordPiece training breaks ties in hash
     # order (huggingface/tokenizers#1794), so a retrained vocabulary may differ slightly.
     assert rebuilt.vocab.mask_id == 4
-    reloaded = default.objreg_load_tokenizer(model="default", corpus=corpus, cache_dir=tmp_path)
+    reloaded = default.objreg_load_tokenizer(corpus=corpus, cache_dir=tmp_path)
     assert reloaded.encode_sentences(texts) == rebuilt.encode_sentences(texts)
 
 
-def test_tokenizer_for_another_model_is_not_answered(tmp_path, texts):
-    corpus = objreg.Corpus("a", ((texts[0],),))
-    assert default.objreg_load_tokenizer(model="bert-base", corpus=corpus, cache_dir=tmp_path) is None
+class OwnTokenizer:
+    """A model plugin that brings its own tokenizer for the model "custom"."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+
+    @objreg.hookimpl
+    def objreg_load_tokenizer(self, model):
+        return self.tokenizer if model == "custom" else None
+
+
+def test_default_tokenizer_is_the_fallback_for_models_without_their_own(tmp_path, tokenizer, default_corpus):
+    pm = objreg.get_plugin_manager(load_entrypoints=False)
+    pm.register(OwnTokenizer(tokenizer), name="own-tokenizer")
+    registry = objreg.Registry(pm)
+    assert registry.load_tokenizer("custom", default_corpus, tmp_path) is tokenizer
+    fallback = registry.load_tokenizer("bert-base", default_corpus, tmp_path)
+    assert fallback.vocab.size == default.VOCAB_SIZE
 
 
 def test_tokenized_default_corpus_has_sentence_pairs(default_tok, default_corpus):

@@ -94,9 +94,10 @@ def objreg_load_corpus(name: str, cache_dir: Path) -> objreg.Corpus | None:
     return corpus
 
 
-@objreg.hookimpl
-def objreg_load_tokenizer(model: str, corpus: objreg.Corpus, cache_dir: Path) -> objreg.Tokenizer | None:
-    """A lower-cased WordPiece tokenizer of ``VOCAB_SIZE`` tokens for the default model.
+@objreg.hookimpl(trylast=True)
+def objreg_load_tokenizer(corpus: objreg.Corpus, cache_dir: Path) -> objreg.Tokenizer:
+    """A lower-cased WordPiece tokenizer of ``VOCAB_SIZE`` tokens, for every model that brings no
+    tokenizer of its own (``trylast``: a model plugin with its own tokenizer answers first).
 
     On the default corpus it is the vocabulary shipped with objreg (trained once on this corpus),
     identical on every machine: WordPiece training is not bit-reproducible (tokenizers#1794), so
@@ -104,8 +105,6 @@ def objreg_load_tokenizer(model: str, corpus: objreg.Corpus, cache_dir: Path) ->
     other corpus it is trained on that corpus and cached by content, which keeps it stable on one
     machine.
     """
-    if model != NAME:
-        return None
     if corpus.name == NAME:
         return wordpiece_from_vocab(SHIPPED_VOCAB, f"default WordPiece-{VOCAB_SIZE} (shipped)")
     from tokenizers import Tokenizer as Backend

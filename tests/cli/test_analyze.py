@@ -1,0 +1,87 @@
+"""``objreg analyze`` through the CLI: the JSON report, the terminal summary, and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+import objreg
+from objreg.cli import make_cli
+
+SMALL = ["--steps", "2", "--batch-size", "4", "--seq-len", "48", "--eval-size", "8",
+         "--head-warmup-steps", "5", "--head-fit-size", "16"]
+
+
+@pytest.fixture
+def run():
+    cli = make_cli(lambda: objreg.get_plugin_manager(load_entrypoints=False))
+
+    def invoke(*args: str):
+        return CliRunner().invoke(cli, ["analyze", *args], catch_exceptions=False)
+
+    return invoke
+
+
+def test_json_report_is_the_only_thing_on_stdout(run):
+    result = run("--pretrain", "mlm,sop", "--downstream", "qa", *SMALL, "--weights", "mlm=1,sop=0.5", "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["pretrain"] == ["mlm", "sop"] and report["downstream"] == "qa"
+    assert report["config"]["shared_parameters"] > 0
+    assert report["config"]["weights"] == {"mlm": 1.0, "sop": 0.5}
+    assert [s["weights"] for s in report["steps"]] == [{"mlm": 1.0, "sop": 0.5}] * 2
+    assert set(report["summary"]["alignment"]) == {"mlm", "sop"}
+
+
+def test_objective_parameters_reach_the_objective(run):
+    result = run("--pretrain", "mlm", *SMALL, "--param", "mlm.mask_prob=0.3", "--json")
+    assert json.loads(result.stdout)["config"]["objective_params"]["mlm"]["mask_prob"] == 0.3
+
+
+def test_terminal_summary(run, tmp_path):
+    result = run("--pretrain", "clm,mlm", *SMALL, "--out", str(tmp_path / "out"))
+    assert result.exit_code == 0, result.output
+    for text in ("clm", "mlm", "cosine", "downstream loss", "first-order predicted improvement"):
+        assert text in result.stdout
+    assert (tmp_path / "out" / "report.json").is_file()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--pretrain", "mlm,nosuch"], "unknown objective 'nosuch'"),
+        (["--pretrain", ","], "no pre-training objective"),
+        (["--pretrain", "mlm", "--downstream", "qaa"], "unknown downstream task 'qaa'. Did you mean 'qa'"),
+        (["--pretrain", "mlm", "--steps", "0"], "steps must be a positive integer"),
+        (["--pretrain", "mlm", "--batch-size", "-2"], "batch_size must be a positive integer"),
+        (["--pretrain", "mlm", "--lr", "nan"], "lr must be a positive finite number"),
+        (["--pretrain", "mlm", "--lr", "0"], "lr must be a positive finite number"),
+        (["--pretrain", "mlm,sop", "--weights", "mlm=abc"], "weight for 'mlm' must be a number"),
+        (["--pretrain", "mlm", "--weights", "sop=1"], "'sop', which is not a selected objective"),
+        (["--pretrain", "mlm", "--param", "mlm.nosuch=1"], "unknown parameter of 'mlm' 'nosuch'"),
+        (["--pretrain", "mlm", "--param", "mask_prob=1"], "malformed --param"),
+        (["--pretrain", "mlm", "--optimizer", "lamb"], "optimizer must be one of"),
+        (["--pretrain", "mlm", "--corpus", "missing/corpus.txt"], "does not exist"),
+        (["--pretrain", "mlm", "--model", "nosuch"], "unknown model 'nosuch'"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_1(run, args, message):
+    result = run(*args)
+    assert result.exit_code == 1
+    assert message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
+def test_unknown_objective_in_a_real_process_names_the_alternatives():
+    done = subprocess.run(
+        [sys.executable, "-m", "objreg", "analyze", "--pretrain", "mlm,nosuch", "--downstream", "qa"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 1 and done.stdout == ""
+    assert "Traceback" not in done.stderr
+    line, = done.stderr.strip().splitlines()
+    assert "nosuch" in line and "clm, mlm, sop" in line
