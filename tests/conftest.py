@@ -25,6 +25,20 @@ _TEXTS = [
 
 
 @pytest.fixture(scope="session")
+def shared_file():
+    """``shared_file("squad_v1.1/dev-v1.1.half-a.json")``: the path of a file of the shared real
+    data, or a skip where that data is absent (as on a machine without ../shared)."""
+
+    def find(relative: str) -> Path:
+        path = SHARED_DATA / relative
+        if not path.is_file():
+            pytest.skip(f"{path} is absent")
+        return path
+
+    return find
+
+
+@pytest.fixture(scope="session")
 def texts() -> list[str]:
     return list(_TEXTS)
 

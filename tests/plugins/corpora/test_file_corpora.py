@@ -7,7 +7,6 @@ import os
 import re
 
 import pytest
-from conftest import SHARED_DATA
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -251,10 +250,8 @@ def test_read_error_names_the_file_and_reason(tmp_path, monkeypatch):
 # -- real data and the registry -------------------------------------------------------------------
 
 
-def test_wikitext_valid_loads_without_headings(tmp_path):
-    path = SHARED_DATA / "wikitext-2" / "valid.txt"
-    if not path.is_file():
-        pytest.skip(f"{path} is absent")
+def test_wikitext_valid_loads_without_headings(tmp_path, shared_file):
+    path = shared_file("wikitext-2/valid.txt")
     corpus = load(path, tmp_path)
     # Blank lines separate WikiText's sections (its paragraphs are single lines inside them).
     assert len(corpus.documents) > 500

@@ -19,9 +19,7 @@ import objreg
 from objreg.core.tokenizer import train_wordpiece
 from objreg.plugins.tasks import qa
 
-from conftest import SHARED_DATA  # tests/ is on sys.path: pytest's rootdir conftest
 
-SQUAD_A = SHARED_DATA / "squad_v1.1" / "dev-v1.1.half-a.json"
 PARAMS = {"max_question_tokens": 32, "context_sentences": 2}
 
 
@@ -278,19 +276,22 @@ def test_squad_window_keeps_the_answer(tmp_path, tokenizer):
 
 
 @pytest.fixture(scope="module")
-def squad_tokenizer() -> objreg.Tokenizer:
-    if not SQUAD_A.is_file():
-        pytest.skip(f"{SQUAD_A} is absent")
-    data = json.loads(SQUAD_A.read_text(encoding="utf-8"))
+def squad_a(shared_file) -> Path:
+    return shared_file("squad_v1.1/dev-v1.1.half-a.json")
+
+
+@pytest.fixture(scope="module")
+def squad_tokenizer(squad_a) -> objreg.Tokenizer:
+    data = json.loads(squad_a.read_text(encoding="utf-8"))
     contexts = [p["context"] for a in data["data"] for p in a["paragraphs"]]
     return train_wordpiece(contexts[:300], vocab_size=3000, name="squad")
 
 
-def test_squad_real_answers_decode(squad_tokenizer):
-    data = json.loads(SQUAD_A.read_text(encoding="utf-8"))
+def test_squad_real_answers_decode(squad_tokenizer, squad_a):
+    data = json.loads(squad_a.read_text(encoding="utf-8"))
     paragraphs = [p for article in data["data"] for p in article["paragraphs"]]
     flat = [question["answers"][0]["text"] for p in paragraphs for question in p["qas"]]
-    batch = qa.objreg_task_data(str(SQUAD_A), [], squad_tokenizer, 192, 200, PARAMS)
+    batch = qa.objreg_task_data(str(squad_a), [], squad_tokenizer, 192, 200, PARAMS)
     check_layout(batch, squad_tokenizer.vocab, 192)
     check_answers_in_context(batch)
     assert batch.batch_size == 200  # the file has no misaligned answers and 192 tokens fit every answer
@@ -299,7 +300,7 @@ def test_squad_real_answers_decode(squad_tokenizer):
     decoded = [squad_tokenizer.decode(row_parts(batch, b)[2]) for b in range(200)]
     matches = sum(normalise(d) == normalise(e) for d, e in zip(decoded, expected))
     assert matches >= 0.95 * 200
-    again = qa.objreg_task_data(str(SQUAD_A), [], squad_tokenizer, 192, 200, PARAMS)
+    again = qa.objreg_task_data(str(squad_a), [], squad_tokenizer, 192, 200, PARAMS)
     assert torch.equal(batch.input_ids, again.input_ids)
 
 

@@ -95,9 +95,6 @@ def objreg_loss(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> t
     return (nll * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)
 
 
-# -- corruption steps ---------------------------------------------------------------------------
-
-
 @objreg.hookimpl
 def objreg_check_params(params: Mapping[str, Any]) -> None:
     # Each value is bounds-checked by its Param; only the sum spans two parameters.
@@ -108,6 +105,9 @@ def objreg_check_params(params: Mapping[str, Any]) -> None:
             f"({params['random_replace_prob']}) = {total:g} must be at most 1 (the rest of the selected "
             f"tokens stay unchanged)"
         )
+
+
+# -- corruption steps ---------------------------------------------------------------------------
 
 
 def _rand(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:
