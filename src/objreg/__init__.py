@@ -33,8 +33,9 @@ from objreg.core.errors import (
 )
 from objreg.core.hookspecs import hookimpl, hookspec
 from objreg.core.manager import get_plugin_manager
+from objreg.core.randomness import uniform
 from objreg.core.registry import Objective, Registry
-from objreg.core.tokenizer import Tokenizer, TokenizedCorpus, split_sentences
+from objreg.core.tokenizer import TokenizedCorpus, Tokenizer, split_sentences
 from objreg.core.types import (
     IGNORE_INDEX,
     Corpus,
@@ -91,6 +92,7 @@ __all__ = [
     "masks",
     "split_sentences",
     "tokenize",
+    "uniform",
 ]
 
 

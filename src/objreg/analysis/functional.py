@@ -63,11 +63,11 @@ class ObjectiveFunction:
     parameters (heads, buffers) is taken from the model as it is now and held fixed.
     """
 
-    def __init__(self, model: nn.Module, objective: Objective, batch: CorruptedBatch):
+    def __init__(self, model: nn.Module, objective: Objective, batch: CorruptedBatch, mask: torch.Tensor | None = None):
         self.model = model
         self.objective = objective
         self.batch = batch
-        self.mask = objective.attention_mask(batch)
+        self.mask = objective.attention_mask(batch) if mask is None else mask
         self._forward = _LossForward(model, objective)
         shared = set(shared_parameters(model))
         self._fixed = {
@@ -99,11 +99,8 @@ class ObjectiveFunction:
     def chunks(self, size: int) -> Iterator[ObjectiveFunction]:
         """The same function over consecutive slices of the batch (to bound memory)."""
         for start in range(0, self.batch_size, size):
-            part = ObjectiveFunction.__new__(ObjectiveFunction)
-            part.__dict__.update(self.__dict__)
-            part.batch = self.batch.select(slice(start, start + size))
-            part.mask = self.mask[start : start + size]
-            yield part
+            part = slice(start, start + size)
+            yield ObjectiveFunction(self.model, self.objective, self.batch.select(part), self.mask[part])
 
 
 def flat_dot(a: Params, b: Params) -> torch.Tensor:

@@ -16,7 +16,12 @@ import torch
 from objreg.analysis.config import AnalysisConfig
 from objreg.analysis.functional import count_parameters, shared_parameters
 from objreg.analysis.report import AlignmentReport, RunWriter, summarise
-from objreg.analysis.trainer import Downstream, StepCallback, Trainer, fit_downstream_head
+from objreg.analysis.trainer import (
+    Downstream,
+    StepCallback,
+    Trainer,
+    fit_downstream_head,
+)
 from objreg.core.cache import cache_dir
 from objreg.core.errors import DataError, InvalidParameterError
 from objreg.core.registry import Registry, merge_heads

@@ -20,7 +20,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from objreg.analysis.functional import ObjectiveFunction, Params, detached, flat_dot, flat_norm, model_losses, shared_parameters
+from objreg.analysis.functional import (
+    SHARED_PREFIX,
+    ObjectiveFunction,
+    detached,
+    flat_dot,
+    flat_norm,
+    model_losses,
+    shared_parameters,
+)
 from objreg.analysis.per_sample import mean_gradient, per_sample_dots
 from objreg.analysis.stats import alignment_stats
 from objreg.core.errors import NonFiniteLossError
@@ -82,13 +90,13 @@ class Trainer:
         self.data_generator = torch.Generator().manual_seed(seed * 7919 + 1)
         self.corrupt_generator = torch.Generator().manual_seed(seed * 7919 + 2)
         self.trainable = self._trainable_parameters()
-        self.optimizer = _make_optimizer(optimizer, self.trainable, lr)
+        self.optimizer = _make_optimizer(optimizer, list(self.trainable.values()), lr)
 
-    def _trainable_parameters(self) -> list[nn.Parameter]:
+    def _trainable_parameters(self) -> dict[str, nn.Parameter]:
         """Backbone plus the pre-training heads. The downstream head is not trained: it defines D."""
         heads = {spec.name for o in self.objectives.values() for spec in o.info.heads}
-        prefixes = ("backbone.", *(f"heads.{h}." for h in heads))
-        return [p for n, p in self.model.named_parameters() if n.startswith(prefixes)]
+        prefixes = (SHARED_PREFIX, *(f"heads.{h}." for h in heads))
+        return {n: p for n, p in self.model.named_parameters() if n.startswith(prefixes)}
 
     def next_batches(self) -> dict[str, CorruptedBatch]:
         batches = {}
@@ -121,14 +129,19 @@ class Trainer:
                     f"objective {name!r} produced a non-finite loss ({loss.item()}) at step {step}; "
                     f"try a smaller --lr or --dtype float64"
                 )
-            grads = torch.autograd.grad(loss, self.trainable, allow_unused=True)
+            grads = torch.autograd.grad(loss, list(self.trainable.values()), allow_unused=True)
             weight = self.weights[name]
-            for p, g in zip(self.trainable, grads):
+            for p, g in zip(self.trainable.values(), grads):
                 if g is not None:
                     p.grad = weight * g if p.grad is None else p.grad + weight * g
             if record is not None:
+                shared_grad = {n: g for n, g in zip(self.trainable, grads) if n.startswith(SHARED_PREFIX) and g is not None}
+                grad_norm = float(flat_norm(shared_grad)) if shared_grad else 0.0
+                function = ObjectiveFunction(self.model, objective, batch, mask)
+                dots, method = per_sample_dots(function, shared_before, downstream_grad, self.per_sample_method)
+                self.methods_used.add(method)
                 record["losses"][name] = loss.item()
-                record["alignment"][name] = self._probe(name, objective, batch, grads, downstream_grad, downstream_norm)
+                record["alignment"][name] = alignment_stats(dots.double().cpu().numpy(), grad_norm, downstream_norm)
         self.optimizer.step()
 
         if record is not None:
@@ -139,26 +152,6 @@ class Trainer:
             record["actual_delta"] = downstream_after - record["downstream_loss"]
             record["first_order_by_objective"] = self._first_order_by_objective(record)
         return record
-
-    def _probe(
-        self,
-        name: str,
-        objective: Objective,
-        batch: CorruptedBatch,
-        grads: tuple[torch.Tensor | None, ...],
-        downstream_grad: Params,
-        downstream_norm: float,
-    ) -> dict[str, Any]:
-        shared = detached(shared_parameters(self.model))
-        by_param = dict(zip((id(p) for p in self.trainable), grads))
-        shared_grad = {
-            n: g for n, p in shared_parameters(self.model).items() if (g := by_param.get(id(p))) is not None
-        }
-        grad_norm = float(flat_norm(shared_grad)) if shared_grad else 0.0
-        function = ObjectiveFunction(self.model, objective, batch)
-        dots, method = per_sample_dots(function, shared, downstream_grad, self.per_sample_method)
-        self.methods_used.add(method)
-        return alignment_stats(dots.detach().double().cpu().numpy(), grad_norm, downstream_norm)
 
     def _first_order_by_objective(self, record: dict[str, Any]) -> dict[str, float]:
         """Each objective's share of the predicted improvement, ``η α_k c_k``: exact for plain SGD,

@@ -52,8 +52,12 @@ class ObjregPluginManager(pluggy.PluginManager):
     def register_plugin(self, plugin: Any, name: str, origin: str) -> None:
         """Register ``plugin`` under ``name``; ``origin`` names the distribution that provides it."""
         if self.has_plugin(name):
+            self.load_problems.append(f"two plugins claim the name {name!r}: {self.origin(name)} and {origin}")
+            return
+        if self.is_registered(plugin):
+            other = self.get_name(plugin)
             self.load_problems.append(
-                f"two plugins claim the name {name!r}: {self.origins.get(name, '?')} and {origin}"
+                f"one plugin is registered under two names, {other!r} ({self.origin(other)}) and {name!r} ({origin})"
             )
             return
         try:
@@ -121,7 +125,7 @@ def get_plugin_manager(*, load_entrypoints: bool = True, builtins: bool = True) 
             pm.register_plugin(importlib.import_module(module), name, BUILTIN_DISTRIBUTION)
     if load_entrypoints:
         load_entry_points(pm)
-    if os.environ.get("OBJREG_TRACE_PLUGINS"):
+    if os.environ.get("OBJREG_TRACE_PLUGINS", "") not in ("", "0"):
         _trace(pm)
     return pm
 

@@ -54,7 +54,8 @@ def positions_within_documents(document_ids: torch.Tensor) -> torch.Tensor:
     B, T = document_ids.shape
     index = torch.arange(T, device=document_ids.device).expand(B, T)
     starts = torch.ones_like(document_ids, dtype=torch.bool)
-    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
+    # Padding (-1) never starts a document, so its count continues.
+    starts[:, 1:] = (document_ids[:, 1:] != document_ids[:, :-1]) & (document_ids[:, 1:] >= 0)
     start_index = torch.where(starts, index, torch.zeros_like(index))
     return index - torch.cummax(start_index, dim=1).values
 

@@ -12,10 +12,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import pluggy
 import torch
 
-from objreg.core.errors import InvalidParameterError, PluginError, UnknownNameError, UnknownObjectiveError
+from objreg.core.errors import (
+    InvalidParameterError,
+    PluginError,
+    UnknownNameError,
+    UnknownObjectiveError,
+)
 from objreg.core.hookspecs import DOWNSTREAM_HOOKS, PER_OBJECTIVE_HOOKS, PRETRAIN_HOOKS
 from objreg.core.manager import ObjregPluginManager, get_plugin_manager
 from objreg.core.tokenizer import Tokenizer
@@ -105,12 +109,7 @@ class Registry:
 
     def __init__(self, pm: ObjregPluginManager):
         self.pm = pm
-        problems = list(pm.load_problems)
-        try:
-            pm.check_pending()
-        except pluggy.PluginValidationError as e:
-            name = pm.get_name(e.plugin) or "?"
-            problems.append(f"plugin {name!r} ({pm.origin(name)}): {e}")
+        problems = list(pm.load_problems) + _unknown_hooks(pm)
         self._infos: dict[str, ObjectiveInfo] = {}
         self._objective_plugins: dict[str, object] = {}
         self._collect_infos(problems)
@@ -157,7 +156,9 @@ class Registry:
             self._objective_plugins[name] = impl.plugin
 
     def _check_stray_hooks(self, problems: list[str]) -> None:
-        objective_plugins = set(map(id, self._objective_plugins.values()))
+        # Every plugin with an info hook counts, accepted or not: a rejected info is reported once,
+        # not again for each of its compute hooks.
+        objective_plugins = {id(impl.plugin) for impl in self.pm.hook.objreg_objective_info.get_hookimpls()}
         for hook in PER_OBJECTIVE_HOOKS:
             for impl in getattr(self.pm.hook, hook).get_hookimpls():
                 if id(impl.plugin) in objective_plugins or impl.wrapper or impl.hookwrapper:
@@ -250,6 +251,22 @@ class Registry:
         if module is None:
             raise UnknownNameError("model", model, self._provider_names("model"))
         return module
+
+
+def _unknown_hooks(pm: ObjregPluginManager) -> list[str]:
+    """What ``pm.check_pending()`` checks (hook functions that match no spec, e.g. a misspelled
+    ``objreg_corupt``), but every one of them rather than the first."""
+    problems = []
+    for name, caller in sorted(vars(pm.hook).items()):
+        if name.startswith("_") or caller.has_spec():
+            continue
+        for impl in caller.get_hookimpls():
+            if not impl.optionalhook:
+                problems.append(
+                    f"plugin {impl.plugin_name!r} ({pm.origin(impl.plugin_name)}): unknown hook {name!r} "
+                    f"(objreg hooks are listed in docs/hooks.md)"
+                )
+    return problems
 
 
 def merge_heads(infos: Sequence[ObjectiveInfo]) -> list[HeadSpec]:

@@ -115,6 +115,8 @@ class Tokenizer:
         """Frame each chunk as ``[CLS] ... [SEP]``, truncate to ``seq_len``, pad to the longest row."""
         if seq_len < 3:
             raise InvalidParameterError(f"seq_len must be at least 3 ([CLS] token [SEP]), got {seq_len}")
+        if not chunks:
+            raise InvalidParameterError("no texts to tokenise: a batch needs at least one row")
         v = self.vocab
         rows = []
         for chunk in chunks:
@@ -142,6 +144,9 @@ class Tokenizer:
             document_ids[b, :n] = doc
             is_padding[b, :n] = False
         is_special = torch.isin(input_ids, v.special_id_tensor()) | is_padding
+        # A special token written literally in the text ("[MASK]") belongs to no word or sentence.
+        word_ids = word_ids.masked_fill(is_special, -1)
+        sentence_ids = sentence_ids.masked_fill(is_special, -1)
         return TokenBatch(input_ids, is_padding, is_special, word_ids, sentence_ids, document_ids)
 
     # -- decoding -------------------------------------------------------------------------------

@@ -42,13 +42,19 @@ class Vocabulary:
     special_ids: tuple[int, ...]
     sentinel_ids: tuple[int, ...] = ()
     #: Other named special tokens, e.g. ``{"[NLU]": 7}`` for UL2 mode tokens or FIM markers.
-    named_ids: Mapping[str, int] = field(default_factory=dict)
+    named_ids: Mapping[str, int] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         for name in ("pad_id", "unk_id", "cls_id", "sep_id", "mask_id"):
             value = getattr(self, name)
             if not 0 <= value < self.size:
                 raise InvalidParameterError(f"Vocabulary.{name}={value} is outside [0, {self.size})")
+        others = {"special_ids": self.special_ids, "sentinel_ids": self.sentinel_ids,
+                  "named_ids": tuple(dict(self.named_ids).values())}
+        for name, ids in others.items():
+            outside = [i for i in ids if not 0 <= i < self.size]
+            if outside:
+                raise InvalidParameterError(f"Vocabulary.{name} has ids outside [0, {self.size}): {outside}")
         object.__setattr__(self, "named_ids", MappingProxyType(dict(self.named_ids)))
 
     def special_id_tensor(self, device: torch.device | str | None = None) -> torch.Tensor:
@@ -202,11 +208,15 @@ class Param:
     def coerce(self, value: Any, owner: str = "") -> Any:
         where = f"{owner}: " if owner else ""
         try:
-            if self.type is bool and isinstance(value, str):
+            if self.type is bool and not isinstance(value, (bool, str)):
+                if value not in (0, 1):  # bool(0.5) would silently be True
+                    raise ValueError(value)
+                result: Any = bool(value)
+            elif self.type is bool and isinstance(value, str):
                 lowered = value.strip().lower()
                 if lowered not in ("true", "false", "1", "0", "yes", "no"):
                     raise ValueError(value)
-                result: Any = lowered in ("true", "1", "yes")
+                result = lowered in ("true", "1", "yes")
             elif self.type is int and isinstance(value, float) and not value.is_integer():
                 raise ValueError(value)
             else:

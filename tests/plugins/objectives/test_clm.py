@@ -93,20 +93,6 @@ def test_row_without_labels_has_zero_loss(tokenizer):
     assert torch.isfinite(loss).all() and loss[1] == 0
 
 
-def test_per_sample_gradients_under_vmap_match_backward(objective, batch, generator, tokenizer):
-    cb = objective.corrupt(batch, generator)
-    model = stand_in_model(tokenizer.vocab.size)
-    hidden = torch.randn(*cb.input_ids.shape, H, dtype=torch.float64, generator=generator, requires_grad=True)
-
-    def one(h, example):  # a batch of one, as the analysis runs it
-        single = objreg.CorruptedBatch(*(t[None] for t in example[:5]), {k: v[None] for k, v in example.extras.items()})
-        return objective.loss(objreg.ModelOutputs(h[None], model), single)[0]
-
-    per_sample = torch.func.vmap(torch.func.grad(one))(hidden.detach(), cb)
-    objective.loss(objreg.ModelOutputs(hidden, model), cb).sum().backward()
-    torch.testing.assert_close(per_sample, hidden.grad)
-
-
 def test_corrupt_uses_no_randomness(objective, batch):
     generator = torch.Generator().manual_seed(1)
     state = generator.get_state()

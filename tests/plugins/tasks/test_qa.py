@@ -19,7 +19,6 @@ import objreg
 from objreg.core.tokenizer import train_wordpiece
 from objreg.plugins.tasks import qa
 
-
 PARAMS = {"max_question_tokens": 32, "context_sentences": 2}
 
 

@@ -30,7 +30,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import objreg
-from objreg.core.tokenizer import train_wordpiece, wordpiece_from_vocab, wordpiece_tokenizer
+from objreg.core.tokenizer import (
+    train_wordpiece,
+    wordpiece_from_vocab,
+    wordpiece_tokenizer,
+)
 
 NAME = "default"
 #: Bump when the extraction rules change, so old caches are rebuilt rather than reused.

@@ -110,21 +110,15 @@ def objreg_check_params(params: Mapping[str, Any]) -> None:
 # -- corruption steps ---------------------------------------------------------------------------
 
 
-def _rand(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    # Draw on the generator's device, then move: a CPU generator drives a GPU batch, and the same
-    # seed gives the same corruption on either.
-    return torch.rand(shape, generator=generator, device=generator.device).to(device)
-
-
 def _select(batch: objreg.TokenBatch, generator: torch.Generator, mask_prob: float) -> torch.Tensor:
     """Bernoulli(mask_prob) over ordinary tokens, then at least one per row that has any."""
     B, T = batch.input_ids.shape
     device = batch.input_ids.device
     maskable = ~(batch.is_special | batch.is_padding)  # (B, T)
-    selected = (_rand((B, T), generator, device) < mask_prob) & maskable  # (B, T)
+    selected = (objreg.uniform((B, T), generator, device) < mask_prob) & maskable  # (B, T)
     # BERT's max(1, ·): a uniformly random maskable position, the argmax of random keys. Drawn
     # for every row, so the generator advances the same way whatever the data.
-    keys = torch.where(maskable, _rand((B, T), generator, device), -1.0)  # (B, T)
+    keys = torch.where(maskable, objreg.uniform((B, T), generator, device), -1.0)  # (B, T)
     forced = torch.nn.functional.one_hot(keys.argmax(dim=1), T).bool() & maskable  # (B, T)
     nothing_yet = ~selected.any(dim=1, keepdim=True)  # (B, 1)
     return selected | (forced & nothing_yet)
@@ -137,7 +131,7 @@ def _replace(
     """80/10/10 (by default) among the selected positions; ``ids`` is not modified."""
     B, T = ids.shape
     p_mask, p_random = params["mask_replace_prob"], params["random_replace_prob"]
-    u = _rand((B, T), generator, ids.device)  # (B, T): one draw decides each position's fate
+    u = objreg.uniform((B, T), generator, ids.device)  # (B, T): one draw decides each position's fate
     to_mask = selected & (u < p_mask)
     out = torch.where(to_mask, vocab.mask_id, ids)
     if p_random > 0:

@@ -55,7 +55,7 @@ def objreg_corrupt(
     length = (~batch.is_padding).sum(dim=1)  # (B,): real tokens, [CLS] and [SEP] included
     _check_layout(batch, length)
     split = _split_positions(batch, length, generator)  # (B,): first token of segment B
-    swap = _rand((B,), generator, device) < params["swap_prob"]  # (B,)
+    swap = objreg.uniform((B,), generator, device) < params["swap_prob"]  # (B,)
 
     # The first output segment starts at `first` and has `first_len` tokens, the second at `second`.
     len_a, len_b = split - 1, length - 1 - split  # (B,), (B,)
@@ -104,11 +104,6 @@ def objreg_loss(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> t
 # -- corruption steps ---------------------------------------------------------------------------
 
 
-def _rand(shape: tuple[int, ...], generator: torch.Generator, device: torch.device) -> torch.Tensor:
-    # Draw on the generator's device, then move: the same seed gives the same output on any device.
-    return torch.rand(shape, generator=generator, device=generator.device).to(device)
-
-
 def _check_layout(batch: objreg.TokenBatch, length: torch.Tensor) -> None:
     """Rows must be ``[CLS] sentences [SEP]`` + right padding, from one document, as objreg's
     tokenizers build them: the sentence tokens are exactly positions ``1 .. length-2``."""
@@ -142,7 +137,7 @@ def _split_positions(batch: objreg.TokenBatch, length: torch.Tensor, generator: 
             f"({int(short.sum())} of {B} rows are too short; sample rows with min_sentences=2)"
         )
     # r-th boundary, r uniform in 0 .. n-2 (clamp guards a float rounding up to n-1).
-    pick = (_rand((B,), generator, sentence.device) * num_boundaries).long()
+    pick = (objreg.uniform((B,), generator, sentence.device) * num_boundaries).long()
     pick = torch.minimum(pick, num_boundaries - 1)  # (B,)
     rank = boundary.cumsum(dim=1)  # (B, T): boundaries up to and including t
     chosen = boundary & (rank == (pick + 1)[:, None])  # (B, T): exactly one True per row

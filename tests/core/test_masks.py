@@ -1,0 +1,155 @@
+"""The attention-mask helpers against explicit loops over (b, i, j) on random inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from objreg.core import masks
+
+B, T = 7, 13
+
+
+def random_inputs(seed: int):
+    """Random right padding, contiguous document runs over the real tokens (-1 at padding), and
+    random prefix lengths in [0, T]."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[0] = T  # one row without padding
+    is_padding = torch.arange(T)[None, :] >= lengths[:, None]
+    document_ids = torch.full((B, T), -1, dtype=torch.long)
+    for b in range(B):
+        doc, start = int(torch.randint(0, 3, (1,), generator=g)), 0
+        n = int(lengths[b])
+        while start < n:
+            run = int(torch.randint(1, 5, (1,), generator=g))
+            document_ids[b, start : min(n, start + run)] = doc
+            doc += int(torch.randint(1, 3, (1,), generator=g))
+            start += run
+    prefix_length = torch.randint(0, T + 1, (B,), generator=g)
+    return is_padding, document_ids, prefix_length
+
+
+SEEDS = [0, 1, 2, 3]
+
+
+def loop_mask(rule) -> torch.Tensor:
+    out = torch.zeros(B, T, T, dtype=torch.bool)
+    for b in range(B):
+        for i in range(T):
+            for j in range(T):
+                out[b, i, j] = bool(rule(b, i, j))
+    return out
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_bidirectional(seed):
+    pad, _, _ = random_inputs(seed)
+    got = masks.bidirectional(pad)
+    assert got.dtype == torch.bool and got.shape == (B, T, T)
+    assert torch.equal(got, loop_mask(lambda b, i, j: not pad[b, j]))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_causal(seed):
+    pad, _, _ = random_inputs(seed)
+    got = masks.causal(pad)
+    assert got.dtype == torch.bool and got.shape == (B, T, T)
+    assert torch.equal(got, loop_mask(lambda b, i, j: j <= i and not pad[b, j]))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_prefix(seed):
+    pad, _, prefix_length = random_inputs(seed)
+    got = masks.prefix(pad, prefix_length)
+    expected = loop_mask(lambda b, i, j: (j <= i or j < prefix_length[b]) and not pad[b, j])
+    assert got.dtype == torch.bool
+    assert torch.equal(got, expected)
+
+
+def test_prefix_extremes_are_causal_and_bidirectional():
+    pad, _, _ = random_inputs(5)
+    assert torch.equal(masks.prefix(pad, torch.zeros(B, dtype=torch.long)), masks.causal(pad))
+    assert torch.equal(masks.prefix(pad, torch.full((B,), T)), masks.bidirectional(pad))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_same_document(seed):
+    _, doc, _ = random_inputs(seed)
+    got = masks.same_document(doc)
+    expected = loop_mask(lambda b, i, j: doc[b, i] == doc[b, j] and doc[b, j] >= 0)
+    assert got.dtype == torch.bool
+    assert torch.equal(got, expected)
+    # some row really packs two documents, so the block structure was exercised
+    assert any(len(set(doc[b][doc[b] >= 0].tolist())) > 1 for b in range(B))
+
+
+def loop_positions(doc: torch.Tensor) -> torch.Tensor:
+    """Restart at 0 where a new document begins; padding (-1) continues the last count."""
+    out = torch.zeros_like(doc)
+    for b in range(doc.shape[0]):
+        count = 0
+        for t in range(doc.shape[1]):
+            if t > 0 and doc[b, t] >= 0 and doc[b, t] != doc[b, t - 1]:
+                count = 0
+            elif t > 0:
+                count += 1
+            out[b, t] = count
+    return out
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_positions_within_documents_at_real_tokens(seed):
+    _, doc, _ = random_inputs(seed)
+    got = masks.positions_within_documents(doc)
+    assert got.dtype == torch.long and got.shape == (B, T)
+    real = doc >= 0
+    assert torch.equal(got[real], loop_positions(doc)[real])
+
+
+def test_positions_within_documents_padding_continues_the_count():
+    doc = torch.tensor([[0, 0, 0, -1, -1], [3, 3, 4, 4, -1]])
+    assert masks.positions_within_documents(doc).tolist() == [[0, 1, 2, 3, 4], [0, 1, 0, 1, 2]]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_allowed_connections_of_causal_is_triangular_number(seed):
+    pad, _, _ = random_inputs(seed)
+    n = [int(k) for k in (~pad).sum(dim=1)]
+    causal = masks.causal(pad)
+    # over the n real tokens alone: n(n+1)/2
+    for b in range(B):
+        alone = masks.allowed_connections(causal[b : b + 1, : n[b], : n[b]])
+        assert alone.tolist() == [n[b] * (n[b] + 1) // 2]
+    # the padded rows: padding query rows still see the n real keys (never padding keys)
+    got = masks.allowed_connections(causal)
+    assert got.dtype == torch.long
+    assert got.tolist() == [k * (k + 1) // 2 + (T - k) * k for k in n]
+    assert masks.allowed_connections(masks.bidirectional(pad)).tolist() == [T * k for k in n]
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_masks_are_pure_under_vmap(seed):
+    pad, doc, prefix_length = random_inputs(seed)
+    one = lambda f: (lambda *xs: f(*(x[None] for x in xs))[0])  # noqa: E731 - per-example view
+    cases = [
+        (masks.bidirectional, (pad,)),
+        (masks.causal, (pad,)),
+        (masks.prefix, (pad, prefix_length)),
+        (masks.same_document, (doc,)),
+        (masks.positions_within_documents, (doc,)),
+    ]
+    for fn, args in cases:
+        batched = torch.vmap(one(fn))(*args)
+        assert torch.equal(batched, fn(*args)), fn.__name__
+    # no helper modified its inputs in place
+    fresh = random_inputs(seed)
+    assert all(torch.equal(a, b) for a, b in zip((pad, doc, prefix_length), fresh))
+
+
+def test_padding_keys_never_attended_and_combination_with_and():
+    pad, doc, _ = random_inputs(9)
+    combined = masks.causal(pad) & masks.same_document(doc)
+    assert not (combined & pad[:, None, :]).any()
+    expected = loop_mask(lambda b, i, j: j <= i and doc[b, i] == doc[b, j] and doc[b, j] >= 0)
+    assert torch.equal(combined, expected)

@@ -1,0 +1,542 @@
+"""The registry: plugin validation, per-objective dispatch, result checks, look-up errors,
+head merging and providers. Throwaway plugins are inline classes on a fresh manager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import objreg
+from objreg import (
+    CorruptedBatch,
+    HeadSpec,
+    InvalidParameterError,
+    ModelOutputs,
+    ObjectiveInfo,
+    Param,
+    PluginError,
+    TokenBatch,
+    UnknownNameError,
+    UnknownObjectiveError,
+    Vocabulary,
+    masks,
+)
+from objreg.core.registry import merge_heads
+
+B, T = 3, 5
+VOCAB = Vocabulary(size=30, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4, special_ids=(0, 1, 2, 3, 4))
+
+
+def token_batch() -> TokenBatch:
+    ids = torch.randint(5, 30, (B, T), generator=torch.Generator().manual_seed(0))
+    is_padding = torch.zeros(B, T, dtype=torch.bool)
+    is_padding[1, 3:] = True
+    ids[is_padding] = 0
+    ids[:, 0] = 2
+    doc = torch.arange(B)[:, None].expand(B, T).masked_fill(is_padding, -1)
+    return TokenBatch(ids, is_padding, is_padding.clone(), doc.clone(), doc.clone(), doc.clone())
+
+
+def corrupted_from(batch: TokenBatch, tag: int = 0) -> CorruptedBatch:
+    return CorruptedBatch(
+        batch.input_ids.clone(),
+        torch.full_like(batch.input_ids, objreg.IGNORE_INDEX),
+        batch.is_padding.clone(),
+        masks.positions_within_documents(batch.document_ids),
+        batch.document_ids.clone(),
+        {"tag": torch.full((batch.batch_size,), tag)},
+    )
+
+
+def outputs_for(batch: CorruptedBatch) -> ModelOutputs:
+    return ModelOutputs(torch.ones(batch.batch_size, batch.input_ids.shape[1], 4), None)
+
+
+class Objective:
+    """A complete throwaway objective; every hook it runs is appended to ``log`` as (name, hook)."""
+
+    def __init__(self, name: str, log: list, kind: str = "pretrain", params: tuple = (), info_name: str | None = None):
+        self.name, self.log, self.kind, self.params = name, log, kind, params
+        self.info_name = info_name or name
+
+    @objreg.hookimpl
+    def objreg_objective_info(self):
+        return ObjectiveInfo(
+            name=self.info_name, description=f"throwaway {self.name}", kind=self.kind, params=self.params,
+            heads=(HeadSpec("lm", "lm"),),
+        )
+
+    @objreg.hookimpl
+    def objreg_corrupt(self, batch, generator, params, vocab):
+        self.log.append((self.name, "corrupt"))
+        return corrupted_from(batch, tag=ord(self.name[0]))
+
+    @objreg.hookimpl
+    def objreg_attention_mask(self, batch):
+        self.log.append((self.name, "attention_mask"))
+        return masks.bidirectional(batch.is_padding)
+
+    @objreg.hookimpl
+    def objreg_loss(self, outputs, batch):
+        self.log.append((self.name, "loss"))
+        return outputs.hidden.sum(dim=(1, 2)) * ord(self.name[0])
+
+
+class Task(Objective):
+    def __init__(self, name: str, log: list):
+        super().__init__(name, log, kind="downstream")
+
+    @objreg.hookimpl
+    def objreg_task_data(self, source, documents, tokenizer, seq_len, limit, params):
+        self.log.append((self.name, "task_data"))
+        return corrupted_from(token_batch())
+
+
+def manager(**plugins) -> objreg.core.manager.ObjregPluginManager:
+    pm = objreg.get_plugin_manager(load_entrypoints=False, builtins=False)
+    for name, plugin in plugins.items():
+        pm.register(plugin, name=name)
+    return pm
+
+
+def problems_of(pm) -> list[str]:
+    with pytest.raises(PluginError) as e:
+        objreg.Registry(pm)
+    assert str(e.value).startswith("plugin contract broken:")
+    return e.value.problems
+
+
+# -- validation -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("missing", ["objreg_corrupt", "objreg_attention_mask", "objreg_loss"])
+def test_objective_missing_a_compute_hook(missing):
+    plugin_class = type("Incomplete", (Objective,), {missing: None})
+    problems = problems_of(manager(partial=plugin_class("partial", [])))
+    assert problems == [
+        f"plugin 'partial' (registered at run time): pretrain objective 'partial' does not implement "
+        f"required hook {missing}"
+    ]
+
+
+def test_task_missing_task_data():
+    class NoData(Objective):
+        pass
+
+    problems = problems_of(manager(nodata=NoData("nodata", [], kind="downstream")))
+    assert problems == [
+        "plugin 'nodata' (registered at run time): downstream objective 'nodata' does not implement "
+        "required hook objreg_task_data"
+    ]
+    # the same plugin with objreg_task_data is fine
+    assert objreg.Registry(manager(ok=Task("ok", []))).tasks() == ["ok"]
+
+
+def test_missing_hook_names_the_distribution():
+    pm = manager()
+    pm.register_plugin(type("Incomplete", (Objective,), {"objreg_loss": None})("part", []), "part", "part-dist 3.1")
+    (problem,) = problems_of(pm)
+    assert problem.startswith("plugin 'part' (part-dist 3.1): ") and "objreg_loss" in problem
+
+
+def test_info_name_differs_from_registration_name():
+    problems = problems_of(manager(registered=Objective("registered", [], info_name="declared")))
+    assert problems[0] == (
+        "plugin 'registered' (registered at run time): objreg_objective_info names the objective 'declared', "
+        "but the plugin is registered as 'registered' (the entry-point name must equal the objective name)"
+    )
+
+
+class RaisingInfo(Objective):
+    @objreg.hookimpl
+    def objreg_objective_info(self):
+        raise RuntimeError("info exploded")
+
+
+class JunkInfo(Objective):
+    @objreg.hookimpl
+    def objreg_objective_info(self):
+        return {"name": self.name}
+
+
+@pytest.mark.parametrize(
+    "plugin",
+    [Objective("registered", [], info_name="declared"), RaisingInfo("registered", []), JunkInfo("registered", [])],
+    ids=["misnamed", "raises", "junk"],
+)
+def test_rejected_info_is_reported_once(plugin):
+    problems = problems_of(manager(registered=plugin))
+    assert len(problems) == 1, problems
+    assert not any("no objective name reaches it" in p for p in problems)
+
+
+def test_misspelled_hook_named():
+    class Typo(Objective):
+        @objreg.hookimpl
+        def objreg_corupt(self, batch):
+            return None
+
+    (problem,) = problems_of(manager(typo=Typo("typo", [])))
+    assert "objreg_corupt" in problem and "'typo'" in problem and "registered at run time" in problem
+
+
+def test_every_misspelled_hook_named_at_once():
+    class TypoA:
+        @objreg.hookimpl
+        def objreg_corupt(self):
+            pass
+
+    class TypoB:
+        @objreg.hookimpl
+        def objreg_los(self):
+            pass
+
+    problems = problems_of(manager(ta=TypoA(), tb=TypoB()))
+    assert any("objreg_corupt" in p for p in problems) and any("objreg_los" in p for p in problems)
+
+
+def test_stray_per_objective_hook_rejected():
+    class Stray:
+        @objreg.hookimpl
+        def objreg_loss(self, outputs, batch):
+            return outputs.hidden.sum()
+
+    problems = problems_of(manager(a=Objective("a", []), stray=Stray()))
+    assert problems == [
+        "plugin 'stray' (registered at run time) implements objreg_loss but no objreg_objective_info, "
+        "so no objective name reaches it"
+    ]
+
+
+def test_non_objective_wrapper_allowed_and_runs_around_every_objective():
+    calls: list = []
+
+    class Wrapper:
+        @objreg.hookimpl(wrapper=True)
+        def objreg_loss(self, outputs, batch):
+            calls.append(("wrapper", "before", int(batch.extras["tag"][0])))
+            result = yield
+            calls.append(("wrapper", "after", tuple(result.shape)))
+            return result
+
+    registry = objreg.Registry(manager(a=Objective("a", calls), b=Objective("b", calls), wrap=Wrapper()))
+    for name in ("a", "b"):
+        objective = registry.get(name, vocab=VOCAB)
+        corrupted = objective.corrupt(token_batch(), torch.Generator())
+        calls.clear()
+        loss = objective.loss(outputs_for(corrupted), corrupted)
+        assert calls == [("wrapper", "before", ord(name)), (name, "loss"), ("wrapper", "after", (B,))]
+        assert torch.equal(loss, torch.full((B,), 4.0 * T * ord(name)))
+
+
+def test_info_hook_raising_or_returning_junk_is_reported():
+    problems = problems_of(
+        manager(raises=RaisingInfo("raises", []), junk=JunkInfo("junk", []), ok=Objective("ok", []))
+    )
+    assert "plugin 'raises' (registered at run time): objreg_objective_info raised RuntimeError: info exploded" in problems
+    assert any(p.startswith("plugin 'junk' (registered at run time): objreg_objective_info must return one ObjectiveInfo") for p in problems)
+    assert not any("'ok'" in p for p in problems)  # the good plugin is not blamed
+
+
+def test_several_problems_in_one_error():
+    class Stray:
+        @objreg.hookimpl
+        def objreg_corrupt(self, batch):
+            return None
+
+    pm = manager(
+        partial=type("Incomplete", (Objective,), {"objreg_attention_mask": None})("partial", []),
+        misnamed=Objective("misnamed", [], info_name="other"),
+        stray=Stray(),
+    )
+    pm.register_plugin(Objective("fine", []), "fine", "fine-dist 1.0")
+    pm.register_plugin(Objective("fine", []), "fine", "clash-dist 1.0")  # a load problem
+    with pytest.raises(PluginError) as e:
+        objreg.Registry(pm)
+    problems = e.value.problems
+    expected = [
+        "two plugins claim the name 'fine': fine-dist 1.0 and clash-dist 1.0",
+        "plugin 'partial' (registered at run time): pretrain objective 'partial' does not implement required "
+        "hook objreg_attention_mask",
+        "plugin 'stray' (registered at run time) implements objreg_corrupt but no objreg_objective_info, so no "
+        "objective name reaches it",
+    ]
+    for problem in expected:
+        assert problem in problems
+    assert any(p.startswith("plugin 'misnamed'") and "'other'" in p for p in problems)
+    assert not any("'fine' (" in p for p in problems)  # the first 'fine' is valid
+    message = str(e.value)
+    assert message.startswith("plugin contract broken:\n")
+    assert message.count("\n  - ") == len(problems) >= 4
+    assert all(p in message for p in problems)
+
+
+# -- per-objective dispatch ---------------------------------------------------------------------
+
+
+def test_dispatch_reaches_only_the_named_objective():
+    log: list = []
+    pm = manager(a=Objective("a", log), b=Objective("b", log))
+    registry = objreg.Registry(pm)
+    monitored: list = []
+    pm.add_hookcall_monitoring(
+        lambda hook, impls, kwargs: monitored.append((hook, sorted(i.plugin_name for i in impls))),
+        lambda outcome, hook, impls, kwargs: None,
+    )
+    assert registry.objectives() == ["a", "b"]
+    for name in ("a", "b"):
+        log.clear()
+        monitored.clear()
+        objective = registry.get(name, vocab=VOCAB)
+        corrupted = objective.corrupt(token_batch(), torch.Generator())
+        assert (corrupted.extras["tag"] == ord(name)).all()
+        mask = objective.attention_mask(corrupted)
+        assert torch.equal(mask, masks.bidirectional(corrupted.is_padding))
+        objective.loss(outputs_for(corrupted), corrupted)
+        assert log == [(name, "corrupt"), (name, "attention_mask"), (name, "loss")]
+        called = [(hook, impls) for hook, impls in monitored if hook != "objreg_check_params"]
+        assert called == [
+            ("objreg_corrupt", [name]), ("objreg_attention_mask", [name]), ("objreg_loss", [name])
+        ]
+        assert objective.origin == "registered at run time"
+
+
+def test_task_dispatch():
+    log: list = []
+    registry = objreg.Registry(manager(a=Objective("a", log), t=Task("t", log), u=Task("u", log)))
+    task = registry.get_task("t")
+    data = task.task_data(None, [], None, 16, 10)
+    assert isinstance(data, CorruptedBatch)
+    assert log == [("t", "task_data")]
+    with pytest.raises(InvalidParameterError, match="downstream task; it has no corruption"):
+        task.corrupt(token_batch(), torch.Generator())
+    with pytest.raises(InvalidParameterError, match="not a downstream task"):
+        registry.get("a", vocab=VOCAB).task_data(None, [], None, 16, 10)
+
+
+def test_corrupt_needs_a_vocabulary():
+    registry = objreg.Registry(manager(a=Objective("a", [])))
+    with pytest.raises(InvalidParameterError, match="needs a vocabulary"):
+        registry.get("a").corrupt(token_batch(), torch.Generator())
+
+
+# -- result checks --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("result", "got"),
+    [(None, "NoneType"), ("tuple", "tuple"), ("token_batch", "TokenBatch")],
+)
+def test_corrupt_must_return_a_corrupted_batch(result, got):
+    class Bad(Objective):
+        @objreg.hookimpl
+        def objreg_corrupt(self, batch):
+            if result == "tuple":
+                return tuple(corrupted_from(batch))
+            if result == "token_batch":
+                return batch
+            return None
+
+    registry = objreg.Registry(manager(bad=Bad("bad", [])))
+    with pytest.raises(PluginError) as e:
+        registry.get("bad", vocab=VOCAB).corrupt(token_batch(), torch.Generator())
+    assert e.value.problems == [
+        f"objective 'bad' (registered at run time) returned {got} instead of a CorruptedBatch from objreg_corrupt"
+    ]
+
+
+def test_corrupt_must_keep_the_batch_size():
+    class Shrinks(Objective):
+        @objreg.hookimpl
+        def objreg_corrupt(self, batch):
+            return corrupted_from(batch).select(slice(0, 1))
+
+    registry = objreg.Registry(manager(shrinks=Shrinks("shrinks", [])))
+    with pytest.raises(PluginError, match=rf"returned batch size 1 for an input of {B} from objreg_corrupt"):
+        registry.get("shrinks", vocab=VOCAB).corrupt(token_batch(), torch.Generator())
+
+
+@pytest.mark.parametrize(
+    ("make", "got"),
+    [
+        (lambda pad: ~pad, f"({B}, {T}) torch.bool"),
+        (lambda pad: masks.bidirectional(pad).float(), f"({B}, {T}, {T}) torch.float32"),
+        (lambda pad: masks.bidirectional(pad)[:, :, :-1], f"({B}, {T}, {T - 1}) torch.bool"),
+        (lambda pad: None, "NoneType"),
+    ],
+    ids=["2-d", "float", "short", "none"],
+)
+def test_attention_mask_shape_and_dtype_checked(make, got):
+    class Bad(Objective):
+        @objreg.hookimpl
+        def objreg_attention_mask(self, batch):
+            return make(batch.is_padding)
+
+    registry = objreg.Registry(manager(bad=Bad("bad", [])))
+    objective = registry.get("bad", vocab=VOCAB)
+    corrupted = objective.corrupt(token_batch(), torch.Generator())
+    with pytest.raises(PluginError) as e:
+        objective.attention_mask(corrupted)
+    (problem,) = e.value.problems
+    assert problem == (
+        f"objective 'bad' (registered at run time) returned {got} instead of a bool [B, T, T] = "
+        f"[{B}, {T}, {T}] mask from objreg_attention_mask"
+    )
+
+
+@pytest.mark.parametrize(
+    ("make", "got"),
+    [
+        (lambda h: h.sum(), "()"),
+        (lambda h: h.sum(dim=2), f"({B}, {T})"),
+        (lambda h: h.sum(dim=(1, 2))[:, None], f"({B}, 1)"),
+        (lambda h: float(h.sum()), "float"),
+    ],
+    ids=["scalar", "per-token", "column", "python-float"],
+)
+def test_loss_must_be_per_sample(make, got):
+    class Bad(Objective):
+        @objreg.hookimpl
+        def objreg_loss(self, outputs):
+            return make(outputs.hidden)
+
+    registry = objreg.Registry(manager(bad=Bad("bad", [])))
+    objective = registry.get("bad", vocab=VOCAB)
+    corrupted = objective.corrupt(token_batch(), torch.Generator())
+    with pytest.raises(PluginError) as e:
+        objective.loss(outputs_for(corrupted), corrupted)
+    assert e.value.problems == [
+        f"objective 'bad' (registered at run time) returned {got} instead of per-sample losses of shape [{B}] "
+        f"from objreg_loss"
+    ]
+
+
+# -- objreg_check_params --------------------------------------------------------------------------
+
+
+def test_check_params_rejects_a_bad_combination_before_any_corrupt():
+    log: list = []
+
+    class Checked(Objective):
+        @objreg.hookimpl
+        def objreg_check_params(self, params):
+            log.append((self.name, "check", dict(params)))
+            if params["low"] > params["high"]:
+                raise InvalidParameterError(f"low ({params['low']}) must be at most high ({params['high']})")
+
+    params = (Param("low", 1, "h", int), Param("high", 2, "h", int))
+    registry = objreg.Registry(
+        manager(a=Checked("a", log, params=params), b=Checked("b", log, params=params))
+    )
+    with pytest.raises(InvalidParameterError, match=r"low \(5\) must be at most high \(2\)"):
+        registry.get("a", vocab=VOCAB, low="5")
+    assert log == [("a", "check", {"low": 5, "high": 2})]  # coerced first; b's check did not run
+    log.clear()
+    objective = registry.get("a", vocab=VOCAB, low=2, high="7")
+    assert dict(objective.params) == {"low": 2, "high": 7}
+    assert log == [("a", "check", {"low": 2, "high": 7})]
+
+
+# -- get / get_task errors ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def builtins() -> objreg.Registry:
+    return objreg.Registry.load(load_entrypoints=False)
+
+
+def test_builtins(builtins):
+    assert builtins.objectives() == ["clm", "mlm", "sop"]
+    assert builtins.tasks() == ["qa"]
+    for name in ("clm", "mlm", "sop", "qa"):
+        assert builtins.origin(name) == "objreg (built-in)"
+        assert builtins.info(name).name == name
+
+
+def test_unknown_objective_suggests_and_lists(builtins):
+    with pytest.raises(UnknownObjectiveError) as e:
+        builtins.get("mlmm")
+    assert str(e.value) == "unknown objective 'mlmm'. Did you mean 'mlm'? Available: clm, mlm, sop."
+    assert isinstance(e.value, KeyError) and e.value.available == ["clm", "mlm", "sop"]
+    with pytest.raises(UnknownObjectiveError, match=r"^unknown objective 'zzz'\. Available: clm, mlm, sop\.$"):
+        builtins.get("zzz")
+    with pytest.raises(UnknownObjectiveError, match=r"unknown downstream task 'qaa'\. Did you mean 'qa'\? Available: qa\."):
+        builtins.get_task("qaa")
+    with pytest.raises(UnknownObjectiveError, match=r"unknown objective or task 'sopp'.*Available: clm, mlm, qa, sop\."):
+        builtins.info("sopp")
+
+
+def test_get_of_a_task_and_get_task_of_an_objective(builtins):
+    with pytest.raises(InvalidParameterError, match=r"^'qa' is a downstream task, not a pre-training objective; objectives: clm, mlm, sop$"):
+        builtins.get("qa")
+    with pytest.raises(InvalidParameterError, match=r"^'mlm' is a pre-training objective, not a downstream task; tasks: qa$"):
+        builtins.get_task("mlm")
+
+
+def test_unknown_parameter_lists_the_allowed(builtins):
+    with pytest.raises(UnknownNameError) as e:
+        builtins.get("mlm", mask_probb=0.2)
+    message = str(e.value)
+    assert message.startswith("unknown parameter of 'mlm' 'mask_probb'. Did you mean 'mask_prob'")
+    assert message.endswith("Available: mask_prob, mask_replace_prob, random_replace_prob.")
+
+
+def test_wrong_parameter_type(builtins):
+    with pytest.raises(InvalidParameterError, match=r"^mlm: parameter 'mask_prob' must be float, got 'abc'$"):
+        builtins.get("mlm", mask_prob="abc")
+    with pytest.raises(InvalidParameterError, match="must lie in"):
+        builtins.get("mlm", mask_prob=1.5)
+    assert builtins.get("mlm", mask_prob="0.3").params["mask_prob"] == 0.3
+
+
+# -- merge_heads ----------------------------------------------------------------------------------
+
+
+def test_merge_heads_shares_identical_specs():
+    a = ObjectiveInfo("a", "d", heads=(HeadSpec("lm", "lm"), HeadSpec("cls", "classifier", 2)))
+    b = ObjectiveInfo("b", "d", heads=(HeadSpec("lm", "lm"), HeadSpec("span", "span")))
+    c = ObjectiveInfo("c", "d", heads=(HeadSpec("cls", "classifier", 2),))
+    assert merge_heads([a, b, c]) == [HeadSpec("lm", "lm"), HeadSpec("cls", "classifier", 2), HeadSpec("span", "span")]
+    assert merge_heads([]) == []
+
+
+def test_merge_heads_conflict_names_both_objectives():
+    a = ObjectiveInfo("a", "d", heads=(HeadSpec("cls", "classifier", 2),))
+    b = ObjectiveInfo("b", "d", heads=(HeadSpec("lm", "lm"),))
+    c = ObjectiveInfo("c", "d", heads=(HeadSpec("cls", "classifier", 3),))
+    with pytest.raises(PluginError) as e:
+        merge_heads([a, b, c])
+    (problem,) = e.value.problems
+    assert problem.startswith("objectives 'a' and 'c' declare head 'cls' differently")
+    assert "num_outputs=2" in problem and "num_outputs=3" in problem
+
+
+# -- providers --------------------------------------------------------------------------------------
+
+
+def test_unknown_corpus_lists_providers(builtins, tmp_path):
+    with pytest.raises(UnknownNameError) as e:
+        builtins.load_corpus("nosuchcorpus", tmp_path)
+    assert str(e.value) == "unknown corpus 'nosuchcorpus'. Available: PATH, default."
+
+
+def test_unknown_model_lists_providers(builtins):
+    with pytest.raises(UnknownNameError) as e:
+        builtins.load_model("bert-bass", VOCAB, [], {}, torch.Generator())
+    assert str(e.value) == "unknown model 'bert-bass'. Did you mean 'bert-base'? Available: bert-base, default."
+
+
+def test_provider_from_a_throwaway_plugin():
+    class Provider:
+        @objreg.hookimpl
+        def objreg_load_model(self, model):
+            return torch.nn.Identity() if model == "toy" else None
+
+        @objreg.hookimpl
+        def objreg_providers(self):
+            return [objreg.ProviderInfo("model", "toy", "an identity")]
+
+    registry = objreg.Registry(manager(provider=Provider()))
+    assert isinstance(registry.load_model("toy", VOCAB, [], {}, torch.Generator()), torch.nn.Identity)
+    with pytest.raises(UnknownNameError, match=r"Available: toy\.$"):
+        registry.load_model("other", VOCAB, [], {}, torch.Generator())
