@@ -141,3 +141,24 @@ def test_no_traceback_reaches_the_terminal():
     assert result.stdout == ""
     assert result.stderr.startswith("Error: unknown objective or task 'mlmm'. Did you mean 'mlm'?")
     assert "Traceback" not in result.stderr
+
+
+class WarningPlugin:
+    """A plugin whose command warns, as a task does when it skips malformed records."""
+
+    @objreg.hookimpl
+    def objreg_register_commands(self, cli: click.Group) -> None:
+        @cli.command()
+        def warn() -> None:
+            """Warn once."""
+            import warnings
+
+            warnings.warn("skipped 2 records whose answer does not match", stacklevel=1)
+            click.echo("done")
+
+
+def test_warnings_are_one_line_each(runner):
+    result = runner.invoke(cli_with(WarningPlugin()), ["warn"])
+    assert result.exit_code == 0
+    assert result.stderr == "Warning: skipped 2 records whose answer does not match\n"
+    assert result.stdout == "done\n"

@@ -8,6 +8,7 @@ The group does two things beyond click's: it turns library errors into one line 
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -69,8 +70,21 @@ class ObjregGroup(click.Group):
     # -- errors -------------------------------------------------------------------------------
 
     def invoke(self, ctx: click.Context) -> Any:
-        with _errors_as_click_exceptions():
+        with _errors_as_click_exceptions(), _warnings_as_lines():
             return super().invoke(ctx)
+
+
+@contextmanager
+def _warnings_as_lines() -> Iterator[None]:
+    """Show each warning (e.g. "skipped 3 questions whose answer does not match") as one
+    ``Warning: ...`` line on stderr, not Python's file:line dump of the code that raised it."""
+
+    def show(message: Warning | str, category: type[Warning], *args: Any, **kwargs: Any) -> None:
+        click.echo(f"Warning: {message}", err=True)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
 
 
 @contextmanager

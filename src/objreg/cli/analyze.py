@@ -85,8 +85,9 @@ def analyze(
         report = objreg.analyze(names, downstream, out_dir=out_dir, **settings)
         click.echo(report.to_json())
         return
+    # Off where stderr is no terminal (logs, CI): there it would only add stray lines.
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as progress:
+                  console=console, transient=True, disable=not console.is_terminal) as progress:
         bar = progress.add_task("preparing", total=None)
 
         def on_status(message: str) -> None:
