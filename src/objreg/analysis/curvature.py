@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 from torch.func import grad, jvp
 
-from objreg.analysis.functional import Params
+from objreg.analysis.functional import Params, requiring_grad
 from objreg.analysis.per_sample import derivative_unsupported
 from objreg.core.errors import InvalidParameterError
 
@@ -22,7 +22,7 @@ def hvp_forward_over_reverse(loss: Callable[[Params], torch.Tensor], shared: Par
 
 
 def hvp_double_backward(loss: Callable[[Params], torch.Tensor], shared: Params, direction: Params) -> Params:
-    params = {n: t.detach().requires_grad_(True) for n, t in shared.items()}
+    params = requiring_grad(shared)
     grads = torch.autograd.grad(loss(params), list(params.values()), create_graph=True)
     projected = sum((g * direction[n]).sum() for g, n in zip(grads, params))
     products = torch.autograd.grad(projected, list(params.values()), allow_unused=True)

@@ -36,6 +36,11 @@ def detached(params: dict[str, nn.Parameter]) -> Params:
     return {n: p.detach() for n, p in params.items()}
 
 
+def requiring_grad(params: Params) -> Params:
+    """Fresh leaves of ``params`` that autograd differentiates with respect to."""
+    return {n: t.detach().requires_grad_(True) for n, t in params.items()}
+
+
 class _LossForward(nn.Module):
     """Backbone then the objective's loss, as one module so ``functional_call`` can swap every
     parameter (backbone and heads) around the whole computation."""

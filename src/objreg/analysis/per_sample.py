@@ -15,14 +15,10 @@ from __future__ import annotations
 import torch
 from torch.func import grad, jvp, vmap
 
-from objreg.analysis.functional import ObjectiveFunction, Params
+from objreg.analysis.functional import ObjectiveFunction, Params, requiring_grad
 from objreg.core.errors import InvalidParameterError
 
 METHODS = ("auto", "jvp", "double_backward", "vmap", "loop")
-
-
-def _requires_grad(shared: Params) -> Params:
-    return {n: t.detach().requires_grad_(True) for n, t in shared.items()}
 
 
 def dots_jvp(fn: ObjectiveFunction, shared: Params, direction: Params) -> torch.Tensor:
@@ -33,7 +29,7 @@ def dots_jvp(fn: ObjectiveFunction, shared: Params, direction: Params) -> torch.
 
 def dots_double_backward(fn: ObjectiveFunction, shared: Params, direction: Params) -> torch.Tensor:
     """``[B]``: two reverse passes, for models without forward-mode support."""
-    params = _requires_grad(shared)
+    params = requiring_grad(shared)
     losses = fn(params)
     dummy = torch.zeros_like(losses, requires_grad=True)
     vjp = torch.autograd.grad(losses, list(params.values()), grad_outputs=dummy, create_graph=True)
@@ -44,7 +40,7 @@ def dots_double_backward(fn: ObjectiveFunction, shared: Params, direction: Param
 def dots_loop(fn: ObjectiveFunction, shared: Params, direction: Params) -> torch.Tensor:
     """``[B]``: one backward per example of ``ℓ_i`` computed on the whole batch (the reference;
     also right for batch-coupled losses)."""
-    params = _requires_grad(shared)
+    params = requiring_grad(shared)
     losses = fn(params)
     dots = []
     for i in range(losses.shape[0]):
@@ -113,7 +109,7 @@ def mean_gradient(functions: list[ObjectiveFunction], shared: Params) -> tuple[P
     gradient = {n: torch.zeros_like(t) for n, t in shared.items()}
     loss = torch.zeros((), dtype=next(iter(shared.values())).dtype, device=next(iter(shared.values())).device)
     for f in functions:
-        params = _requires_grad(shared)
+        params = requiring_grad(shared)
         part = f(params).sum() / total
         grads = torch.autograd.grad(part, list(params.values()), allow_unused=True)
         for n, g in zip(params, grads):

@@ -42,13 +42,14 @@ class AlignmentReport:
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
 
-def summarise(pretrain: list[str], steps: list[dict[str, Any]], initial_loss: float, final_loss: float) -> dict[str, Any]:
+def summarise(pretrain: list[str], steps: list[dict[str, Any]]) -> dict[str, Any]:
     """Per-objective alignment over the probes, and the run's first-order term vs what happened.
 
     ``first_order_term`` is ``Σ_t −∇D(θ_t)·Δθ_t`` over the probed steps: the improvement of the
     downstream loss that first-order Taylor predicts for the updates actually taken; with plain
     SGD it equals ``η Σ_t Σ_k α_k(t) c_k(t)``. ``actual_improvement`` is ``Σ_t −(D(θ_{t+1}) −
-    D(θ_t))`` over the same steps.
+    D(θ_t))`` over the same steps. The first and the last step are always probed, so their records
+    hold the downstream loss before training and after it.
     """
     alignment = {}
     for name in pretrain:
@@ -70,8 +71,8 @@ def summarise(pretrain: list[str], steps: list[dict[str, Any]], initial_loss: fl
         "predicted_improvement": predicted,
         "actual_improvement": actual,
         "taylor_relative_error": abs(predicted - actual) / abs(actual) if actual != 0 else None,
-        "initial_downstream_loss": initial_loss,
-        "final_downstream_loss": final_loss,
+        "initial_downstream_loss": steps[0]["downstream_loss"],
+        "final_downstream_loss": steps[-1]["downstream_loss_after"],
         "probes": len(steps),
     }
 

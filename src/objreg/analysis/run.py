@@ -119,8 +119,6 @@ def analyze(
         writer.write_config(report_config)
         writer.start_steps()
 
-    initial_loss = downstream_set.loss(model)
-
     def record_step(step: int, record: dict[str, Any] | None) -> None:
         if record is not None and writer is not None:
             writer.append_step(record)
@@ -135,7 +133,7 @@ def analyze(
         downstream=config.downstream,
         config=report_config,
         steps=records,
-        summary=summarise(list(config.pretrain), records, initial_loss, downstream_set.loss(model)),
+        summary=summarise(list(config.pretrain), records),
     )
     if writer is not None:
         writer.write_report(report)

@@ -149,6 +149,7 @@ class Trainer:
             delta = {n: shared_after[n] - shared_before[n] for n in shared_before}
             downstream_after = self.downstream.loss(self.model)
             record["predicted_delta"] = {"first_order": float(flat_dot(downstream_grad, delta))}
+            record["downstream_loss_after"] = downstream_after
             record["actual_delta"] = downstream_after - record["downstream_loss"]
             record["first_order_by_objective"] = self._first_order_by_objective(record)
         return record
