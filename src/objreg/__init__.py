@@ -19,7 +19,7 @@ from typing import Any
 from objreg.analysis.config import AnalysisConfig
 from objreg.analysis.report import AlignmentReport
 from objreg.analysis.run import analyze
-from objreg.core import masks
+from objreg.core import heads, masking, masks, spans
 from objreg.core.cache import cache_dir
 from objreg.core.errors import (
     DataError,
@@ -85,12 +85,15 @@ __all__ = [
     "get_objective",
     "get_plugin_manager",
     "get_task",
+    "heads",
     "hookimpl",
     "hookspec",
     "list_objectives",
     "list_tasks",
+    "masking",
     "masks",
     "split_sentences",
+    "spans",
     "tokenize",
     "uniform",
 ]

@@ -68,3 +68,18 @@ def test_cuda_without_cuda_is_a_device_error(monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)
     with pytest.raises(objreg.DeviceError, match="CUDA is not available"):
         AnalysisConfig(pretrain=("mlm",), device="cuda").resolved_device()
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("spectrum", -1, "spectrum must be an integer ≥ 0"),
+        ("spectrum", 1.5, "spectrum must be an integer ≥ 0"),
+        ("attribution_top", -2, "attribution_top must be an integer ≥ 0"),
+        ("hvp_method", "magic", "hvp_method must be one of auto, forward_over_reverse, double_backward"),
+        ("schedule", "mlm=warmup", "unknown schedule shape 'warmup'"),
+    ],
+)
+def test_bad_analysis_settings(field, value, message):
+    with pytest.raises(objreg.InvalidParameterError, match=message):
+        AnalysisConfig(pretrain=("mlm", "sop"), **{field: value})

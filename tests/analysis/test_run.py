@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 
 import pytest
 import torch
 
 import objreg
+from objreg.analysis.config import AnalysisConfig
+from objreg.analysis.run import prepare
+from objreg.core.cache import cache_dir
 from objreg.core.registry import merge_heads
 
 SMALL = dict(steps=3, batch_size=4, seq_len=48, eval_size=8, head_fit_size=32, head_warmup_steps=10)
@@ -15,7 +20,7 @@ SMALL = dict(steps=3, batch_size=4, seq_len=48, eval_size=8, head_fit_size=32, h
 
 @pytest.fixture(scope="session")
 def small_report():
-    return objreg.analyze(["mlm", "sop"], "qa", **SMALL, optimizer="sgd", lr=0.01, dtype="float64")
+    return objreg.analyze(["mlm", "sop"], "qa", **SMALL, optimizer="sgd", lr=0.01, dtype="float64", attribution_top=100)
 
 
 def test_report_shape(small_report):
@@ -23,14 +28,72 @@ def test_report_shape(small_report):
     assert report["pretrain"] == ["mlm", "sop"] and report["downstream"] == "qa"
     assert len(report["steps"]) == SMALL["steps"]
     for step in report["steps"]:
-        assert set(step) >= {"step", "downstream_loss", "weights", "alignment", "predicted_delta", "actual_delta"}
+        assert set(step) >= {"step", "downstream_loss", "weights", "alignment", "second_order", "predicted_delta",
+                             "actual_delta", "relative_error", "update"}
+        assert set(step["second_order"]) == {"mlm,mlm", "mlm,sop", "sop,sop"}
+        assert set(step["predicted_delta"]) == {"first_order", "second_order"}
         for name in ("mlm", "sop"):
             a = step["alignment"][name]
-            assert set(a) >= {"dot", "cosine", "ci95", "conflict_fraction", "grad_norm"}
+            assert set(a) >= {"dot", "cosine", "ci95", "ci95_bootstrap", "cosine_ci95", "conflict_fraction", "grad_norm"}
             assert a["ci95"][0] <= a["dot"] <= a["ci95"][1]
+            assert a["ci95_bootstrap"][0] <= a["dot"] <= a["ci95_bootstrap"][1]
             assert 0.0 <= a["conflict_fraction"] <= 1.0 and -1.0 <= a["cosine"] <= 1.0
-    assert set(report["summary"]) >= {"alignment", "first_order_term", "actual_improvement", "predicted_improvement"}
+    assert set(report["summary"]) >= {
+        "alignment", "second_order", "first_order_term", "second_order_term", "predicted_improvement",
+        "actual_improvement", "taylor_relative_error", "correlation", "update_rule", "attribution", "weights_by_step",
+    }
     json.loads(small_report.to_json())  # strict JSON: no NaN
+
+
+def test_summary_sums_the_steps(small_report):
+    steps, summary = small_report.steps, small_report.summary
+    first = -sum(s["predicted_delta"]["first_order"] for s in steps)
+    second = -sum(s["predicted_delta"]["second_order"] for s in steps)
+    actual = -sum(s["actual_delta"] for s in steps)
+    assert summary["first_order_term"] == pytest.approx(first, rel=1e-12)
+    assert summary["second_order_term"] == pytest.approx(second, rel=1e-12)
+    assert summary["predicted_improvement"] == pytest.approx(first + second, rel=1e-12)
+    assert summary["actual_improvement"] == pytest.approx(actual, rel=1e-12)
+    assert summary["taylor_relative_error"] == pytest.approx(abs(first + second - actual) / abs(actual), rel=1e-9)
+    # The actual changes telescope: one evaluation of D serves as "after" of a step and "before" of the next.
+    assert actual == pytest.approx(summary["initial_downstream_loss"] - summary["final_downstream_loss"], rel=1e-9)
+
+
+def test_sgd_second_order_is_the_weighted_interaction_matrix(small_report):
+    # With SGD, Δθ = −η Σ α_k g_k, so ½ Δθᵀ H Δθ = ½ η² Σ_ij α_i α_j S_ij.
+    lr = small_report.config["lr"]
+    for step in small_report.steps:
+        w, pairs = step["weights"], step["second_order"]
+        expected = 0.5 * lr**2 * (w["mlm"] ** 2 * pairs["mlm,mlm"] + 2 * w["mlm"] * w["sop"] * pairs["mlm,sop"]
+                                  + w["sop"] ** 2 * pairs["sop,sop"])
+        assert step["predicted_delta"]["second_order"] == pytest.approx(expected, rel=1e-9)
+        assert sum(step["update"]["second_order"].values()) == pytest.approx(expected, rel=1e-9)
+        assert step["second_order_asymmetry"] <= 1e-8  # float64: S is symmetric
+        assert step["update"]["decomposition_residual"] <= 1e-10
+
+
+def test_second_order_brings_the_prediction_closer(small_report):
+    for step in small_report.steps:
+        error = step["relative_error"]
+        assert error["first_plus_second_order"] < error["first_order"]
+    summary = small_report.summary
+    assert summary["taylor_relative_error"] < summary["first_order_relative_error"]
+
+
+def test_attribution_scores_add_up_to_each_objectives_first_order_part(small_report):
+    # Each example's score is its share of the first-order improvement, so one objective's scores
+    # add up to its part of the first-order term (the list is long enough to hold every example).
+    attribution = small_report.summary["attribution"]
+    assert attribution["examples"] == SMALL["steps"] * SMALL["batch_size"] * 2  # no repeats in this short run
+    helpful, harmful = attribution["helpful"], attribution["harmful"]
+    assert helpful and harmful
+    for name in ("mlm", "sop"):
+        total = sum(e["score"] for e in helpful + harmful if e["objective"] == name)
+        assert total == pytest.approx(small_report.summary["alignment"][name]["first_order_contribution"], rel=1e-9)
+    assert all(e["score"] > 0 for e in helpful) and all(e["score"] < 0 for e in harmful)
+    assert [e["score"] for e in helpful] == sorted((e["score"] for e in helpful), reverse=True)
+    for entry in helpful + harmful:
+        assert entry["objective"] in ("mlm", "sop") and entry["text"] and "[CLS]" not in entry["text"]
 
 
 def test_shared_parameters_are_the_backbone(small_report):
@@ -51,43 +114,103 @@ def test_sgd_prediction_is_the_weighted_sum_of_per_sample_dots(small_report):
         assert step["predicted_delta"]["first_order"] == pytest.approx(from_dots, rel=1e-8)
 
 
-def test_first_order_error_shrinks_as_the_step_squared():
-    # One step from the same θ_0: the actual change is −η∇D·u + O(η²), so halving η must cut the
-    # first-order error about 4× while the prediction itself halves exactly.
-    def first_step(lr):
-        report = objreg.analyze("mlm,sop", "qa", **{**SMALL, "steps": 1}, optimizer="sgd", lr=lr, dtype="float64")
-        step = report.steps[0]
-        return step["predicted_delta"]["first_order"], step["actual_delta"]
-
-    (p1, a1), (p2, a2) = first_step(2e-3), first_step(1e-3)
-    assert p1 == pytest.approx(2 * p2, rel=1e-9)
-    ratio = abs(p1 - a1) / abs(p2 - a2)
-    assert 3.5 <= ratio <= 4.5, ratio
-
-
 def test_same_seed_same_json_and_another_seed_differs():
     first = objreg.analyze("clm", "qa", **SMALL, seed=3).to_json()
     assert objreg.analyze("clm", "qa", **SMALL, seed=3).to_json() == first
     assert objreg.analyze("clm", "qa", **SMALL, seed=4).to_json() != first
 
 
-def test_probes_do_not_change_the_trajectory():
-    every = objreg.analyze("mlm,sop", "qa", **SMALL, probe_every=1)
-    sparse = objreg.analyze("mlm,sop", "qa", **SMALL, probe_every=100)  # probes only the first and last step
-    assert [s["step"] for s in sparse.steps] == [0, SMALL["steps"] - 1]
-    assert sparse.steps[-1] == every.steps[-1]
-    assert sparse.summary["final_downstream_loss"] == every.summary["final_downstream_loss"]
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_probes_do_not_change_the_trajectory(optimizer):
+    # Same parameters after every step, and the same records at the shared steps, whether every
+    # step is probed or only the first and the last.
+    def trained(probe_every):
+        config = AnalysisConfig(pretrain=("mlm", "sop"), **SMALL, probe_every=probe_every, optimizer=optimizer,
+                                lr=1e-3)
+        trainer, _ = prepare(config, objreg.Registry.load(), cache_dir())
+        snapshots = []
+        records = trainer.run(lambda step, record: snapshots.append(
+            {n: p.detach().clone() for n, p in trainer.model.named_parameters()}))
+        return records, snapshots
+
+    (every, every_params), (sparse, sparse_params) = trained(1), trained(100)
+    assert [s["step"] for s in sparse] == [0, SMALL["steps"] - 1]
+    assert sparse == [every[0], every[-1]]
+    for a, b in zip(every_params, sparse_params):
+        assert all(torch.equal(a[n], b[n]) for n in a)
 
 
-def test_outputs_are_written(tmp_path, small_report):
+def test_outputs_are_written(tmp_path):
     steps_seen = []
-    report = objreg.analyze("mlm", "qa", **SMALL, out_dir=tmp_path / "run", on_step=lambda s, r: steps_seen.append(s))
+    report = objreg.analyze("mlm", "qa", **SMALL, out_dir=tmp_path / "run", on_step=lambda s, r: steps_seen.append(s),
+                            spectrum=1)
+    run = tmp_path / "run"
     assert steps_seen == list(range(SMALL["steps"]))
-    lines = (tmp_path / "run" / "steps.jsonl").read_text().splitlines()
+    lines = (run / "steps.jsonl").read_text().splitlines()
     assert [json.loads(line) for line in lines] == report.steps
-    assert json.loads((tmp_path / "run" / "report.json").read_text()) == report.to_dict()
-    assert json.loads((tmp_path / "run" / "config.json").read_text())["shared_parameters"] > 0
-    assert not list((tmp_path / "run").glob(".*.tmp"))
+    assert json.loads((run / "report.json").read_text()) == report.to_dict()
+    assert json.loads((run / "config.json").read_text())["shared_parameters"] > 0
+    rows = list(csv.DictReader(io.StringIO((run / "report.csv").read_text())))
+    assert [(int(r["step"]), r["objective"]) for r in rows] == [(s, "mlm") for s in range(SMALL["steps"])]
+    assert [float(r["dot"]) for r in rows] == [s["alignment"]["mlm"]["dot"] for s in report.steps]
+    for name in ("alignment.png", "taylor.png", "spectrum.png"):
+        assert (run / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not list(run.glob(".*.tmp"))
+    # The spectrum: on the first and the last step.
+    spectra = report.summary["spectrum"]
+    assert [s["step"] for s in spectra] == [0, SMALL["steps"] - 1]
+    for entry in spectra:
+        assert len(entry["eigenvalues"]) == 1 and set(entry["alignment"]) == {"mlm"}
+        assert -1 <= entry["alignment"]["mlm"][0] <= 1
+        assert entry["downstream_alignment"][0] >= 0  # eigenvector signs are fixed against ∇D
+        assert entry["matvecs"] > 2
+
+
+def test_schedules_set_the_weights_of_every_step():
+    report = objreg.analyze("mlm,sop", "qa", **{**SMALL, "steps": 5}, probe_every=2, weights="mlm=2",
+                            schedule="mlm=linear:1:0,sop=step:3:0:1")
+    assert report.summary["weights_by_step"] == {"mlm": [2.0, 1.5, 1.0, 0.5, 0.0], "sop": [0, 0, 0, 1, 1]}
+    assert [s["weights"] for s in report.steps] == [{"mlm": 2.0, "sop": 0.0}, {"mlm": 1.0, "sop": 0.0},
+                                                   {"mlm": 0.0, "sop": 1.0}]
+    assert report.config["schedule"] == {"mlm": "linear:1:0", "sop": "step:3:0:1"}
+    # A weight of 0 moves nothing: that objective's part of the step is zero.
+    assert report.steps[0]["update"]["first_order"]["sop"] == 0.0
+
+
+def test_a_user_schedule_callable():
+    report = objreg.analyze("mlm,sop", "qa", **SMALL, schedule={"sop": lambda step, steps: 0.5 ** step})
+    assert report.summary["weights_by_step"]["sop"] == [1.0, 0.5, 0.25]
+    assert report.config["schedule"]["sop"].startswith("callable:")
+
+
+def test_adamw_step_is_split_exactly_with_momentum_and_weight_decay():
+    report = objreg.analyze("mlm,sop", "qa", **SMALL, optimizer="adamw", lr=1e-4, dtype="float64")
+    first, later = report.steps[0], report.steps[-1]
+    assert set(first["update"]["first_order"]) == {"mlm", "sop", "weight_decay"}  # no momentum yet
+    assert set(later["update"]["first_order"]) == {"mlm", "sop", "momentum", "weight_decay"}
+    assert report.summary["decomposition_residual"] <= 1e-10
+    assert "adamw" in report.summary["update_rule"] and report.config["optimizer_hyperparameters"]["weight_decay"] > 0
+    for step in report.steps:
+        parts = step["update"]
+        assert sum(parts["first_order"].values()) == pytest.approx(step["predicted_delta"]["first_order"], rel=1e-9)
+        assert sum(parts["second_order"].values()) == pytest.approx(step["predicted_delta"]["second_order"], rel=1e-12)
+        error = step["relative_error"]
+        assert error["first_plus_second_order"] < error["first_order"]
+
+
+def test_taylor_error_shrinks_as_the_step_cubed():
+    # One step from the same θ_0 in float64: the first+second-order prediction misses the actual
+    # change by O(η³), so halving η cuts that error about 8× (and the first-order error about 4×).
+    def errors(lr):
+        step = objreg.analyze("mlm,sop", "qa", **{**SMALL, "steps": 1}, optimizer="sgd", lr=lr, dtype="float64",
+                              attribution_top=0).steps[0]
+        first, second = step["predicted_delta"]["first_order"], step["predicted_delta"]["second_order"]
+        return abs(first - step["actual_delta"]), abs(first + second - step["actual_delta"])
+
+    (first_big, both_big), (first_small, both_small) = errors(1e-3), errors(5e-4)
+    assert both_big < first_big and both_small < first_small
+    assert 5 <= both_big / both_small <= 12, both_big / both_small
+    assert 3.5 <= first_big / first_small <= 4.5, first_big / first_small
 
 
 def test_non_finite_loss_names_objective_and_step():
@@ -97,7 +220,7 @@ def test_non_finite_loss_names_objective_and_step():
 
 def test_unknown_objective_fails_before_loading_anything():
     stages = []
-    with pytest.raises(objreg.UnknownObjectiveError, match="'nosuch'.*Available: clm, mlm, sop") as error:
+    with pytest.raises(objreg.UnknownObjectiveError, match=r"'nosuch'.*Available: .*\bclm, .*\bmlm, .*\bsop\b") as error:
         objreg.analyze("mlm,nosuch", "qa", on_status=stages.append)
     assert stages == []
     assert "nosuch" in str(error.value)

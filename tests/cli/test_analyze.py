@@ -42,12 +42,32 @@ def test_objective_parameters_reach_the_objective(run):
     assert json.loads(result.stdout)["config"]["objective_params"]["mlm"]["mask_prob"] == 0.3
 
 
-def test_terminal_summary(run, tmp_path):
+def test_terminal_summary(run, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "120")  # as the README's test runs the main job: no wrapped table rows
     result = run("--pretrain", "clm,mlm", *SMALL, "--out", str(tmp_path / "out"))
     assert result.exit_code == 0, result.output
-    for text in ("clm", "mlm", "cosine", "downstream loss", "first-order predicted improvement"):
+    for text in ("clm", "mlm", "cosine", "downstream loss", "first-order predicted improvement", "with second order",
+                 "Second-order interaction", "Taylor prediction", "Update split: sgd",
+                 "Pre-training examples that helped the downstream task most"):
         assert text in result.stdout
-    assert (tmp_path / "out" / "report.json").is_file()
+    # Only the alignment table has side walls: its rows are the objectives (the README test reads them).
+    walled = {line.split("│")[1].strip() for line in result.stdout.splitlines() if line.startswith("│")}
+    assert walled == {"clm", "mlm"}
+    for name in ("report.json", "report.csv", "steps.jsonl", "config.json", "alignment.png", "taylor.png"):
+        assert (tmp_path / "out" / name).is_file()
+
+
+def test_schedule_spectrum_and_optimizer_reach_the_report(run):
+    result = run("--pretrain", "mlm,sop", *SMALL, "--schedule", "mlm=step:1", "--spectrum", "1", "--steps", "1",
+                 "--optimizer", "adamw", "--lr", "1e-4", "--attribution-top", "2", "--hvp-method", "double_backward",
+                 "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    assert report["config"]["schedule"]["mlm"] == "step:1:1:0"
+    assert [len(s["eigenvalues"]) for s in report["summary"]["spectrum"]] == [1]
+    assert report["config"]["hvp_method"] == "double_backward"
+    assert report["summary"]["update_rule"].startswith("adamw")
+    assert len(report["summary"]["attribution"]["helpful"]) <= 2
 
 
 @pytest.mark.parametrize(
@@ -67,6 +87,10 @@ def test_terminal_summary(run, tmp_path):
         (["--pretrain", "mlm", "--optimizer", "lamb"], "optimizer must be one of"),
         (["--pretrain", "mlm", "--corpus", "missing/corpus.txt"], "does not exist"),
         (["--pretrain", "mlm", "--model", "nosuch"], "unknown model 'nosuch'"),
+        (["--pretrain", "mlm", "--schedule", "mlm=warmup:3"], "unknown schedule shape 'warmup'"),
+        (["--pretrain", "mlm", "--schedule", "sop=cosine"], "schedule given for 'sop', which is not a selected"),
+        (["--pretrain", "mlm", "--spectrum", "-1"], "spectrum must be an integer ≥ 0"),
+        (["--pretrain", "mlm", "--hvp-method", "fd"], "hvp_method must be one of"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_1(run, args, message):
@@ -84,4 +108,4 @@ def test_unknown_objective_in_a_real_process_names_the_alternatives():
     assert done.returncode == 1 and done.stdout == ""
     assert "Traceback" not in done.stderr
     line, = done.stderr.strip().splitlines()
-    assert "nosuch" in line and "clm, mlm, sop" in line
+    assert "nosuch" in line and all(f" {name}," in line or f" {name}." in line for name in ("clm", "mlm", "sop"))

@@ -89,10 +89,28 @@ def test_bad_param_names_the_allowed_ones(run, param):
     result = run("corrupt", "mlm", "--text", TEXT, "--param", param)
     assert result.exit_code == 1
     assert len(result.stderr.strip().splitlines()) == 1
-    assert "mask_prob, mask_replace_prob, random_replace_prob" in result.stderr
+    assert all(name in result.stderr for name in ("mask_prob", "mask_replace_prob", "random_replace_prob"))
 
 
 def test_out_of_range_param(run):
     result = run("corrupt", "mlm", "--text", TEXT, "--param", "mask_prob=2")
     assert result.exit_code == 1
     assert "mask_prob" in result.stderr and "[0.0, 1.0]" in result.stderr
+
+
+def test_char_noise_changes_the_text_deterministically(run):
+    def rows(*extra):
+        result = run("corrupt", "mlm", "--text", TEXT, "--seed", "4", "--json", *extra)
+        assert result.exit_code == 0, result.stderr
+        return json.loads(result.stdout)["rows"]
+
+    clean, noisy, again = rows(), rows("--char-noise", "0.2"), rows("--char-noise", "0.2")
+    assert noisy == again
+    assert noisy[0]["original"] != clean[0]["original"]
+
+
+def test_inverse_frequency_policy_previews_with_counts_from_the_texts(run):
+    result = run("corrupt", "mlm", "--text", TEXT, "--param", "masking_policy=inverse_frequency", "--json")
+    assert result.exit_code == 0, result.stderr
+    labels = json.loads(result.stdout)["rows"][0]["labels"]
+    assert any(label is not None for label in labels)

@@ -1,4 +1,4 @@
-"""`objreg list`: objectives, tasks and providers, as tables or JSON."""
+"""`objreg list`: objectives, tasks, modifiers and providers, as tables or JSON."""
 
 from __future__ import annotations
 
@@ -21,14 +21,14 @@ def test_list_json(run):
     result = run("list", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)  # stdout holds only the JSON
-    assert set(data) == {"objectives", "tasks", "providers"}
+    assert set(data) == {"objectives", "tasks", "modifiers", "providers"}
     objectives = {o["name"]: o for o in data["objectives"]}
     assert {"clm", "mlm", "sop"} <= set(objectives)
     clm = objectives["clm"]
     assert set(clm) == {"name", "kind", "attention", "description", "origin"}
     assert (clm["kind"], clm["attention"], clm["origin"]) == ("pretrain", "causal", "objreg (built-in)")
     assert clm["description"].startswith("Causal LM")
-    assert [t["name"] for t in data["tasks"]] == ["qa"]
+    assert "qa" in [t["name"] for t in data["tasks"]]
     assert data["tasks"][0]["kind"] == "downstream"
     assert ("model", "default") in {(p["kind"], p["name"]) for p in data["providers"]}
     assert all(set(p) == {"kind", "name", "description"} for p in data["providers"])
@@ -37,5 +37,56 @@ def test_list_json(run):
 def test_list_tables(run):
     result = run("list")
     assert result.exit_code == 0, result.output
-    for expected in ("Pre-training objectives", "Downstream tasks", "mlm", "qa", "objreg (built-in)", "tokenizer"):
+    for expected in ("Pre-training objectives", "Downstream tasks", "mlm", "qa", "objreg (built-in)", "tokenizer",
+                     "Modifiers", "masking_policy", "label_smoothing", "consistency", "char_noise"):
         assert expected in result.stdout
+
+
+def test_list_shows_the_modifiers_and_what_they_compose_with(run):
+    data = json.loads(run("list", "--json").stdout)
+    modifiers = {m["name"]: m for m in data["modifiers"]}
+    assert set(modifiers) == {"masking_policy", "label_smoothing", "consistency", "char_noise"}
+    for name in ("masking_policy", "label_smoothing", "consistency"):
+        assert {"mlm", "wwm", "span"} <= set(modifiers[name]["composes_with"])
+        assert "clm" not in modifiers[name]["composes_with"] and modifiers[name]["scope"] == "objective"
+    policy = modifiers["masking_policy"]["params"][0]
+    assert (policy["name"], policy["default"], policy["type"]) == ("masking_policy", "uniform", "str")
+    assert policy["choices"] == ["uniform", "entropy", "inverse_frequency"]
+    assert [p["name"] for p in modifiers["consistency"]["params"]] == ["consistency_weight"]
+    assert modifiers["label_smoothing"]["params"][0]["default"] == 0.0
+    noise = modifiers["char_noise"]
+    assert noise["scope"] == "text" and set(noise["composes_with"]) == {o["name"] for o in data["objectives"]}
+
+
+class MaskedThirdParty:
+    """An installed masking objective that declares the shared modifier parameters."""
+
+    @objreg.hookimpl
+    def objreg_objective_info(self):
+        return objreg.ObjectiveInfo(name="mymask", description="third-party masking",
+                                    heads=(objreg.HeadSpec("lm", "lm"),), params=objreg.masking.MODIFIER_PARAMS)
+
+    @objreg.hookimpl
+    def objreg_corrupt(self, batch):
+        raise NotImplementedError
+
+    @objreg.hookimpl
+    def objreg_attention_mask(self, batch):
+        raise NotImplementedError
+
+    @objreg.hookimpl
+    def objreg_loss(self, outputs, batch):
+        raise NotImplementedError
+
+
+def test_a_plugin_declaring_the_modifier_params_composes_with_them():
+    def factory():
+        pm = objreg.get_plugin_manager(load_entrypoints=False)
+        pm.register(MaskedThirdParty(), name="mymask")
+        return pm
+
+    result = CliRunner().invoke(make_cli(factory), ["list", "--json"])
+    assert result.exit_code == 0, result.output
+    modifiers = {m["name"]: m for m in json.loads(result.stdout)["modifiers"]}
+    assert "mymask" in modifiers["masking_policy"]["composes_with"]
+    assert "mymask" in modifiers["consistency"]["composes_with"]

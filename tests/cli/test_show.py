@@ -51,4 +51,4 @@ def test_show_unknown_name(run):
     result = run("show", "mlmm")
     assert result.exit_code == 1
     assert result.stderr.startswith("Error: unknown objective or task 'mlmm'. Did you mean 'mlm'?")
-    assert "Available: clm, mlm, qa, sop" in result.stderr
+    assert "Available: bart, classification, clm, contrastive, fim, mlm" in result.stderr

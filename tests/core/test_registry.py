@@ -445,10 +445,14 @@ def builtins() -> objreg.Registry:
     return objreg.Registry.load(load_entrypoints=False)
 
 
+OBJECTIVES = ["bart", "clm", "contrastive", "fim", "mlm", "nsp", "prefix_lm", "rtd", "sop", "span", "t5", "ul2", "wwm"]
+TASKS = ["classification", "ordering", "qa", "token_classification"]
+
+
 def test_builtins(builtins):
-    assert builtins.objectives() == ["clm", "mlm", "sop"]
-    assert builtins.tasks() == ["qa"]
-    for name in ("clm", "mlm", "sop", "qa"):
+    assert builtins.objectives() == OBJECTIVES
+    assert builtins.tasks() == TASKS
+    for name in OBJECTIVES + TASKS:
         assert builtins.origin(name) == "objreg (built-in)"
         assert builtins.info(name).name == name
 
@@ -456,20 +460,20 @@ def test_builtins(builtins):
 def test_unknown_objective_suggests_and_lists(builtins):
     with pytest.raises(UnknownObjectiveError) as e:
         builtins.get("mlmm")
-    assert str(e.value) == "unknown objective 'mlmm'. Did you mean 'mlm'? Available: clm, mlm, sop."
-    assert isinstance(e.value, KeyError) and e.value.available == ["clm", "mlm", "sop"]
-    with pytest.raises(UnknownObjectiveError, match=r"^unknown objective 'zzz'\. Available: clm, mlm, sop\.$"):
+    assert str(e.value) == f"unknown objective 'mlmm'. Did you mean 'mlm'? Available: {', '.join(OBJECTIVES)}."
+    assert isinstance(e.value, KeyError) and e.value.available == OBJECTIVES
+    with pytest.raises(UnknownObjectiveError, match=rf"^unknown objective 'zzz'\. Available: {', '.join(OBJECTIVES)}\.$"):
         builtins.get("zzz")
-    with pytest.raises(UnknownObjectiveError, match=r"unknown downstream task 'qaa'\. Did you mean 'qa'\? Available: qa\."):
+    with pytest.raises(UnknownObjectiveError, match=rf"unknown downstream task 'qaa'\. Did you mean 'qa'\? Available: {', '.join(TASKS)}\."):
         builtins.get_task("qaa")
-    with pytest.raises(UnknownObjectiveError, match=r"unknown objective or task 'sopp'.*Available: clm, mlm, qa, sop\."):
+    with pytest.raises(UnknownObjectiveError, match=rf"unknown objective or task 'sopp'.*Available: {', '.join(sorted(OBJECTIVES + TASKS))}\."):
         builtins.info("sopp")
 
 
 def test_get_of_a_task_and_get_task_of_an_objective(builtins):
-    with pytest.raises(InvalidParameterError, match=r"^'qa' is a downstream task, not a pre-training objective; objectives: clm, mlm, sop$"):
+    with pytest.raises(InvalidParameterError, match=rf"^'qa' is a downstream task, not a pre-training objective; objectives: {', '.join(OBJECTIVES)}$"):
         builtins.get("qa")
-    with pytest.raises(InvalidParameterError, match=r"^'mlm' is a pre-training objective, not a downstream task; tasks: qa$"):
+    with pytest.raises(InvalidParameterError, match=rf"^'mlm' is a pre-training objective, not a downstream task; tasks: {', '.join(TASKS)}$"):
         builtins.get_task("mlm")
 
 
@@ -478,7 +482,8 @@ def test_unknown_parameter_lists_the_allowed(builtins):
         builtins.get("mlm", mask_probb=0.2)
     message = str(e.value)
     assert message.startswith("unknown parameter of 'mlm' 'mask_probb'. Did you mean 'mask_prob'")
-    assert message.endswith("Available: mask_prob, mask_replace_prob, random_replace_prob.")
+    names = ", ".join(sorted(p.name for p in builtins.info("mlm").params))
+    assert message.endswith(f"Available: {names}.") and "mask_replace_prob" in names
 
 
 def test_wrong_parameter_type(builtins):
@@ -517,13 +522,15 @@ def test_merge_heads_conflict_names_both_objectives():
 def test_unknown_corpus_lists_providers(builtins, tmp_path):
     with pytest.raises(UnknownNameError) as e:
         builtins.load_corpus("nosuchcorpus", tmp_path)
-    assert str(e.value) == "unknown corpus 'nosuchcorpus'. Available: PATH, default."
+    assert str(e.value) == (
+        "unknown corpus 'nosuchcorpus'. Available: DIR (save_to_disk), PATH, default, hf:NAME[:CONFIG[:SPLIT]]."
+    )
 
 
 def test_unknown_model_lists_providers(builtins):
     with pytest.raises(UnknownNameError) as e:
         builtins.load_model("bert-bass", VOCAB, [], {}, torch.Generator())
-    assert str(e.value) == "unknown model 'bert-bass'. Did you mean 'bert-base'? Available: bert-base, default."
+    assert str(e.value) == "unknown model 'bert-bass'. Did you mean 'bert-base'? Available: DIR, bert-base, default."
 
 
 def test_provider_from_a_throwaway_plugin():

@@ -62,7 +62,8 @@ def test_framing_and_padding(tokenizer, texts):
             assert batch.document_ids[b, t] == (b if t < n else -1)
     # the longest text fits whole: its row has no padding
     assert (~batch.is_padding).sum(dim=1).max() == T
-    for name, t in zip(batch._fields, batch):
+    assert batch.surprisal is None
+    for name, t in zip(batch._fields[:6], batch[:6]):
         assert t.shape == (B, T), name
     assert batch.input_ids.dtype == torch.long and batch.is_padding.dtype == torch.bool
 
@@ -195,7 +196,7 @@ def test_sample_rows_fit_and_are_deterministic(tokenizer, corpus):
     tc = TokenizedCorpus(tokenizer, corpus, 20)
     a = tc.sample(4, torch.Generator().manual_seed(3))
     b = tc.sample(4, torch.Generator().manual_seed(3))
-    for x, y in zip(a, b):
+    for x, y in zip(a[:6], b[:6]):
         assert torch.equal(x, y)
     assert a.input_ids.shape[0] == 4 and a.input_ids.shape[1] <= 20
     # without replacement when the pool is large enough
@@ -260,5 +261,5 @@ def test_wordpiece_from_vocab_round_trip(tokenizer, texts, tmp_path):
             loaded.backend.encode(sentence, add_special_tokens=False).ids
         )
     a, b = tokenizer.batch_from_texts(samples), loaded.batch_from_texts(samples)
-    for x, y in zip(a, b):
+    for x, y in zip(a[:6], b[:6]):
         assert torch.equal(x, y)

@@ -268,7 +268,8 @@ def _distinct(shape, offset):
 
 def test_token_batch_select_slices_every_field():
     B, T = 5, 4
-    batch = TokenBatch(*(_distinct((B, T), 100 * k) for k in range(6)))
+    batch = TokenBatch(*(_distinct((B, T), 100 * k) for k in range(7)))  # surprisal included
+    assert TokenBatch(*batch[:6]).select(slice(1, 4)).surprisal is None
     for index in (torch.tensor([3, 0]), slice(1, 4)):
         picked = batch.select(index)
         assert isinstance(picked, TokenBatch)

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from objreg.analysis.curvature import HVP_METHODS
+from objreg.analysis.schedules import parse_schedules
 from objreg.core.errors import DeviceError, InvalidParameterError
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -23,7 +25,12 @@ class AnalysisConfig:
     Attributes:
         pretrain: Pre-training objectives mixed during training.
         downstream: The downstream task whose loss ``D`` the alignment is measured against.
-        weights: Objective weights ``α_k`` (default 1 each).
+        weights: Base objective weights ``w_k`` (default 1 each).
+        schedule: How each weight changes over the run, ``α_k(t) = w_k · m_k(t)``: a
+            ``--schedule`` string (``"cosine"``, ``"mlm=linear:1:0,sop=step:8:0:1"``), or a mapping
+            from objective to a shape string or a callable ``(step, steps) -> multiplier``, or one
+            callable for all; ``None`` keeps every weight constant. See
+            :mod:`objreg.analysis.schedules`.
         steps: Training steps on the weighted mix.
         lr: Learning rate ``η``.
         optimizer: ``sgd`` (the Taylor terms use the gradients directly), ``adam`` or ``adamw``
@@ -45,12 +52,21 @@ class AnalysisConfig:
             default job; 1,024 lowered it to 2.85).
         per_sample_method: ``auto`` (forward-mode ``jvp``, double-backward fallback), ``jvp``,
             ``double_backward``, ``vmap`` or ``loop``.
+        hvp_method: ``auto`` (forward-over-reverse, double-backward fallback),
+            ``forward_over_reverse`` or ``double_backward``: how Hessian-vector products of ``D``
+            are taken.
+        spectrum: Top eigenvalues of ``D``'s Hessian to compute (Lanczos) at the first and the last
+            step, with each objective's alignment to the eigenvectors; 0 skips it (it costs tens
+            of HVPs).
+        attribution_top: How many most helpful and most harmful pre-training examples the report
+            lists (0: none).
         objective_params: Parameter overrides per objective, e.g. ``{"mlm": {"mask_prob": 0.2}}``.
     """
 
     pretrain: tuple[str, ...]
     downstream: str = "qa"
     weights: Mapping[str, float] = field(default_factory=dict)
+    schedule: Any = None
     steps: int = 16
     lr: float = 0.01
     optimizer: str = "sgd"
@@ -67,6 +83,9 @@ class AnalysisConfig:
     head_warmup_steps: int = 100
     head_fit_size: int = 1024
     per_sample_method: str = "auto"
+    hvp_method: str = "auto"
+    spectrum: int = 0
+    attribution_top: int = 5
     objective_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -77,10 +96,17 @@ class AnalysisConfig:
             raise InvalidParameterError(f"pre-training objectives repeat: {', '.join(pretrain)}")
         object.__setattr__(self, "pretrain", pretrain)
         object.__setattr__(self, "weights", parse_weights(self.weights, pretrain))
+        object.__setattr__(self, "schedule", parse_schedules(self.schedule, pretrain))
         for name in ("steps", "batch_size", "probe_every", "eval_size", "head_fit_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InvalidParameterError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("spectrum", "attribution_top"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidParameterError(f"{name} must be an integer ≥ 0, got {value!r}")
+        if self.hvp_method not in HVP_METHODS:
+            raise InvalidParameterError(f"hvp_method must be one of {', '.join(HVP_METHODS)}, got {self.hvp_method!r}")
         if isinstance(self.head_warmup_steps, bool) or not isinstance(self.head_warmup_steps, int) or self.head_warmup_steps < 0:
             raise InvalidParameterError(f"head_warmup_steps must be an integer ≥ 0, got {self.head_warmup_steps!r}")
         if self.seq_len < 8:
@@ -120,9 +146,10 @@ class AnalysisConfig:
         return device
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["pretrain"] = list(self.pretrain)
         data["weights"] = dict(self.weights)
+        data["schedule"] = {name: schedule.spec for name, schedule in self.schedule.items()}
         data["objective_params"] = {k: dict(v) for k, v in self.objective_params.items()}
         return data
 

@@ -1,12 +1,15 @@
 """The alignment report and its durable outputs.
 
 ``steps.jsonl`` gets one line per finished probe, flushed and fsynced as it is written, so a
-crash keeps every finished step; ``report.json`` is written to a temporary file and renamed into
-place, so it is either absent or complete.
+crash keeps every finished step; ``report.json`` and ``report.csv`` are written to a temporary
+file and renamed into place, so each is either absent or complete; the PNG plots follow
+(:mod:`objreg.analysis.plots`), and ``report.json`` comes last.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
 import tempfile
@@ -14,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from objreg.analysis.stats import mean_ci95
+from objreg.analysis.stats import bootstrap_ci95, correlation, mean_ci95, seed_for
+from objreg.analysis.transfer import pair_key, relative_error
 from objreg.core.errors import DataError
 
 
@@ -42,44 +46,112 @@ class AlignmentReport:
         return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
 
-def summarise(pretrain: list[str], steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per-objective alignment over the probes, and the run's first-order term vs what happened.
+def summarise(
+    pretrain: list[str],
+    steps: list[dict[str, Any]],
+    *,
+    seed: int = 0,
+    weights_by_step: list[dict[str, float]] | None = None,
+    update_rule: str = "",
+    attribution: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The run's summary from its probe records (plus what the trainer kept: the weight of every
+    step, the update rule, the example scores).
 
-    ``first_order_term`` is ``Σ_t −∇D(θ_t)·Δθ_t`` over the probed steps: the improvement of the
-    downstream loss that first-order Taylor predicts for the updates actually taken; with plain
-    SGD it equals ``η Σ_t Σ_k α_k(t) c_k(t)``. ``actual_improvement`` is ``Σ_t −(D(θ_{t+1}) −
-    D(θ_t))`` over the same steps. The first and the last step are always probed, so their records
+    Sums run over the probed steps (every step by default) and are *improvements*, positive when
+    the downstream loss falls: ``first_order_term = Σ_t −∇D·Δθ_t`` (with SGD ``η Σ_t Σ_k α_k(t)
+    c_k(t)``), ``second_order_term = Σ_t −½ Δθ_tᵀ H_D Δθ_t``, ``predicted_improvement`` their sum,
+    ``actual_improvement = Σ_t −(D(θ_{t+1}) − D(θ_t))``, and ``taylor_relative_error`` the
+    relative gap of the last two. The first and the last step are always probed, so their records
     hold the downstream loss before training and after it.
     """
     alignment = {}
     for name in pretrain:
-        dots = [s["alignment"][name]["dot"] for s in steps]
+        rows = [s["alignment"][name] for s in steps]
+        dots = [a["dot"] for a in rows]
         mean, low, high = mean_ci95(dots)
         alignment[name] = {
             "dot": mean,
-            "cosine": _mean(s["alignment"][name]["cosine"] for s in steps),
+            "cosine": _mean(a["cosine"] for a in rows),
             "ci95": [low, high],
-            "conflict_fraction": _mean(s["alignment"][name]["conflict_fraction"] for s in steps),
-            "grad_norm": _mean(s["alignment"][name]["grad_norm"] for s in steps),
-            "first_order_contribution": sum(s["first_order_by_objective"].get(name, 0.0) for s in steps),
+            "ci95_bootstrap": list(bootstrap_ci95(dots, seed_for(seed, "summary", name))),
+            "conflict_fraction": _mean(a["conflict_fraction"] for a in rows),
+            "grad_norm": _mean(a["grad_norm"] for a in rows),
+            "first_order_contribution": sum(-s["update"]["first_order"].get(name, 0.0) for s in steps),
         }
-    predicted = sum(-s["predicted_delta"]["first_order"] for s in steps)
-    actual = sum(-s["actual_delta"] for s in steps)
-    return {
+    first = [s["predicted_delta"]["first_order"] for s in steps]
+    second = [s["predicted_delta"]["second_order"] for s in steps]
+    actual = [s["actual_delta"] for s in steps]
+    first_term, second_term, actual_improvement = -sum(first), -sum(second), -sum(actual)
+    predicted = first_term + second_term
+    summary = {
         "alignment": alignment,
-        "first_order_term": predicted,
+        "second_order": {key: _mean(s["second_order"][key] for s in steps) for key in steps[0]["second_order"]},
+        "first_order_term": first_term,
+        "second_order_term": second_term,
         "predicted_improvement": predicted,
-        "actual_improvement": actual,
-        "taylor_relative_error": abs(predicted - actual) / abs(actual) if actual != 0 else None,
+        "actual_improvement": actual_improvement,
+        "taylor_relative_error": relative_error(predicted, actual_improvement),
+        "first_order_relative_error": relative_error(first_term, actual_improvement),
+        "contributions": {
+            "first_order": _summed(s["update"]["first_order"] for s in steps),
+            "second_order": _summed(s["update"]["second_order"] for s in steps),
+        },
+        "correlation": {
+            "first_order": correlation(first, actual),
+            "first_plus_second_order": correlation([a + b for a, b in zip(first, second)], actual),
+        },
+        "decomposition_residual": max(s["update"]["decomposition_residual"] for s in steps),
+        "update_rule": update_rule,
         "initial_downstream_loss": steps[0]["downstream_loss"],
         "final_downstream_loss": steps[-1]["downstream_loss_after"],
         "probes": len(steps),
+        "weights_by_step": {name: [w[name] for w in weights_by_step or []] for name in pretrain},
+        "spectrum": [{"step": s["step"], **s["spectrum"]} for s in steps if "spectrum" in s],
     }
+    if attribution is not None:
+        summary["attribution"] = attribution
+    return summary
+
+
+def _summed(parts: Any) -> dict[str, float]:
+    """Improvement per key: minus the sum of each key's predicted changes."""
+    total: dict[str, float] = {}
+    for part in parts:
+        for key, value in part.items():
+            total[key] = total.get(key, 0.0) - value
+    return total
 
 
 def _mean(values: Any) -> float:
     values = list(values)
     return sum(values) / len(values) if values else 0.0
+
+
+#: Columns of ``report.csv``: one row per probe step and objective; step-wide values repeat.
+CSV_COLUMNS = (
+    "step", "objective", "weight", "loss", "dot", "ci95_low", "ci95_high", "bootstrap_low", "bootstrap_high",
+    "cosine", "cosine_ci95_low", "cosine_ci95_high", "conflict_fraction", "grad_norm", "second_order_self",
+    "first_order_change", "downstream_loss", "downstream_loss_after", "predicted_first_order",
+    "predicted_second_order", "actual_delta",
+)
+
+
+def report_csv(report: AlignmentReport) -> str:
+    """The tidy table of ``report.csv`` (see :data:`CSV_COLUMNS`)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for s in report.steps:
+        for name, a in s["alignment"].items():
+            writer.writerow([
+                s["step"], name, s["weights"][name], s["losses"].get(name), a["dot"], *a["ci95"],
+                *a["ci95_bootstrap"], a["cosine"], *a["cosine_ci95"], a["conflict_fraction"], a["grad_norm"],
+                s["second_order"][pair_key(name, name)], s["update"]["first_order"].get(name),
+                s["downstream_loss"], s["downstream_loss_after"], s["predicted_delta"]["first_order"],
+                s["predicted_delta"]["second_order"], s["actual_delta"],
+            ])
+    return out.getvalue()
 
 
 class RunWriter:
@@ -109,8 +181,17 @@ class RunWriter:
             f.flush()
             os.fsync(f.fileno())
 
-    def write_report(self, report: AlignmentReport) -> None:
+    def write_report(self, report: AlignmentReport, plots: bool = True) -> list[Path]:
+        """``report.json`` and ``report.csv`` (atomically), then the PNG plots; returns every path."""
+        write_atomic(self.out_dir / "report.csv", report_csv(report))
+        written = [self.out_dir / "report.csv"]
+        if plots:
+            from objreg.analysis.plots import write_plots  # matplotlib: only when plots are written
+
+            written += write_plots(report.to_dict(), self.out_dir)
+        # Last, so a complete report.json means every other output is in place.
         write_atomic(self.out_dir / "report.json", report.to_json())
+        return [self.out_dir / "report.json", *written]
 
 
 def write_atomic(path: Path, text: str) -> None:

@@ -14,14 +14,10 @@ from typing import Any
 import torch
 
 from objreg.analysis.config import AnalysisConfig
+from objreg.analysis.downstream import Downstream
 from objreg.analysis.functional import count_parameters, shared_parameters
 from objreg.analysis.report import AlignmentReport, RunWriter, summarise
-from objreg.analysis.trainer import (
-    Downstream,
-    StepCallback,
-    Trainer,
-    fit_downstream_head,
-)
+from objreg.analysis.trainer import StepCallback, Trainer, fit_downstream_head
 from objreg.core.cache import cache_dir
 from objreg.core.errors import DataError, InvalidParameterError
 from objreg.core.registry import Registry, merge_heads
@@ -47,8 +43,8 @@ def analyze(
         pretrain: Objective names, as a list or a comma-separated string (``"mlm,sop"``).
         downstream: Task name.
         registry: Plugins to use (default: built-ins and installed plugins).
-        out_dir: Where to write ``config.json``, ``steps.jsonl`` (one line per finished probe)
-            and ``report.json``.
+        out_dir: Where to write ``config.json`` (at the start), ``steps.jsonl`` (one line per
+            finished probe), and at the end ``report.json``, ``report.csv`` and the PNG plots.
         on_step: Called after every training step with ``(step, probe record or None)``.
         on_status: Called with a short line as each loading stage starts.
         cache: Cache directory for the default corpus and tokenizer.
@@ -63,12 +59,45 @@ def analyze(
     config = AnalysisConfig(pretrain=tuple(pretrain), downstream=downstream, **settings)
     status = on_status or (lambda _message: None)
     registry = registry or Registry.load()
-    device = config.resolved_device()
-    task = registry.get_task(config.downstream)
-    for name in config.pretrain:  # fail on a bad name or parameter before loading anything heavy
-        _check_fits(registry.get(name, **config.objective_params.get(name, {})).info, config)
+    check(config, registry)
     writer = RunWriter(out_dir) if out_dir is not None else None
-    cache = cache or cache_dir()
+    trainer, report_config = prepare(config, registry, cache or cache_dir(), status)
+    if writer is not None:
+        writer.write_config(report_config)
+        writer.start_steps()
+
+    def record_step(step: int, record: dict[str, Any] | None) -> None:
+        if record is not None and writer is not None:
+            writer.append_step(record)
+        if on_step is not None:
+            on_step(step, record)
+
+    status("training with probes")
+    records = trainer.run(record_step)
+    report = build_report(config, report_config, trainer, records)
+    if writer is not None:
+        status("writing the report")
+        writer.write_report(report)
+    return report
+
+
+def check(config: AnalysisConfig, registry: Registry) -> torch.device:
+    """Fail on a bad device, name or parameter in milliseconds, before anything heavy is loaded;
+    returns the device."""
+    device = config.resolved_device()
+    registry.get_task(config.downstream)
+    for name in config.pretrain:
+        _check_fits(registry.get(name, **config.objective_params.get(name, {})).info, config)
+    return device
+
+
+def prepare(
+    config: AnalysisConfig, registry: Registry, cache: Path, status: Callable[[str], None] = lambda _: None
+) -> tuple[Trainer, dict[str, Any]]:
+    """Load everything ``config`` names and build the trainer; returns it with the report's
+    ``config`` section. Names are checked before anything heavy is loaded."""
+    device = check(config, registry)
+    task = registry.get_task(config.downstream)
 
     status(f"loading corpus {config.corpus!r}")
     corpus = registry.load_corpus(config.corpus, cache)
@@ -96,10 +125,13 @@ def analyze(
 
     warmup = fit_downstream_head(model, task, fit_batch.to(device), config.head_warmup_steps)
     downstream_set = Downstream(task, eval_batch.to(device))
+    downstream_set.check(model)
     trainer = Trainer(
         model, objectives, config.weights, tokenized, downstream_set,
         optimizer=config.optimizer, lr=config.lr, batch_size=config.batch_size, seed=config.seed,
-        device=device, per_sample_method=config.per_sample_method,
+        device=device, steps=config.steps, probe_every=config.probe_every, schedules=config.schedule,
+        per_sample_method=config.per_sample_method, hvp_method=config.hvp_method, spectrum=config.spectrum,
+        decode=tokenizer.decode,
     )
     shared = shared_parameters(model)
     report_config = {
@@ -111,33 +143,40 @@ def analyze(
         "corpus_description": corpus.description,
         "pretrain_chunks": len(tokenized),
         "downstream_examples": eval_batch.batch_size,
+        "downstream_evaluation": {
+            "chunks": len(downstream_set.chunks), "length_sorted_and_trimmed": downstream_set.compact,
+            "tokens": downstream_set.tokens, "padded_tokens": eval_batch.input_ids.numel(),
+        },
         "head_warmup": {"examples": fit_batch.batch_size, "loss_before": warmup[0] if warmup else None,
                         "loss_after": warmup[-1] if warmup else None},
         "objective_params": {n: dict(o.params) for n, o in objectives.items()},
+        "optimizer_hyperparameters": {
+            k: list(v) if isinstance(v, tuple) else v
+            for k, v in trainer.optimizer.param_groups[0].items()
+            if k in ("lr", "betas", "eps", "weight_decay")
+        },
     }
-    if writer is not None:
-        writer.write_config(report_config)
-        writer.start_steps()
+    return trainer, report_config
 
-    def record_step(step: int, record: dict[str, Any] | None) -> None:
-        if record is not None and writer is not None:
-            writer.append_step(record)
-        if on_step is not None:
-            on_step(step, record)
 
-    status("training with probes")
-    records = trainer.run(config.steps, config.probe_every, record_step)
-    report_config["per_sample_method"] = ",".join(sorted(trainer.methods_used))
-    report = AlignmentReport(
-        pretrain=list(config.pretrain),
-        downstream=config.downstream,
-        config=report_config,
-        steps=records,
-        summary=summarise(list(config.pretrain), records),
+def build_report(
+    config: AnalysisConfig, report_config: dict[str, Any], trainer: Trainer, records: list[dict[str, Any]]
+) -> AlignmentReport:
+    """The report of a finished run."""
+    report_config = {
+        **report_config,
+        "per_sample_method": ",".join(sorted(trainer.methods_used)),
+        "hvp_method": trainer.hvp_method,
+    }
+    summary = summarise(
+        list(config.pretrain), records, seed=config.seed,
+        weights_by_step=trainer.weights_by_step, update_rule=trainer.update_rule,
+        attribution=trainer.attribution_report(config.attribution_top) if config.attribution_top else None,
     )
-    if writer is not None:
-        writer.write_report(report)
-    return report
+    return AlignmentReport(
+        pretrain=list(config.pretrain), downstream=config.downstream, config=report_config, steps=records,
+        summary=summary,
+    )
 
 
 def _split_evaluation(data: CorruptedBatch, eval_size: int, with_fit: bool) -> tuple[CorruptedBatch, CorruptedBatch]:

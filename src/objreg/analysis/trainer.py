@@ -1,65 +1,92 @@
-"""Multi-task pre-training on a weighted mix of objectives, with alignment probes.
+"""Multi-task pre-training on a weighted mix of objectives, with probes that check the Taylor
+prediction of each step against the downstream change it actually caused.
 
 Each step draws one batch per objective, corrupts it, and updates the model on
-``Σ_k α_k L_k``. At a probe step, before the update, it measures for every objective the
-per-sample dots ``⟨∇ℓ_i, ∇D⟩`` with the downstream gradient on the shared parameters; after the
-update it measures the downstream loss again, so the first-order prediction ``∇D·Δθ`` for the
-step actually taken can be checked against the change that happened.
+``Σ_k α_k(t) L_k``. At a probe step, between computing the gradients and taking the step, it
+measures on the shared parameters, for the fixed downstream evaluation loss ``D``:
 
-Probes never change the trajectory: data and corruption draw from their own generators whether
-or not a step is probed, probes use no randomness, and the model has no dropout or running
-statistics for a probe's forward passes to disturb.
+* per objective, the per-sample dots ``⟨∇ℓ_i, ∇D⟩`` (alignment, cosine, conflict fraction);
+* ``∇D`` and the Hessian-vector products ``H_D g_k`` (one batched forward-over-reverse pass), hence
+  ``S_ij = g_iᵀ H_D g_j``;
+* the split of the step the optimizer is about to take (:mod:`objreg.analysis.optimizers`) and
+  the first- and second-order prediction of ``D``'s change for it (:mod:`objreg.analysis.transfer`);
+* each pre-training example's share of the first-order term (:mod:`objreg.analysis.attribution`);
+* on the first and the last step, on request, the top of ``H_D``'s spectrum.
+
+After the step it reads ``Δθ`` off the parameters and evaluates ``D`` again: the actual change.
+
+Probes never change the trajectory: data and corruption draw from their own generators whether or
+not a step is probed, probes read the optimizer's state without changing it, and use no randomness.
+Probes evaluate with ``model.eval()`` (training steps run in ``model.train()``), so a model with
+dropout still gives a deterministic ``D``, ``∇D`` and ``H_D``: the prediction and the actual change
+are both about the same deterministic ``D``, and dropout only changes which update is taken, which
+the prediction reads as it happened. (The default model has no dropout, so there the modes agree.)
+
+The trainer's whole state is ``model``, ``optimizer``, ``data_generator``, ``corrupt_generator``,
+``next_step``, ``attribution`` and ``hvp_method``, all checkpointable as they are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
+from objreg.analysis.attribution import ExampleScores
+from objreg.analysis.curvature import Curvature
+from objreg.analysis.downstream import Downstream
 from objreg.analysis.functional import (
     SHARED_PREFIX,
     ObjectiveFunction,
+    Params,
     detached,
     flat_dot,
     flat_norm,
     model_losses,
     shared_parameters,
 )
-from objreg.analysis.per_sample import mean_gradient, per_sample_dots
-from objreg.analysis.stats import alignment_stats
+from objreg.analysis.optimizers import StepDecomposition, decompose, make_optimizer
+from objreg.analysis.per_sample import per_sample_dots
+from objreg.analysis.schedules import Schedule, weights_at
+from objreg.analysis.spectrum import eigenvector_alignment, orient, top_eigenpairs
+from objreg.analysis.stats import alignment_stats, seed_for
+from objreg.analysis.transfer import asymmetry, gram, quadratic_by_pair, relative_error, upper_pairs, weighted_sum
 from objreg.core.errors import NonFiniteLossError
 from objreg.core.registry import Objective
 from objreg.core.tokenizer import TokenizedCorpus
-from objreg.core.types import CorruptedBatch, ModelOutputs
+from objreg.core.types import CorruptedBatch, ModelOutputs, TokenBatch
 
 #: Called after every training step with the step index and its probe record (None if unprobed).
 StepCallback = Callable[[int, "dict[str, Any] | None"], None]
 
 
 @dataclass
-class Downstream:
-    """The fixed downstream evaluation set, chunked to bound memory."""
+class _Gathered:
+    """One step's data and training gradients, as a probe needs them."""
 
-    task: Objective
-    batch: CorruptedBatch
-    chunk_size: int = 32
-
-    def functions(self, model: nn.Module) -> list[ObjectiveFunction]:
-        return list(ObjectiveFunction(model, self.task, self.batch).chunks(self.chunk_size))
-
-    @torch.no_grad()
-    def loss(self, model: nn.Module) -> float:
-        functions = self.functions(model)
-        shared = detached(shared_parameters(model))
-        total = sum(f(shared).sum() for f in functions)
-        return float(total) / self.batch.batch_size
+    tokens: dict[str, TokenBatch]
+    batches: dict[str, CorruptedBatch]
+    losses: dict[str, float]
+    gradients: dict[str, Params]  # shared part of each objective's mean-loss gradient
 
 
 class Trainer:
+    """Trains on the weighted mix and probes; see the module docstring.
+
+    Args:
+        steps: Length of the run (schedules are functions of the step and this).
+        probe_every: Probe every this many steps, and always the first and the last step.
+        schedules: Weight multiplier per objective (constant when absent).
+        hvp_method: How HVPs of ``D`` are taken (``auto`` picks on the first probe).
+        spectrum: Top eigenvalues of ``H_D`` to compute on the first and the last step (0: none).
+        decode: Token ids to text, for the attribution report.
+        seed: Seeds data and corruption streams and the bootstrap.
+    """
+
     def __init__(
         self,
         model: nn.Module,
@@ -73,24 +100,42 @@ class Trainer:
         batch_size: int,
         seed: int,
         device: torch.device,
+        steps: int,
+        probe_every: int = 1,
+        schedules: Mapping[str, Schedule] | None = None,
         per_sample_method: str = "auto",
+        hvp_method: str = "auto",
+        spectrum: int = 0,
+        decode: Callable[[Sequence[int]], str] | None = None,
     ):
         self.model = model
         self.objectives = dict(objectives)
         self.weights = dict(weights)
+        self.schedules = dict(schedules or {})
         self.corpus = corpus
         self.downstream = downstream
         self.lr = lr
         self.optimizer_name = optimizer
         self.batch_size = batch_size
         self.device = device
+        self.steps = steps
+        self.probe_every = probe_every
         self.per_sample_method = per_sample_method
+        self.hvp_method = hvp_method
+        self.spectrum = spectrum
+        self.decode = decode
+        self.seed = seed
         self.methods_used: set[str] = set()
+        self.update_rule = ""
         # Separate streams, so probing or an objective's own draws never shift another's data.
         self.data_generator = torch.Generator().manual_seed(seed * 7919 + 1)
         self.corrupt_generator = torch.Generator().manual_seed(seed * 7919 + 2)
         self.trainable = self._trainable_parameters()
-        self.optimizer = _make_optimizer(optimizer, list(self.trainable.values()), lr)
+        self.optimizer = make_optimizer(optimizer, list(self.trainable.values()), lr)
+        self.attribution = ExampleScores()
+        self.next_step = 0
+        # Every step's weights up front: a bad user schedule fails before any training.
+        self.weights_by_step = [self.weights_at(t) for t in range(steps)]
 
     def _trainable_parameters(self) -> dict[str, nn.Parameter]:
         """Backbone plus the pre-training heads. The downstream head is not trained: it defines D."""
@@ -98,88 +143,201 @@ class Trainer:
         prefixes = (SHARED_PREFIX, *(f"heads.{h}." for h in heads))
         return {n: p for n, p in self.model.named_parameters() if n.startswith(prefixes)}
 
-    def next_batches(self) -> dict[str, CorruptedBatch]:
-        batches = {}
+    def weights_at(self, step: int) -> dict[str, float]:
+        """``α_k(step)`` for every objective."""
+        if not self.schedules:
+            return dict(self.weights)
+        return weights_at(step, self.steps, self.weights, self.schedules)
+
+    def is_probed(self, step: int) -> bool:
+        return step % self.probe_every == 0 or step == self.steps - 1
+
+    def next_batches(self) -> tuple[dict[str, TokenBatch], dict[str, CorruptedBatch]]:
+        tokens, batches = {}, {}
         for name, objective in self.objectives.items():
-            tokens = self.corpus.sample(
+            tokens[name] = self.corpus.sample(
                 self.batch_size, self.data_generator, min_sentences=objective.info.min_sentences, what=name
             )
-            batches[name] = objective.corrupt(tokens, self.corrupt_generator).to(self.device)
-        return batches
+            batches[name] = objective.corrupt(tokens[name], self.corrupt_generator).to(self.device)
+        return tokens, batches
+
+    # -- one step -----------------------------------------------------------------------------
 
     def step(self, step: int, probe: bool) -> dict[str, Any] | None:
         """One update on the weighted mix; returns the probe record when ``probe``."""
-        batches = self.next_batches()
-        record: dict[str, Any] | None = None
-        if probe:
-            # A copy: the optimizer updates the parameters in place.
-            shared_before = {n: p.detach().clone() for n, p in shared_parameters(self.model).items()}
-            downstream_grad, downstream_loss = mean_gradient(self.downstream.functions(self.model), shared_before)
-            downstream_norm = float(flat_norm(downstream_grad))
-            record = {"step": step, "downstream_loss": float(downstream_loss), "weights": dict(self.weights),
-                      "losses": {}, "alignment": {}}
-
+        tokens, batches = self.next_batches()
+        weights = self.weights_by_step[step] if step < len(self.weights_by_step) else self.weights_at(step)
+        self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        gathered = _Gathered(tokens, batches, {}, {})
         for name, batch in batches.items():
             objective = self.objectives[name]
-            mask = objective.attention_mask(batch)
-            loss = model_losses(self.model, objective, batch, mask).mean()
+            loss = model_losses(self.model, objective, batch, objective.attention_mask(batch)).mean()
             if not torch.isfinite(loss):
                 raise NonFiniteLossError(
                     f"objective {name!r} produced a non-finite loss ({loss.item()}) at step {step}; "
                     f"try a smaller --lr or --dtype float64"
                 )
             grads = torch.autograd.grad(loss, list(self.trainable.values()), allow_unused=True)
-            weight = self.weights[name]
+            weight = weights[name]
             for p, g in zip(self.trainable.values(), grads):
                 if g is not None:
                     p.grad = weight * g if p.grad is None else p.grad + weight * g
-            if record is not None:
-                shared_grad = {n: g for n, g in zip(self.trainable, grads) if n.startswith(SHARED_PREFIX) and g is not None}
-                grad_norm = float(flat_norm(shared_grad)) if shared_grad else 0.0
-                function = ObjectiveFunction(self.model, objective, batch, mask)
-                dots, method = per_sample_dots(function, shared_before, downstream_grad, self.per_sample_method)
-                self.methods_used.add(method)
-                record["losses"][name] = loss.item()
-                record["alignment"][name] = alignment_stats(dots.double().cpu().numpy(), grad_norm, downstream_norm)
-        self.optimizer.step()
-
-        if record is not None:
-            shared_after = detached(shared_parameters(self.model))
-            delta = {n: shared_after[n] - shared_before[n] for n in shared_before}
-            downstream_after = self.downstream.loss(self.model)
-            record["predicted_delta"] = {"first_order": float(flat_dot(downstream_grad, delta))}
-            record["downstream_loss_after"] = downstream_after
-            record["actual_delta"] = downstream_after - record["downstream_loss"]
-            record["first_order_by_objective"] = self._first_order_by_objective(record)
+            if probe:
+                gathered.losses[name] = loss.item()
+                gathered.gradients[name] = {
+                    n: torch.zeros_like(p) if g is None else g
+                    for (n, p), g in zip(self.trainable.items(), grads) if n.startswith(SHARED_PREFIX)
+                }
+        if not probe:
+            self.optimizer.step()
+            return None
+        self.model.eval()
+        try:
+            record, finish = self._probe(step, weights, gathered)
+            self.optimizer.step()
+            finish(record)
+        finally:
+            self.model.train()
         return record
 
-    def _first_order_by_objective(self, record: dict[str, Any]) -> dict[str, float]:
-        """Each objective's share of the predicted improvement, ``η α_k c_k``: exact for plain SGD,
-        where the update is ``−η Σ α_k g_k``. Adam's preconditioned step does not split this way;
-        its total prediction uses the actual step instead, and this stays empty."""
-        if self.optimizer_name != "sgd":
-            return {}
-        return {n: self.lr * self.weights[n] * a["dot"] for n, a in record["alignment"].items()}
+    def _probe(self, step: int, weights: dict[str, float], data: _Gathered
+               ) -> tuple[dict[str, Any], Callable[[dict[str, Any]], None]]:
+        """Everything measured before the step; returns the record and what completes it after."""
+        shared = shared_parameters(self.model)
+        before = {n: p.detach().clone() for n, p in shared.items()}  # the optimizer updates in place
+        names = list(self.objectives)
+        downstream_before = self.downstream.loss(self.model)
+        split = decompose(self.optimizer, shared)
+        self.update_rule = self.update_rule or split.rule
 
-    def run(self, steps: int, probe_every: int, on_step: StepCallback | None = None) -> list[dict[str, Any]]:
+        # HVP directions: the raw gradients (for S) and, where the step is not a multiple of them
+        # (Adam), the preconditioned gradients and the optimizer's own parts.
+        preconditioned = [n for n in names if split.scale is None and weights[n] != 0]
+        directions = [data.gradients[n] for n in names]
+        directions += [split.apply(data.gradients[n]) for n in preconditioned]
+        directions += list(split.extras.values())
+        curvature = Curvature(self.downstream.functions(self.model), before, self.hvp_method)
+        downstream_grad, products = curvature.gradient_and_products(directions)
+        self.hvp_method = curvature.method
+        raw_products = dict(zip(names, products[: len(names)]))
+        pre_products = dict(zip(preconditioned, products[len(names): len(names) + len(preconditioned)]))
+        extra_products = dict(zip(split.extras, products[len(names) + len(preconditioned):]))
+        downstream_norm = float(flat_norm(downstream_grad))
+
+        record: dict[str, Any] = {
+            "step": step,
+            "weights": dict(weights),
+            "losses": dict(data.losses),
+            "downstream_loss": downstream_before,
+            "downstream_grad_norm": downstream_norm,
+            "alignment": {},
+        }
+        # Per-sample dots, alignment statistics and each example's first-order score.
+        scaled_downstream = split.apply(downstream_grad) if split.scale is None else None
+        for name in names:
+            batch = data.batches[name]
+            function = ObjectiveFunction(self.model, self.objectives[name], batch)
+            dots, method = per_sample_dots(function, before, downstream_grad, self.per_sample_method)
+            self.methods_used.add(method)
+            dots_np = dots.detach().double().cpu().numpy()
+            record["alignment"][name] = alignment_stats(
+                dots_np, float(flat_norm(data.gradients[name])), downstream_norm, seed_for(self.seed, step, name)
+            )
+            if scaled_downstream is None:
+                example_scores = split.scale * dots_np
+            elif weights[name] != 0:
+                example_scores, _ = per_sample_dots(function, before, scaled_downstream, self.per_sample_method)
+                example_scores = example_scores.detach().double().cpu().numpy()
+            else:
+                example_scores = np.zeros_like(dots_np)
+            tokens = data.tokens[name]
+            ids = [row[~special].tolist() for row, special in zip(tokens.input_ids, tokens.is_special)]
+            self.attribution.add(name, step, ids, weights[name] / len(ids) * example_scores)
+
+        # Second order: S on the raw gradients; the split of the step and its Taylor terms.
+        s_matrix = gram([data.gradients[n] for n in names], [raw_products[n] for n in names])
+        record["second_order"] = upper_pairs(names, s_matrix)
+        record["second_order_asymmetry"] = asymmetry(s_matrix)
+        parts, part_products = self._parts(split, weights, data.gradients, raw_products, pre_products, extra_products)
+        part_names = list(parts)
+        first_by_part = {c: float(flat_dot(downstream_grad, parts[c])) for c in part_names}
+        quadratic = gram([parts[c] for c in part_names], [part_products[c] for c in part_names])
+        second_by_pair = quadratic_by_pair(part_names, quadratic)
+
+        if self.spectrum and step in (0, self.steps - 1):
+            record["spectrum"] = self._spectrum(curvature, before, downstream_grad, data.gradients, step)
+
+        def finish(record: dict[str, Any]) -> None:
+            after = detached(shared_parameters(self.model))
+            delta = {n: after[n] - before[n] for n in before}
+            residual = {n: delta[n] - t for n, t in weighted_sum(parts, before).items()}
+            delta_norm = float(flat_norm(delta))
+            downstream_after = self.downstream.loss(self.model)
+            first, second = float(flat_dot(downstream_grad, delta)), sum(second_by_pair.values())
+            actual = downstream_after - downstream_before
+            record["predicted_delta"] = {"first_order": first, "second_order": second}
+            record["downstream_loss_after"] = downstream_after
+            record["actual_delta"] = actual
+            record["relative_error"] = {
+                "first_order": relative_error(first, actual),
+                "first_plus_second_order": relative_error(first + second, actual),
+            }
+            record["update"] = {
+                "norm": delta_norm,
+                "decomposition_residual": float(flat_norm(residual)) / delta_norm if delta_norm > 0 else 0.0,
+                "first_order": first_by_part,
+                "second_order": second_by_pair,
+            }
+
+        return record, finish
+
+    def _parts(
+        self, split: StepDecomposition, weights: dict[str, float], gradients: dict[str, Params],
+        raw_products: dict[str, Params], pre_products: dict[str, Params], extra_products: dict[str, Params],
+    ) -> tuple[dict[str, Params], dict[str, Params]]:
+        """The displacement ``d_c`` of each part of the step and ``H_D d_c``."""
+        parts: dict[str, Params] = {}
+        products: dict[str, Params] = {}
+        for name, gradient in gradients.items():
+            parts[name] = split.objective_part(weights[name], gradient)
+            if split.scale is not None:  # d = −η α g, so H d = −η α H g: no new HVP
+                products[name] = {n: -split.scale * weights[name] * t for n, t in raw_products[name].items()}
+            elif name in pre_products:
+                products[name] = {n: -weights[name] * t for n, t in pre_products[name].items()}
+            else:  # weight 0: no displacement
+                products[name] = {n: torch.zeros_like(t) for n, t in gradient.items()}
+        parts.update(split.extras)
+        products.update(extra_products)
+        return parts, products
+
+    def _spectrum(self, curvature: Curvature, shared: Params, downstream_grad: Params,
+                  gradients: dict[str, Params], step: int) -> dict[str, Any]:
+        before = curvature.matvecs
+        values, vectors, _ = top_eigenpairs(curvature.matvec, shared, self.spectrum, seed=self.seed)
+        vectors = orient(vectors, downstream_grad)
+        return {
+            "eigenvalues": [float(v) for v in values],
+            "alignment": eigenvector_alignment(vectors, {**gradients}),
+            "downstream_alignment": eigenvector_alignment(vectors, {"D": downstream_grad})["D"],
+            "matvecs": curvature.matvecs - before,
+        }
+
+    def run(self, on_step: StepCallback | None = None) -> list[dict[str, Any]]:
+        """Train from :attr:`next_step` to the end; the probe records in order."""
         records = []
-        for step in range(steps):
-            probe = step % probe_every == 0 or step == steps - 1
-            record = self.step(step, probe)
+        while self.next_step < self.steps:
+            step = self.next_step
+            record = self.step(step, self.is_probed(step))
+            self.next_step = step + 1
             if record is not None:
                 records.append(record)
             if on_step is not None:
                 on_step(step, record)
         return records
 
-
-def _make_optimizer(name: str, params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr)
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    return torch.optim.AdamW(params, lr=lr)
+    def attribution_report(self, top: int) -> dict[str, Any]:
+        return self.attribution.top(top, self.decode)
 
 
 def fit_downstream_head(
@@ -187,14 +345,17 @@ def fit_downstream_head(
 ) -> list[float]:
     """Fit the task's heads on ``batch`` with the backbone frozen (a linear probe), full batch.
 
-    The backbone's hidden states are computed once; only head parameters change. Returns the loss
-    before each step.
+    The backbone's hidden states are computed once, in eval mode (the probe is fitted on the
+    features ``D`` is evaluated with); only head parameters change. Returns the loss before each
+    step.
     """
     head_names = [spec.name for spec in task.info.heads]
     params = [p for name in head_names for p in model.heads[name].parameters()]
     if steps == 0 or not params or batch.batch_size == 0:
         return []
     mask = task.attention_mask(batch)
+    training = model.training
+    model.eval()
     with torch.no_grad():
         hidden = model.encode(batch.input_ids, mask, batch.position_ids)
     optimizer = torch.optim.Adam(params, lr=lr)
@@ -205,4 +366,5 @@ def fit_downstream_head(
         history.append(loss.item())
         loss.backward()
         optimizer.step()
+    model.train(training)
     return history

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 import click
+from rich import box
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -43,7 +44,11 @@ def _parse_params(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
 @click.command()
 @click.option("--pretrain", required=True, help="Comma-separated pre-training objectives, e.g. mlm,sop.")
 @click.option("--downstream", default="qa", show_default=True, help="Downstream task.")
-@click.option("--weights", default=None, help="Objective weights, e.g. mlm=1,sop=0.5 (default 1 each).")
+@click.option("--weights", default=None, help="Base objective weights, e.g. mlm=1,sop=0.5 (default 1 each).")
+@click.option("--schedule", default=None, metavar="[OBJ=]SHAPE,...",
+              help="How each weight changes over the run (weight × shape): constant, linear[:START:END], "
+                   "cosine[:START:END] (both default 1→0) or step:AT[:BEFORE:AFTER] (default 1, 0); an entry "
+                   "without OBJ= applies to the rest, e.g. 'mlm=linear:1:0,sop=step:8:0:1' or 'cosine'.")
 @click.option("--steps", type=int, default=None, help=f"Training steps {_default('steps')}.")
 @click.option("--lr", type=float, default=None, help=f"Learning rate {_default('lr')}.")
 @click.option("--optimizer", default=None, help=f"sgd, adam or adamw {_default('optimizer')}.")
@@ -63,9 +68,16 @@ def _parse_params(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
               help=f"Examples that fit the downstream head, apart from the evaluation set {_default('head_fit_size')}.")
 @click.option("--per-sample-method", default=None,
               help=f"auto, jvp, double_backward, vmap or loop {_default('per_sample_method')}.")
+@click.option("--hvp-method", default=None,
+              help=f"auto, forward_over_reverse or double_backward {_default('hvp_method')}.")
+@click.option("--spectrum", type=int, default=None, metavar="K",
+              help="Also compute the top K eigenvalues of the downstream Hessian (Lanczos) at the first and last "
+                   "step, with each objective's alignment to the eigenvectors (costs tens of HVPs).")
+@click.option("--attribution-top", type=int, default=None, metavar="N",
+              help=f"List the N most helpful and most harmful pre-training examples {_default('attribution_top')}.")
 @click.option("--param", "params", multiple=True, metavar="OBJ.NAME=VALUE", help="Objective parameter, repeatable.")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
-              help="Write config.json, steps.jsonl and report.json here.")
+              help="Write config.json, steps.jsonl, report.json, report.csv and PNG plots here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout and nothing else.")
 @click.pass_context
 def analyze(
@@ -73,7 +85,8 @@ def analyze(
     **options: Any,
 ) -> None:
     """Train on a weighted mix of pre-training objectives and measure how each one's gradient
-    aligns with the downstream task's gradient."""
+    aligns with the downstream task's gradient, how the updates meet the downstream curvature, and
+    how well the first- and second-order Taylor predictions match the change that happened."""
     settings = {k: v for k, v in options.items() if v is not None}
     objective_params = _parse_params(params)
     if objective_params:
@@ -100,7 +113,9 @@ def analyze(
         report = objreg.analyze(names, downstream, out_dir=out_dir, on_step=on_step, on_status=on_status, **settings)
     _render(report.to_dict(), render.console())
     if out_dir:
-        render.console().print(f"Wrote {out_dir}/report.json, steps.jsonl and config.json")
+        render.console().print(
+            f"Wrote {out_dir}/: report.json, report.csv, steps.jsonl, config.json and PNG plots", markup=False
+        )
 
 
 def _render(report: dict[str, Any], console: Console) -> None:
@@ -111,22 +126,105 @@ def _render(report: dict[str, Any], console: Console) -> None:
         f"optimizer={config['optimizer']} lr={config['lr']}  steps={config['steps']}"
     )
     table = Table(title="Alignment with the downstream gradient (mean over probes)")
-    # Each objective's share of the predicted improvement is exact only for plain SGD.
-    shares = config["optimizer"] == "sgd"
-    columns = ["objective", "weight", "dot ⟨∇L,∇D⟩", "95% CI", "cosine", "conflicting", "‖∇L‖"]
-    for column in columns + (["predicted gain"] if shares else []):
+    columns = ["objective", "weight", "dot ⟨∇L,∇D⟩", "95% CI", "cosine", "conflicting", "‖∇L‖", "predicted gain"]
+    for column in columns:
         table.add_column(column, justify="right" if column != "objective" else "left")
     for name, a in summary["alignment"].items():
-        row = [
-            name, f"{config['weights'][name]:g}", f"{a['dot']:.4g}", f"[{a['ci95'][0]:.3g}, {a['ci95'][1]:.3g}]",
-            f"{a['cosine']:+.3f}", f"{a['conflict_fraction']:.0%}", f"{a['grad_norm']:.3g}",
-        ]
-        table.add_row(*row, *([f"{a['first_order_contribution']:+.4g}"] if shares else []))
+        table.add_row(
+            name, _weight(config["weights"][name], summary["weights_by_step"].get(name, [])), f"{a['dot']:.4g}",
+            f"[{a['ci95'][0]:.3g}, {a['ci95'][1]:.3g}]", f"{a['cosine']:+.3f}", f"{a['conflict_fraction']:.0%}",
+            f"{a['grad_norm']:.3g}", f"{a['first_order_contribution']:+.4g}",
+        )
     console.print(table)
-    error = summary["taylor_relative_error"]
+    _render_interaction(report["pretrain"], summary["second_order"], console)
+    _render_taylor(summary, console)
+    _render_spectrum(summary.get("spectrum") or [], console)
+    _render_attribution(summary.get("attribution"), console)
+    first, both = summary["first_order_relative_error"], summary["taylor_relative_error"]
     console.print(
         f"downstream loss {summary['initial_downstream_loss']:.4f} → {summary['final_downstream_loss']:.4f}; "
-        f"first-order predicted improvement {summary['predicted_improvement']:.4g}, "
-        f"actual {summary['actual_improvement']:.4g}"
-        + (f" (relative error {error:.1%})" if error is not None else "")
+        f"first-order predicted improvement {summary['first_order_term']:.4g}, "
+        f"with second order {summary['predicted_improvement']:.4g}, actual {summary['actual_improvement']:.4g}"
+        + (f" (relative error {first:.1%} → {both:.1%})" if first is not None and both is not None else "")
     )
+
+
+def _weight(base: float, by_step: list[float]) -> str:
+    """``1``, or ``1→0`` where a schedule moves it (first → last step)."""
+    if by_step and (by_step[0] != base or by_step[-1] != base):
+        return f"{by_step[0]:g}→{by_step[-1]:g}"
+    return f"{base:g}"
+
+
+def _render_interaction(names: list[str], pairs: dict[str, float], console: Console) -> None:
+    # Secondary tables use a box without side walls: only the alignment table's rows start with │.
+    table = Table(title="Second-order interaction S_ij = g_iᵀ H_D g_j (mean over probes)", box=box.SIMPLE,
+                  show_edge=False)
+    table.add_column("")
+    for name in names:
+        table.add_column(name, justify="right")
+    for i, a in enumerate(names):
+        table.add_row(a, *[f"{pairs[f'{a},{b}' if i <= j else f'{b},{a}']:.4g}" for j, b in enumerate(names)])
+    console.print(table)
+
+
+def _render_taylor(summary: dict[str, Any], console: Console) -> None:
+    probes = summary["probes"]
+    table = Table(title=f"Taylor prediction vs what happened (sums over {probes} probed steps; improvement = drop of D)",
+                  box=box.SIMPLE, show_edge=False)
+    table.add_column("term")
+    table.add_column("improvement", justify="right")
+    table.add_column("relative error", justify="right")
+    table.add_column("Pearson r / Spearman ρ vs actual, over steps", justify="right")
+    correlation = summary["correlation"]
+    table.add_row("first order  −Σ ∇D·Δθ", f"{summary['first_order_term']:+.4g}",
+                  _percent(summary["first_order_relative_error"]), _pair(correlation["first_order"]))
+    table.add_row("second order  −Σ ½ ΔθᵀH_DΔθ", f"{summary['second_order_term']:+.4g}", "", "")
+    table.add_row("predicted (first + second)", f"{summary['predicted_improvement']:+.4g}",
+                  _percent(summary["taylor_relative_error"]), _pair(correlation["first_plus_second_order"]))
+    table.add_row("actual  −Σ ΔD", f"{summary['actual_improvement']:+.4g}", "", "")
+    for part, value in summary["contributions"]["first_order"].items():
+        if part not in summary["alignment"]:  # the optimizer's own parts (momentum, weight decay)
+            table.add_row(f"  of which first order from {part}", f"{value:+.4g}", "", "")
+    console.print(table)
+    console.print(f"Update split: {summary['update_rule']}", markup=False)
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+def _pair(values: dict[str, float | None]) -> str:
+    return " / ".join("n/a" if values[k] is None else f"{values[k]:+.3f}" for k in ("pearson", "spearman"))
+
+
+def _render_spectrum(spectra: list[dict[str, Any]], console: Console) -> None:
+    if not spectra:
+        return
+    table = Table(title="Top eigenvalues of H_D, and |cos| of each gradient with the top eigenvector",
+                  box=box.SIMPLE, show_edge=False)
+    table.add_column("step", justify="right")
+    table.add_column("eigenvalues", justify="left")
+    names = list(spectra[0]["alignment"])
+    for name in [*names, "∇D"]:
+        table.add_column(f"|cos| {name}", justify="right")
+    for entry in spectra:
+        cosines = [abs(entry["alignment"][n][0]) for n in names] + [abs(entry["downstream_alignment"][0])]
+        table.add_row(str(entry["step"]), ", ".join(f"{v:.4g}" for v in entry["eigenvalues"]),
+                      *[f"{c:.3f}" for c in cosines])
+    console.print(table)
+
+
+def _render_attribution(attribution: dict[str, Any] | None, console: Console) -> None:
+    if not attribution or not (attribution["helpful"] or attribution["harmful"]):
+        return
+    for title, entries in (("helped", attribution["helpful"]), ("hurt", attribution["harmful"])):
+        if not entries:
+            continue
+        console.print(f"Pre-training examples that {title} the downstream task most (first-order improvement, "
+                      f"of {attribution['examples']} scored):", markup=False)
+        for e in entries:
+            text = e["text"] if len(e["text"]) <= 90 else e["text"][:89] + "…"
+            steps = ",".join(map(str, e["steps"]))
+            console.print(f"  {e['score']:>+10.3g}  {e['objective']:<8} step {steps:<5} {text}", markup=False,
+                          highlight=False)

@@ -66,11 +66,13 @@ def corruption_rows(
               help="Override a parameter of the objective (see `objreg show NAME`); repeatable.")
 @click.option("--seq-len", type=click.IntRange(min=3), default=None,
               help="Truncate rows to this many tokens [default: fit the longest text].")
+@click.option("--char-noise", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True,
+              help="Character noise rate applied to the texts before tokenising (insert/delete/substitute).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @click.pass_context
 def corrupt(
     ctx: click.Context, name: str, texts: tuple[str, ...], seed: int, raw_params: tuple[str, ...],
-    seq_len: int | None, as_json: bool,
+    seq_len: int | None, char_noise: float, as_json: bool,
 ) -> None:
     """Corrupt TEXTs with objective NAME and show input, labels and attention mask."""
     registry = render.registry(ctx)
@@ -78,8 +80,12 @@ def corrupt(
     info = registry.get(name).info
     params = parse_params(raw_params, info)
     tokenizer = objreg.default_tokenizer(registry=registry)
-    objective = registry.get(name, vocab=tokenizer.vocab, **params)
+    if char_noise > 0:
+        # Its own stream: the corruption below draws the same numbers with or without noise.
+        texts = tuple(objreg.masking.char_noise(list(texts), char_noise, torch.Generator().manual_seed(seed + 1)))
     batch = objreg.tokenize(list(texts), seq_len, tokenizer)
+    # Token frequencies for the inverse_frequency policy, counted on the texts themselves.
+    objective = registry.get(name, vocab=objreg.masking.vocab_with_counts(tokenizer.vocab, batch), **params)
     corrupted = objective.corrupt(batch, torch.Generator().manual_seed(seed))
     mask = objective.attention_mask(corrupted)
     rows = corruption_rows(tokenizer, batch, corrupted, mask)

@@ -31,11 +31,26 @@ BUILTIN_DISTRIBUTION = "objreg (built-in)"
 BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
     ("clm", "objreg.plugins.objectives.clm"),
     ("mlm", "objreg.plugins.objectives.mlm"),
+    ("wwm", "objreg.plugins.objectives.wwm"),
+    ("span", "objreg.plugins.objectives.span"),
     ("sop", "objreg.plugins.objectives.sop"),
+    ("t5", "objreg.plugins.objectives.t5"),
+    ("prefix_lm", "objreg.plugins.objectives.prefix_lm"),
+    ("ul2", "objreg.plugins.objectives.ul2"),
+    ("bart", "objreg.plugins.objectives.bart"),
+    ("fim", "objreg.plugins.objectives.fim"),
+    ("nsp", "objreg.plugins.objectives.nsp"),
+    ("contrastive", "objreg.plugins.objectives.contrastive"),
+    ("rtd", "objreg.plugins.objectives.rtd"),
     ("qa", "objreg.plugins.tasks.qa"),
+    ("classification", "objreg.plugins.tasks.classification"),
+    ("token_classification", "objreg.plugins.tasks.token_classification"),
+    ("ordering", "objreg.plugins.tasks.ordering"),
     ("objreg.models.transformer", "objreg.plugins.models.transformer"),
+    ("objreg.models.hf", "objreg.plugins.models.hf"),
     ("objreg.corpora.default", "objreg.plugins.corpora.default"),
     ("objreg.corpora.files", "objreg.plugins.corpora.files"),
+    ("objreg.corpora.hf_datasets", "objreg.plugins.corpora.hf_datasets"),
 )
 
 

@@ -8,8 +8,8 @@ pre-tokeniser, so they work for any tokenizer, not only ``##`` WordPiece.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -37,7 +37,9 @@ class Tokenizer:
             backend's post-processor is not used.
         pad, unk, cls, sep, mask: The special-token strings, which must be in the vocabulary.
         sentinels: Span sentinel tokens in order of use (T5's ``<extra_id_0>``, ...).
-        named: Further special tokens objectives may look up by name (mode tokens, FIM markers).
+        named: Further special tokens objectives may look up by name (mode tokens, FIM markers):
+            token strings, or a mapping from the name objectives use (``"[EOS]"``) to the token
+            that stands for it in this vocabulary (e.g. BERT's ``"[unused0]"``).
         name: Shown in reports.
     """
 
@@ -51,7 +53,7 @@ class Tokenizer:
         sep: str,
         mask: str,
         sentinels: Sequence[str] = (),
-        named: Sequence[str] = (),
+        named: Sequence[str] | Mapping[str, str] = (),
         name: str = "",
     ):
         self.backend = backend
@@ -63,7 +65,8 @@ class Tokenizer:
                 raise InvalidParameterError(f"tokenizer {name!r} has no token {token!r} in its vocabulary")
             return int(value)
 
-        named_ids = {t: token_id(t) for t in named}
+        named_tokens = dict(named) if isinstance(named, Mapping) else {t: t for t in named}
+        named_ids = {key: token_id(t) for key, t in named_tokens.items()}
         core_ids = {k: token_id(t) for k, t in dict(pad=pad, unk=unk, cls=cls, sep=sep, mask=mask).items()}
         sentinel_ids = tuple(token_id(t) for t in sentinels)
         specials = set(core_ids.values()) | set(sentinel_ids) | set(named_ids.values())
@@ -207,6 +210,10 @@ class TokenizedCorpus:
             raise DataError(f"corpus {corpus.name!r} has no tokens after tokenisation")
         self.chunks = chunks
         self._sentence_counts = torch.tensor([len(c.sentences) for c in chunks])
+        # How often each id occurs, for the inverse_frequency masking policy: objectives built with
+        # this vocabulary (rather than tokenizer.vocab) can use it.
+        ids = torch.tensor([i for c in chunks for s_ids, _ in c.sentences for i in s_ids], dtype=torch.long)
+        self.vocab = replace(tokenizer.vocab, token_counts=torch.bincount(ids, minlength=tokenizer.vocab.size))
 
     def __len__(self) -> int:
         return len(self.chunks)

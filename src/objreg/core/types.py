@@ -43,6 +43,9 @@ class Vocabulary:
     sentinel_ids: tuple[int, ...] = ()
     #: Other named special tokens, e.g. ``{"[NLU]": 7}`` for UL2 mode tokens or FIM markers.
     named_ids: Mapping[str, int] = field(default_factory=dict, hash=False)
+    #: Optional ``[V]`` tensor: how often each id occurs in the pre-training corpus (the
+    #: ``inverse_frequency`` masking policy needs it). ``TokenizedCorpus.vocab`` fills it in.
+    token_counts: torch.Tensor | None = field(default=None, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         for name in ("pad_id", "unk_id", "cls_id", "sep_id", "mask_id"):
@@ -56,6 +59,11 @@ class Vocabulary:
             if outside:
                 raise InvalidParameterError(f"Vocabulary.{name} has ids outside [0, {self.size}): {outside}")
         object.__setattr__(self, "named_ids", MappingProxyType(dict(self.named_ids)))
+        if self.token_counts is not None and tuple(self.token_counts.shape) != (self.size,):
+            raise InvalidParameterError(
+                f"Vocabulary.token_counts has shape {tuple(self.token_counts.shape)}; it needs one count per id, "
+                f"shape ({self.size},)"
+            )
 
     def special_id_tensor(self, device: torch.device | str | None = None) -> torch.Tensor:
         """All special ids as a 1-D long tensor (for ``torch.isin``)."""
@@ -86,6 +94,9 @@ class TokenBatch(NamedTuple):
             special tokens and padding.
         document_ids: Shape ``[B, T]`` long. Document index, ``-1`` at padding. Constant along a row
             unless documents are packed.
+        surprisal: Optional, shape ``[B, T]`` float. The model's surprisal of each token (nats),
+            for the ``entropy`` masking policy; ``objreg.analysis.surprisal.token_surprisal``
+            computes it. ``None`` when not computed.
     """
 
     input_ids: torch.Tensor
@@ -94,13 +105,14 @@ class TokenBatch(NamedTuple):
     word_ids: torch.Tensor
     sentence_ids: torch.Tensor
     document_ids: torch.Tensor
+    surprisal: torch.Tensor | None = None
 
     def to(self, device: torch.device | str) -> TokenBatch:
-        return TokenBatch(*(t.to(device) for t in self))
+        return TokenBatch(*(None if t is None else t.to(device) for t in self))
 
     def select(self, index: torch.Tensor | slice) -> TokenBatch:
         """The examples at ``index`` (a slice or an index tensor) along the batch dimension."""
-        return TokenBatch(*(t[index] for t in self))
+        return TokenBatch(*(None if t is None else t[index] for t in self))
 
     @property
     def batch_size(self) -> int:
@@ -162,7 +174,7 @@ class ModelOutputs(NamedTuple):
     model: Any
 
 
-HeadKind = Literal["lm", "classifier", "span", "token_classifier", "projection"]
+HeadKind = Literal["lm", "classifier", "span", "token_classifier", "projection", "generator"]
 
 
 @dataclass(frozen=True)
@@ -176,6 +188,11 @@ class HeadSpec:
         ``span``: ``[B, T, H] -> [B, T, 2]`` start/end logits (extractive QA).
         ``token_classifier``: ``[..., H] -> [..., num_outputs]``.
         ``projection``: ``[B, T, H] -> [B, num_outputs]`` pooled embedding (contrastive).
+        ``generator``: ELECTRA's small generator, a Transformer of its own on the backbone's shared
+        token and position embeddings, with an MLM output tied to the token embeddings:
+        ``(input_ids [B, T], attention_mask [B, T, T], position_ids [B, T], positions [B, K]) ->
+        [B, K, V]`` logits at ``positions``. ``num_outputs`` is the backbone's width divided by the
+        generator's (ELECTRA-small: 4).
 
     Two objectives that declare the same name and kind share the head.
     """

@@ -239,10 +239,10 @@ def test_read_error_names_the_file_and_reason(tmp_path, monkeypatch):
     path = tmp_path / "secret.txt"
     path.write_text("You cannot read this.\n", encoding="utf-8")
 
-    def refuse(self):
+    def refuse(self, *args, **kwargs):
         raise PermissionError(13, "Permission denied", str(self))
 
-    monkeypatch.setattr(type(path), "read_bytes", refuse)
+    monkeypatch.setattr(type(path), "open", refuse)
     with pytest.raises(objreg.DataError, match=f"cannot read corpus file '{re.escape(str(path))}': Permission denied"):
         load(path)
 
@@ -274,3 +274,24 @@ def test_registry_loads_a_path_and_rejects_unknown_names(tmp_path):
         registry.load_corpus("nosuch", tmp_path)
     with pytest.raises(objreg.DataError, match="does not exist"):
         registry.load_corpus(str(tmp_path / "nosuch.txt"), tmp_path)
+
+
+def test_large_corpus_keeps_evenly_spaced_documents(tmp_path, monkeypatch):
+    path = tmp_path / "many.txt"
+    path.write_text("".join(f"Document number {i} is here.\n" for i in range(50)), encoding="utf-8")
+    monkeypatch.setattr(files, "MAX_DOCUMENTS", 7)
+    with pytest.warns(UserWarning, match="has 50 documents; using 7 evenly spaced ones"):
+        corpus = load(path)
+    assert [doc[0] for doc in corpus.documents] == [f"Document number {i * 50 // 7} is here." for i in range(7)]
+
+
+def test_file_is_streamed_not_read_whole(tmp_path, monkeypatch):
+    path = tmp_path / "corpus.txt"
+    path.write_text("First document here.\n\nSecond document here.\n", encoding="utf-8")
+
+    def whole(self, *args, **kwargs):
+        raise AssertionError("the corpus reader must not read the whole file at once")
+
+    monkeypatch.setattr(type(path), "read_bytes", whole)
+    monkeypatch.setattr(type(path), "read_text", whole)
+    assert load(path).documents == (("First document here.",), ("Second document here.",))

@@ -13,6 +13,7 @@ from torch import nn
 import objreg
 from objreg import IGNORE_INDEX
 from objreg.plugins.objectives import mlm
+from objreg.testing import check_objective_contract
 
 H = 8
 # A vocabulary where most ids are special: 0..39 special, 40..59 ordinary.
@@ -203,3 +204,42 @@ def test_registry_handle_runs_end_to_end(registry, tokenizer, texts):
     loss = objective.loss(objreg.ModelOutputs(torch.randn(B, T, H, dtype=torch.float64),
                                               stand_in_model(tokenizer.vocab.size)), cb)
     assert loss.shape == (B,) and torch.isfinite(loss).all()
+
+
+# -- modifiers ----------------------------------------------------------------------------------
+
+
+def test_keeps_the_contract_with_label_smoothing_and_consistency():
+    passed = check_objective_contract("mlm", params={"label_smoothing": 0.1, "consistency_weight": 0.5})
+    assert "per-sample dots from jvp equal the per-example loop" in passed
+
+
+def test_label_smoothing_loss_equals_torch_cross_entropy(registry, tokenizer, texts):
+    objective = registry.get("mlm", vocab=tokenizer.vocab, mask_prob=0.3, label_smoothing=0.1)
+    cb = objective.corrupt(tokenizer.batch_from_texts(texts * 2), torch.Generator().manual_seed(4))
+    model = stand_in_model(tokenizer.vocab.size)
+    hidden = torch.randn(*cb.input_ids.shape, H, dtype=torch.float64)
+    loss = objective.loss(objreg.ModelOutputs(hidden, model), cb)
+    logits = model.heads["lm"](hidden)
+    expected = torch.stack([F.cross_entropy(logits[b], cb.labels[b], ignore_index=IGNORE_INDEX, label_smoothing=0.1)
+                            for b in range(cb.batch_size)])
+    torch.testing.assert_close(loss, expected)
+
+
+def test_consistency_adds_an_independent_second_view(registry):
+    batch = synthetic_batch(512, 64)
+    plain = registry.get("mlm", vocab=VOCAB).corrupt(batch, torch.Generator().manual_seed(6))
+    cb = registry.get("mlm", vocab=VOCAB, consistency_weight=1.0).corrupt(batch, torch.Generator().manual_seed(6))
+    assert torch.equal(cb.input_ids, plain.input_ids) and torch.equal(cb.labels, plain.labels)  # view 1 unchanged
+    assert "consistency_input_ids" not in plain.extras
+    second = cb.extras["consistency_input_ids"]
+    assert not torch.equal(second, cb.input_ids)
+    assert torch.equal(second[batch.is_special], batch.input_ids[batch.is_special])
+    # The KL runs where both views selected: about n p^2 positions if the views are independent.
+    both = int(cb.extras["consistency_weights"].sum())
+    n = float((~batch.is_special).sum())
+    assert within_4_sigma(both, n, 0.15**2)
+    positions = cb.extras["consistency_positions"]
+    picked = positions[cb.extras["consistency_weights"] > 0]
+    assert (cb.labels.gather(1, positions)[cb.extras["consistency_weights"] > 0] != IGNORE_INDEX).all()
+    assert len(picked) == both

@@ -4,6 +4,9 @@ Plain text: documents are blocks separated by blank lines; a file without blank 
 document per line. WikiText heading lines (`` = Title = ``, `` = = Section = = ``) are dropped.
 JSONL: one JSON object per line with a string ``"text"`` field; each object is a document.
 A directory: every ``*.txt`` and ``*.jsonl`` file below it, in sorted path order.
+
+Files are streamed line by line, never read whole, so a corpus larger than memory works: it is
+read twice (count, then keep) and thinned to ``MAX_DOCUMENTS`` evenly spaced documents.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import objreg
@@ -79,13 +84,34 @@ def _looks_like_path(name: str) -> bool:
 
 Document = tuple[str, ...]
 
+#: Corpora with more documents than this keep an evenly spaced subset of this many: a run draws
+#: far fewer examples than that, and the tokenised corpus must fit in memory.
+MAX_DOCUMENTS = 100_000
 
-def read_file(path: Path) -> list[Document]:
-    """The documents of one text or JSONL file (possibly none)."""
-    text = _read_text(path)
+
+def read_file(path: Path, max_documents: int | None = None) -> list[Document]:
+    """The documents of one text or JSONL file (possibly none), read line by line, never whole:
+    a first pass counts the documents, a second keeps at most ``max_documents`` (default
+    ``MAX_DOCUMENTS``) evenly spaced ones (all of them for a smaller file)."""
+    max_documents = max_documents or MAX_DOCUMENTS
+    count = sum(1 for _ in _documents(path))
+    keep = _evenly_spaced(count, max_documents)
+    if count > max_documents:
+        warnings.warn(
+            f"corpus file '{path}' has {count:,} documents; using {max_documents:,} evenly spaced ones",
+            stacklevel=2,
+        )
+    return [doc for i, doc in enumerate(_documents(path)) if i in keep]
+
+
+def _evenly_spaced(n: int, k: int) -> set[int]:
+    return set(range(n)) if n <= k else {i * n // k for i in range(k)}
+
+
+def _documents(path: Path) -> Iterator[Document]:
     if path.suffix.lower() in JSONL_SUFFIXES:
-        return _parse_jsonl(path, text)
-    return _parse_text(text)
+        return _parse_jsonl(path, _lines(path))
+    return _parse_text(path)
 
 
 def _read_directory(path: Path) -> list[Document]:
@@ -96,52 +122,71 @@ def _read_directory(path: Path) -> list[Document]:
             f"put plain-text or JSONL files in it"
         )
     # An empty file among others is harmless; the whole directory being empty is reported above.
-    return [doc for file in files for doc in read_file(file)]
+    counts = [sum(1 for _ in _documents(file)) for file in files]
+    keep = _evenly_spaced(sum(counts), MAX_DOCUMENTS)
+    if sum(counts) > MAX_DOCUMENTS:
+        warnings.warn(
+            f"corpus directory '{path}' has {sum(counts):,} documents; using {MAX_DOCUMENTS:,} evenly spaced ones",
+            stacklevel=2,
+        )
+    documents, offset = [], 0
+    for file, count in zip(files, counts):
+        documents += [doc for i, doc in enumerate(_documents(file)) if offset + i in keep]
+        offset += count
+    return documents
 
 
-def _read_text(path: Path) -> str:
+def _lines(path: Path) -> Iterator[str]:
+    """The file's lines, decoded one at a time, without line endings. Split on newlines only:
+    str.splitlines() also breaks at form feeds and U+2028, which would shift the line numbers
+    that error messages give."""
     try:
-        data = path.read_bytes()
+        with path.open("rb") as handle:
+            offset = 0
+            for number, raw in enumerate(handle):
+                try:
+                    line = raw.decode("utf-8-sig" if number == 0 else "utf-8")  # -sig: a BOM is not text
+                except UnicodeDecodeError as e:
+                    raise objreg.DataError(
+                        f"corpus file '{path}' is not UTF-8 text: invalid byte 0x{raw[e.start]:02x} at byte "
+                        f"offset {offset + e.start}; save it as UTF-8"
+                    ) from e
+                offset += len(raw)
+                yield line.rstrip("\n").rstrip("\r")
     except OSError as e:
         raise objreg.DataError(f"cannot read corpus file '{path}': {e.strerror or e}") from e
-    try:
-        # utf-8-sig: a byte-order mark some editors write is not text.
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise objreg.DataError(
-            f"corpus file '{path}' is not UTF-8 text: invalid byte 0x{data[e.start]:02x} at byte offset "
-            f"{e.start}; save it as UTF-8"
-        ) from e
 
 
-def _lines(text: str) -> list[str]:
-    # Split on newlines only: str.splitlines() also breaks at form feeds and U+2028, which would
-    # shift the line numbers that error messages give.
-    return [line.rstrip("\r") for line in text.split("\n")]
-
-
-def _parse_text(text: str) -> list[Document]:
+def _parse_text(path: Path) -> Iterator[Document]:
     """Blank-line-separated blocks are documents; without blank lines, each line is one."""
-    lines = _lines(text.strip())
-    if all(line.strip() for line in lines):
-        blocks = [[line] for line in lines if not _HEADING.match(line)]
-    else:
-        blocks, current = [], []
-        for line in lines:
-            # A heading ends a block too: the text under a new heading is a new document.
-            if line.strip() and not _HEADING.match(line):
-                current.append(line)
-            elif current:
-                blocks.append(current)
-                current = []
-        blocks.append(current)
-    documents = [tuple(objreg.split_sentences(" ".join(block))) for block in blocks]
-    return [doc for doc in documents if doc]
+    # Blank lines before the first and after the last text line do not count.
+    seen_text = blank_inside = pending_blank = False
+    for line in _lines(path):
+        if line.strip():
+            blank_inside |= pending_blank and seen_text
+            seen_text, pending_blank = True, False
+        else:
+            pending_blank = True
+    current: list[str] = []
+    for line in _lines(path):
+        # A heading ends a block too: the text under a new heading is a new document.
+        if line.strip() and not _HEADING.match(line):
+            current.append(line)
+            if blank_inside:
+                continue
+        if current:
+            document = tuple(objreg.split_sentences(" ".join(current)))
+            current = []
+            if document:
+                yield document
+    if current:
+        document = tuple(objreg.split_sentences(" ".join(current)))
+        if document:
+            yield document
 
 
-def _parse_jsonl(path: Path, text: str) -> list[Document]:
-    documents = []
-    for number, line in enumerate(_lines(text), start=1):
+def _parse_jsonl(path: Path, lines: Iterator[str]) -> Iterator[Document]:
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue  # blank lines (a trailing newline, spacing) carry no record
         try:
@@ -158,8 +203,7 @@ def _parse_jsonl(path: Path, text: str) -> list[Document]:
             raise objreg.DataError(f"corpus file '{path}' line {number}: expected {_JSONL_SHAPE}; got {got}")
         sentences = tuple(objreg.split_sentences(record["text"]))
         if sentences:
-            documents.append(sentences)
-    return documents
+            yield sentences
 
 
 _JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}

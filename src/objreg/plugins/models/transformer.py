@@ -19,14 +19,14 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import objreg
-from objreg import HeadSpec, InvalidParameterError, ProviderInfo, Vocabulary
+from objreg import HeadSpec, InvalidParameterError, ProviderInfo, Vocabulary, heads
 
 ATTENTION_IMPLEMENTATIONS = ("math", "sdpa")
 
@@ -122,34 +122,55 @@ def build_config(model: str, vocab_size: int, overrides: Mapping[str, Any]) -> T
 # -- backbone ---------------------------------------------------------------------------------------
 
 
+class AttentionBias(NamedTuple):
+    """A bool ``[B, T, T]`` attention mask prepared once per forward pass and shared by every layer.
+
+    Attributes:
+        bias: ``(B, 1, T, T)`` in the model's dtype: 0 where query ``i`` may attend key ``j``,
+            finfo.min where not. Added to the scores, it masks with one ``add`` (its derivatives
+            are trivial in every mode); finfo.min rather than -inf gives a query row with no allowed
+            key (a padding query) a uniform softmax instead of NaN (-inf everywhere is 0/0).
+        has_key: ``(B, 1, T, 1)`` bool: the query may attend at least one key.
+    """
+
+    bias: torch.Tensor
+    has_key: torch.Tensor
+
+
+def attention_bias(mask: torch.Tensor, dtype: torch.dtype) -> AttentionBias:
+    """The :class:`AttentionBias` of a bool ``[B, T, T]`` mask (pure: safe under vmap and jvp)."""
+    mask = mask[:, None]  # (B, 1, T, T), the same for every head
+    allowed = torch.zeros((), dtype=dtype, device=mask.device)
+    masked = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=mask.device)
+    return AttentionBias(torch.where(mask, allowed, masked), mask.any(dim=-1, keepdim=True))
+
+
 def math_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, dropout: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, dropout: float
 ) -> torch.Tensor:
     """Softmax attention from plain ops: differentiable by grad, vmap, jvp and double backward.
 
-    q, k, v: ``(B, nh, T, hs)``; mask: bool, broadcastable to ``(B, nh, T, T)``.
-    Masked scores become finfo.min rather than -inf: a query row with no allowed key (a padding
-    query) then gets a uniform softmax instead of NaN (-inf everywhere would give 0/0).
+    q, k, v: ``(B, nh, T, hs)``; bias: additive, broadcastable to ``(B, nh, T, T)`` (see
+    :class:`AttentionBias`). The scale goes on ``q`` (``T/hs`` times fewer elements than the scores).
     """
-    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))  # (B, nh, T, T)
-    scores = torch.where(mask, scores, torch.finfo(scores.dtype).min)
+    scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1) + bias  # (B, nh, T, T)
     probs = F.dropout(scores.softmax(dim=-1), p=dropout)  # (B, nh, T, T)
     return probs @ v  # (B, nh, T, hs)
 
 
 def sdpa_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, dropout: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, dropout: float
 ) -> torch.Tensor:
     """The same attention through ``F.scaled_dot_product_attention`` (fused kernels where available).
 
     Faster for plain training on GPU, but the fused kernels (flash, memory-efficient, CPU flash)
     have no forward-mode derivative: ``jvp`` raises NotImplementedError (torch 2.13), and ``vmap``
-    falls back to a slow per-example loop. Use ``"math"`` for the analysis.
+    falls back to a slow per-example loop. The analysis still gets exact per-sample dots through
+    them (ghost dot products need first derivatives only); HVPs need ``"math"``.
     """
-    # Kernels disagree on a row with no allowed key (NaN or 0); let such rows see every key so no
-    # kernel meets one (SelfAttention zeroes their output anyway).
-    mask = mask | ~mask.any(dim=-1, keepdim=True)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)  # (B, nh, T, hs)
+    # The finite bias keeps a row with no allowed key NaN-free in every kernel (SelfAttention
+    # zeroes its output anyway).
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout)  # (B, nh, T, hs)
 
 
 class SelfAttention(nn.Module):
@@ -161,19 +182,20 @@ class SelfAttention(nn.Module):
         self.dropout = config.dropout
         self.attend = math_attention if config.attention == "math" else sdpa_attention
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | AttentionBias) -> torch.Tensor:
+        """``mask``: bool ``[B, T, T]``, or the :class:`AttentionBias` the backbone made of it once."""
         B, T, H = x.shape  # batch size, sequence length, hidden size
+        if isinstance(mask, torch.Tensor):
+            mask = attention_bias(mask, x.dtype)
         q, k, v = self.qkv(x).split(H, dim=-1)  # (B, T, H) each
         q = q.reshape(B, T, self.num_heads, H // self.num_heads).transpose(1, 2)  # (B, nh, T, hs)
         k = k.reshape(B, T, self.num_heads, H // self.num_heads).transpose(1, 2)  # (B, nh, T, hs)
         v = v.reshape(B, T, self.num_heads, H // self.num_heads).transpose(1, 2)  # (B, nh, T, hs)
         dropout = self.dropout if self.training else 0.0
-        mask = mask[:, None]  # (B, 1, T, T), the same for every head
-        y = self.attend(q, k, v, mask, dropout)  # (B, nh, T, hs)
+        y = self.attend(q, k, v, mask.bias, dropout)  # (B, nh, T, hs)
         # A query with no allowed key (a padding query) attends to nothing: its output is zero,
         # the same in both paths whatever the softmax made of its row.
-        has_key = mask.any(dim=-1, keepdim=True)  # (B, 1, T, 1)
-        y = torch.where(has_key, y, 0.0)
+        y = torch.where(mask.has_key, y, 0.0)
         y = y.transpose(1, 2).reshape(B, T, H)  # (B, T, H)
         return F.dropout(self.out(y), p=dropout)
 
@@ -201,7 +223,7 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | AttentionBias) -> torch.Tensor:
         x = x + self.attention(self.norm1(x), mask)  # (B, T, H)
         return x + self.mlp(self.norm2(x))  # (B, T, H)
 
@@ -223,8 +245,9 @@ class Backbone(nn.Module):
         _check_inputs(input_ids, attention_mask, position_ids, self.config.max_positions)
         x = self.token_embedding(input_ids) + self.position_embedding(position_ids)  # (B, T, H)
         x = F.dropout(x, p=self.config.dropout if self.training else 0.0)
+        bias = attention_bias(attention_mask, x.dtype)  # once, not once per layer
         for block in self.blocks:
-            x = block(x, attention_mask)  # (B, T, H)
+            x = block(x, bias)  # (B, T, H)
         return self.final_norm(x)  # (B, T, H)
 
 
@@ -246,84 +269,74 @@ def _check_inputs(
 # -- heads ------------------------------------------------------------------------------------------
 
 
-class LMHead(nn.Module):
-    """BERT's MLM head: dense, GELU, LayerNorm, then a decoder whose weight is the token embedding.
+class GeneratorHead(nn.Module):
+    """ELECTRA's generator: a small Transformer on the backbone's token and position embeddings
+    with an MLM output tied to the token embeddings.
 
-    ``decoder.weight`` is assigned the backbone's embedding Parameter after construction (see
-    :class:`ObjregTransformer`), so only ``dense``, ``norm`` and ``decoder.bias`` belong to the head.
+    Sized as ``get_generator_config`` in google-research/electra: width ``hidden_size // divisor``
+    (ELECTRA-small 1/4, base 1/3), as many layers as the backbone, ``max(1, width // 64)`` heads,
+    FFN ``4 × width``. The shared ``H``-wide embeddings are projected to the width (ELECTRA's
+    ``embeddings_project``) and the output goes back to ``H`` before the tied decoder (its
+    ``dense`` to ``embedding_size``). ``token_embedding``, ``position_embedding`` and
+    ``decoder.weight`` are replaced by the backbone's Parameters (see :class:`ObjregTransformer`),
+    so only the projection, blocks, norms and biases belong to the head.
+
+    ``forward(input_ids [B, T], attention_mask [B, T, T], position_ids [B, T], positions [B, K])``
+    returns MLM logits ``[B, K, V]`` at ``positions`` only.
     """
 
-    def __init__(self, config: TransformerConfig):
+    def __init__(self, config: TransformerConfig, divisor: int):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        width = max(1, config.hidden_size // divisor)
+        num_heads = max(1, width // 64)
+        width -= width % num_heads  # the heads must divide the width
+        small = dataclasses.replace(config, hidden_size=width, num_heads=num_heads, intermediate_size=4 * width)
+        self.max_positions = config.max_positions
+        self.token_embedding = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.position_embedding = nn.Embedding(config.max_positions, config.hidden_size)
+        self.project_in = nn.Linear(config.hidden_size, small.hidden_size)
+        self.blocks = nn.ModuleList(Block(small) for _ in range(config.num_layers))
+        self.final_norm = nn.LayerNorm(small.hidden_size, eps=config.layer_norm_eps)
+        self.dense = nn.Linear(small.hidden_size, config.hidden_size)
         self.norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.decoder = nn.Linear(config.hidden_size, config.vocab_size)
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        x = self.norm(F.gelu(self.dense(hidden)))  # (..., H)
-        return self.decoder(x)  # (..., V)
+    def tie(self, backbone: Backbone) -> None:
+        """Share the backbone's token and position embeddings (input and tied output), as ELECTRA does."""
+        self.token_embedding.weight = backbone.token_embedding.weight
+        self.position_embedding.weight = backbone.position_embedding.weight
+        self.decoder.weight = backbone.token_embedding.weight
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> torch.Tensor:
+        _check_inputs(input_ids, attention_mask, position_ids, self.max_positions)
+        x = self.token_embedding(input_ids) + self.position_embedding(position_ids)  # (B, T, H)
+        x = self.project_in(x)  # (B, T, h)
+        bias = attention_bias(attention_mask, x.dtype)  # once, not once per layer
+        for block in self.blocks:
+            x = block(x, bias)  # (B, T, h)
+        x = self.final_norm(x)
+        picked = x.gather(1, positions.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # (B, K, h)
+        return self.decoder(self.norm(F.gelu(self.dense(picked))))  # (B, K, V)
 
 
-class ClassifierHead(nn.Module):
-    """BERT's pooler (dense + tanh on the first token) followed by a linear classifier."""
-
-    def __init__(self, config: TransformerConfig, num_outputs: int):
-        super().__init__()
-        self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
-        self.classifier = nn.Linear(config.hidden_size, num_outputs)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        pooled = torch.tanh(self.pooler(hidden[:, 0]))  # (B, H)
-        return self.classifier(pooled)  # (B, num_outputs)
-
-
-class FirstTokenProjection(nn.Module):
-    """A linear map of the first token's hidden state: a pooled embedding (contrastive)."""
-
-    def __init__(self, config: TransformerConfig, num_outputs: int):
-        super().__init__()
-        self.proj = nn.Linear(config.hidden_size, num_outputs)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.proj(hidden[:, 0])  # (B, num_outputs)
-
-
-HEAD_KINDS = ("lm", "classifier", "span", "token_classifier", "projection")
-
-
-def build_head(spec: HeadSpec, config: TransformerConfig) -> nn.Module:
-    """The head module for ``spec``; see :class:`objreg.HeadSpec` for the kinds."""
-    if spec.kind not in HEAD_KINDS:
-        raise InvalidParameterError(
-            f"head {spec.name!r} has unknown kind {spec.kind!r}; allowed: {', '.join(HEAD_KINDS)}"
-        )
-    if spec.kind in ("classifier", "token_classifier", "projection") and spec.num_outputs < 1:
-        raise InvalidParameterError(
-            f"head {spec.name!r} of kind {spec.kind!r} needs num_outputs >= 1, got {spec.num_outputs}"
-        )
-    if spec.kind == "span" and spec.num_outputs not in (0, 2):
-        raise InvalidParameterError(
-            f"head {spec.name!r} of kind 'span' has 2 outputs (start, end), got num_outputs={spec.num_outputs}"
-        )
-    if spec.kind == "lm":
-        return LMHead(config)
-    if spec.kind == "classifier":
-        return ClassifierHead(config, spec.num_outputs)
-    if spec.kind == "span":
-        return nn.Linear(config.hidden_size, 2)  # (B, T, H) -> (B, T, 2) start/end logits
-    if spec.kind == "token_classifier":
-        return nn.Linear(config.hidden_size, spec.num_outputs)  # (..., H) -> (..., n)
-    return FirstTokenProjection(config, spec.num_outputs)
-
-
-def _check_head_names(heads: Sequence[HeadSpec]) -> None:
-    names = [spec.name for spec in heads]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
-    if duplicates:
-        raise InvalidParameterError(f"head name(s) declared more than once: {', '.join(duplicates)}")
-    for name in names:
-        if not name or "." in name:  # nn.ModuleDict keys become parameter-name segments
-            raise InvalidParameterError(f"head name {name!r} must be non-empty and contain no '.'")
+def build_heads(specs: Sequence[HeadSpec], config: TransformerConfig) -> nn.ModuleDict:
+    """The declared heads (:mod:`objreg.heads`), plus this backbone's own ``generator`` kind."""
+    generators = {spec.name: spec for spec in specs if spec.kind == "generator"}
+    for spec in generators.values():
+        if spec.num_outputs < 1:
+            raise InvalidParameterError(
+                f"head {spec.name!r} of kind 'generator' needs num_outputs >= 1 (the width divisor), "
+                f"got {spec.num_outputs}"
+            )
+    others = [spec for spec in specs if spec.kind != "generator"]
+    built = heads.build_heads(others, config.hidden_size, config.vocab_size, config.layer_norm_eps)
+    return nn.ModuleDict({
+        spec.name: GeneratorHead(config, spec.num_outputs) if spec.kind == "generator" else built[spec.name]
+        for spec in specs
+    })
 
 
 # -- the model --------------------------------------------------------------------------------------
@@ -344,23 +357,25 @@ class ObjregTransformer(nn.Module):
     weights. The host moves the model to its device and dtype.
     """
 
-    def __init__(self, config: TransformerConfig, heads: Sequence[HeadSpec], generator: torch.Generator):
+    def __init__(self, config: TransformerConfig, specs: Sequence[HeadSpec], generator: torch.Generator):
         super().__init__()
-        _check_head_names(heads)
+        if len({spec.name for spec in specs}) < len(specs):
+            heads.build_heads(specs, 1, 1)  # raises the duplicate-name error before any head is built
         self.config = config
         self.hidden_size = config.hidden_size
         # Build on the meta device: layer constructors would otherwise draw their own init from the
         # global RNG (a side effect, and bert-base would be initialised twice).
         with torch.device("meta"):
             self.backbone = Backbone(config)
-            self.heads = nn.ModuleDict({spec.name: build_head(spec, config) for spec in heads})
+            self.heads = build_heads(specs, config)
         self.to_empty(device="cpu")
         self.float()
         # Tie after to_empty: moving off meta creates a fresh Parameter per module and would untie.
+        heads.tie_lm_heads(self.heads, self.backbone.token_embedding.weight)
         for head in self.heads.values():
-            if isinstance(head, LMHead):
-                head.decoder.weight = self.backbone.token_embedding.weight
-        init_weights(self, generator)
+            if isinstance(head, GeneratorHead):
+                head.tie(self.backbone)
+        heads.init_weights(self, generator)
 
     def encode(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
@@ -370,27 +385,6 @@ class ObjregTransformer(nn.Module):
         return self.backbone(input_ids, attention_mask, position_ids)
 
     forward = encode
-
-
-@torch.no_grad()
-def init_weights(model: nn.Module, generator: torch.Generator) -> None:
-    """BERT's init from ``generator``: normal(0, 0.02) weights, zero biases, LayerNorm ones/zeros.
-
-    Modules are visited in registration order and a shared Parameter only once, so the draws (and
-    hence the weights) depend on nothing but the architecture and the generator state.
-    """
-    seen: set[int] = set()
-    for module in model.modules():
-        for name, param in module.named_parameters(recurse=False):
-            if id(param) in seen:
-                continue
-            seen.add(id(param))
-            if isinstance(module, nn.LayerNorm):
-                param.fill_(1.0 if name == "weight" else 0.0)
-            elif name == "bias":
-                param.zero_()
-            else:
-                param.normal_(0.0, 0.02, generator=generator)
 
 
 # -- hooks ------------------------------------------------------------------------------------------

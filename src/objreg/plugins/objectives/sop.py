@@ -106,11 +106,12 @@ def objreg_loss(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> t
 
 def _check_layout(batch: objreg.TokenBatch, length: torch.Tensor) -> None:
     """Rows must be ``[CLS] sentences [SEP]`` + right padding, from one document, as objreg's
-    tokenizers build them: the sentence tokens are exactly positions ``1 .. length-2``."""
+    tokenizers build them: every sentence token lies in positions ``1 .. length-2`` (a special
+    token written literally in the text may sit among them, with no sentence)."""
     T = batch.input_ids.shape[1]
     j = torch.arange(T, device=length.device)[None, :]  # (1, T)
     body = (j >= 1) & (j <= (length - 2)[:, None])  # (B, T)
-    framed = (batch.sentence_ids >= 0) == body
+    framed = ~((batch.sentence_ids >= 0) & ~body)
     one_document = (batch.document_ids == batch.document_ids[:, :1]) | batch.is_padding
     bad = ~(framed & one_document).all(dim=1)  # (B,)
     if bool(bad.any()):
@@ -123,12 +124,16 @@ def _check_layout(batch: objreg.TokenBatch, length: torch.Tensor) -> None:
 
 def _split_positions(batch: objreg.TokenBatch, length: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """For each row, the position where a uniformly chosen sentence boundary starts segment B."""
-    sentence = batch.sentence_ids  # (B, T), -1 at [CLS], [SEP] and padding
+    # -1 at [CLS], [SEP], padding and literal special tokens; sentence ids only grow along a row,
+    # so a running maximum gives a literal special token the sentence it sits in.
+    sentence = torch.cummax(batch.sentence_ids, dim=1).values  # (B, T)
     B, T = sentence.shape
+    j = torch.arange(T, device=length.device)[None, :]  # (1, T)
+    body = (j >= 1) & (j <= (length - 2)[:, None])  # (B, T)
     boundary = torch.zeros_like(batch.is_padding)  # (B, T): True at the first token of s_1 … s_{n-1}
-    boundary[:, 1:] = (sentence[:, 1:] >= 0) & (sentence[:, :-1] >= 0) & (sentence[:, 1:] != sentence[:, :-1])
+    boundary[:, 1:] = body[:, 1:] & (sentence[:, :-1] >= 0) & (sentence[:, 1:] != sentence[:, :-1])
     num_boundaries = boundary.sum(dim=1)  # (B,) = sentences - 1
-    num_sentences = num_boundaries + (length > 2).long()
+    num_sentences = num_boundaries + (batch.sentence_ids >= 0).any(dim=1).long()
     short = num_sentences < 2
     if bool(short.any()):
         row = int(short.nonzero()[0, 0])

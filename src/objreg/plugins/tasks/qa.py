@@ -20,10 +20,12 @@ Two sources of examples:
   context, which is what the analysis measures transfer to; use real SQuAD data for claims about
   reading comprehension.
 
-Shortcut: when question + context exceed ``seq_len``, one window of context tokens centred on the
-answer is kept (the first tokens for an unanswerable question). The standard approach, several
-overlapping windows with a stride, is later work; a centred window tells the model roughly where
-the answer is, a mild bias for an evaluation set whose gradients, not its accuracy, are used.
+Long contexts are split into overlapping windows with a stride, as BERT's SQuAD fine-tuning
+does (google-research/bert ``run_squad.py``, Hugging Face ``run_qa.py``): each window is one row
+``[CLS] question [SEP] window [SEP]``; consecutive windows overlap by ``doc_stride`` tokens
+(Hugging Face's default 128, capped at half a window so windows always advance). A window that does
+not contain the whole answer points at ``[CLS]``, as in both references. ``limit`` counts rows
+(windows), not questions.
 """
 
 from __future__ import annotations
@@ -70,6 +72,10 @@ def objreg_objective_info() -> objreg.ObjectiveInfo:
         params=(
             objreg.Param("max_question_tokens", 32, "Longest question in tokens (longer ones are cut)", int, low=1),
             objreg.Param(
+                "doc_stride", 128, "SQuAD files: overlap in tokens between consecutive windows of a long context "
+                "(Hugging Face run_qa.py default; capped at half a window)", int, low=0,
+            ),
+            objreg.Param(
                 "context_sentences", 2, "Built-in cloze set: sentences of context on each side of the question", int,
                 low=0,
             ),
@@ -105,7 +111,8 @@ def _token_span(offsets: Sequence[tuple[int, int]], start: int, end: int) -> tup
 
 def _fit(example: _Example, seq_len: int) -> _Example | None:
     """Cut the context to what fits beside the question, keeping the answer inside (a window
-    centred on it); ``None`` when even the answer alone does not fit."""
+    centred on it); ``None`` when even the answer alone does not fit. Used for the built-in cloze
+    set, whose contexts are a few sentences around the question's own sentence."""
     budget = seq_len - 3 - len(example.question)  # [CLS] q [SEP] c [SEP]
     context = example.context
     if example.answer is None:
@@ -117,6 +124,27 @@ def _fit(example: _Example, seq_len: int) -> _Example | None:
     width = min(budget, len(context))
     first = min(max(start - (width - length) // 2, 0), len(context) - width)
     return _Example(example.question, context[first : first + width], (start - first, end - first))
+
+
+def _windows(example: _Example, seq_len: int, doc_stride: int) -> list[_Example]:
+    """The context split into windows that fit beside the question, overlapping by ``doc_stride``
+    tokens (at most half a window). The answer keeps its span in each window that holds all of
+    it; other windows point at ``[CLS]`` (``answer=None``). Empty when not one context token fits."""
+    budget = seq_len - 3 - len(example.question)  # [CLS] q [SEP] c [SEP]
+    context = example.context
+    if budget < 1 or not context:
+        return []
+    step = budget - min(doc_stride, budget // 2)
+    windows = []
+    for first in range(0, max(len(context) - budget, 0) + step, step):
+        last = min(first + budget, len(context))  # exclusive
+        answer = None
+        if example.answer is not None and first <= example.answer[0] and example.answer[1] < last:
+            answer = (example.answer[0] - first, example.answer[1] - first)
+        windows.append(_Example(example.question, context[first:last], answer))
+        if last == len(context):
+            break
+    return windows
 
 
 def _assemble(examples: Sequence[_Example], vocab: objreg.Vocabulary) -> objreg.CorruptedBatch:
@@ -377,8 +405,9 @@ def _evenly_spaced(n: int, k: int) -> list[int]:
 def squad_task_data(
     source: str, tokenizer: objreg.Tokenizer, seq_len: int, limit: int, params: Mapping[str, Any]
 ) -> objreg.CorruptedBatch:
-    """Up to ``limit`` questions at evenly spaced indices over the file's usable questions (those
-    whose answer text matches the context), so a small limit still samples every article."""
+    """Up to ``limit`` rows: the windows of ``limit`` questions at evenly spaced indices over the
+    file's usable questions (those whose answer text matches the context), thinned evenly to
+    ``limit`` when long contexts gave more windows, so a small limit still samples every article."""
     path = Path(source)
     contexts, questions, skipped = _read_squad(path)
     encodings: dict[int, tuple[list[int], list[tuple[int, int]]]] = {}  # many questions share a paragraph
@@ -394,11 +423,12 @@ def squad_task_data(
             untokenised += 1  # an answer the tokenizer drops entirely must not become "unanswerable"
             continue
         question = tokenizer.encode_with_offsets(item.question)[0][: params["max_question_tokens"]]
-        fitted = _fit(_Example(question, context_ids, answer), seq_len)
-        if fitted is None:
+        windows = _windows(_Example(question, context_ids, answer), seq_len, params["doc_stride"])
+        if not windows:
             too_long += 1
-        else:
-            examples.append(fitted)
+        examples.extend(windows)
+    if len(examples) > limit:
+        examples = [examples[i] for i in _evenly_spaced(len(examples), limit)]
     if skipped.mismatched:
         warnings.warn(
             f"{path}: skipped {len(skipped.mismatched)} questions whose answer text does not match the context "
@@ -410,8 +440,8 @@ def squad_task_data(
         raise objreg.DataError(
             f"{path}: no usable qa example ({total} questions; {len(skipped.mismatched)} with an answer text "
             f"that does not match the context at answer_start, {len(skipped.no_answer)} with no answer and no "
-            f'"is_impossible": true, {untokenised} whose answer has no tokens, {too_long} that do not fit '
-            f"seq_len {seq_len}). Each answerable question needs context[answer_start:answer_start + len(text)] "
+            f'"is_impossible": true, {untokenised} whose answer has no tokens, {too_long} whose question '
+            f"leaves no room for context in seq_len {seq_len}). Each answerable question needs context[answer_start:answer_start + len(text)] "
             f"== text"
         )
     return _assemble(examples, tokenizer.vocab)

@@ -1,0 +1,266 @@
+"""ordering: sentence-order coherence: are these sentences in their original order?
+
+Each example is a window of ``num_sentences`` consecutive sentences of one document, framed
+``[CLS] s_a [SEP] s_b [SEP] s_c [SEP]`` after reordering them by a permutation; the classifier
+head on ``[CLS]`` predicts the order. This is the shuffled-document discrimination task of the
+coherence literature (Barzilay & Lapata 2008) at window level, and DiscoEval's binary sentence
+ordering (Chen et al. 2019) when two adjacent sentences are swapped. Three modes:
+
+* ``shuffle`` (default): binary, label 0 = original order, 1 = a permutation drawn uniformly from
+  the ``k! - 1`` others (so a negative always differs from the original order);
+* ``swap``: binary, a negative swaps one pair of adjacent sentences (drawn uniformly): harder,
+  since most of the window stays in order; with ``num_sentences=2`` it is ALBERT's SOP on a
+  downstream set;
+* ``permutation``: ``k!``-way, the label is the permutation's rank in lexicographic order
+  (0 = the original order), drawn uniformly.
+
+Binary labels are drawn with probability 1/2 each. Every draw comes from a generator seeded with
+``seed``, so the set is the same on every call. Sentence boundaries are kept exactly: each
+segment between two ``[SEP]`` is one whole sentence (cut at its end only when the window does not
+fit ``seq_len``, longest sentence first, the same cut whatever the order, so a sentence's length
+never gives the permutation away). Windows whose sentences tokenise identically are skipped, since
+reordering them would change nothing.
+
+Source of the windows: the held-out documents of the corpus (the default corpus, or the file
+given with ``--corpus``), or ``--downstream-data PATH``: a text or JSONL file (or a directory of
+them) read exactly as ``--corpus`` reads it (documents are blank-line-separated blocks, or one per
+line), all of whose documents are used (so it should not be the ``--corpus`` file as well, or
+the model pre-trains on the evaluation text). Windows come one document after another in turn, each
+document's windows sliding by one sentence, up to ``limit``.
+
+The class count (2 or ``k!``) is carried by every row as ``num_classes``; the head has
+``MAX_CLASSES = 5! = 120`` outputs and the loss uses the first ``num_classes`` (see
+``classification`` for why this is exactly a ``num_classes``-way head).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import objreg
+
+NAME = "ordering"
+HEAD = "ordering"
+MAX_SENTENCES = 5
+#: Outputs of the classifier head: enough for every permutation of ``MAX_SENTENCES`` sentences.
+MAX_CLASSES = math.factorial(MAX_SENTENCES)
+MODES = ("shuffle", "swap", "permutation")
+
+
+@objreg.hookimpl
+def objreg_objective_info() -> objreg.ObjectiveInfo:
+    return objreg.ObjectiveInfo(
+        name=NAME,
+        description="Sentence-order coherence: is a window of sentences in its original order, or which order?",
+        kind="downstream",
+        attention="bidirectional",
+        heads=(objreg.HeadSpec(HEAD, "classifier", MAX_CLASSES),),
+        params=(
+            objreg.Param("num_sentences", 3, "Consecutive sentences per window (k)", int, low=2, high=MAX_SENTENCES),
+            objreg.Param(
+                "mode",
+                "shuffle",
+                "shuffle: original vs any other order; swap: original vs one adjacent pair swapped; "
+                "permutation: k!-way, which order",
+                str,
+                choices=MODES,
+            ),
+            objreg.Param("seed", 0, "Seed of the draws of labels and permutations", int, low=0),
+        ),
+        references=(
+            "Barzilay & Lapata 2008, Modeling Local Coherence: An Entity-Based Approach (shuffled-order discrimination)",
+            "Chen, Chu & Gimpel 2019, Evaluation Benchmarks and Learning Criteria for Discourse-Aware Sentence "
+            "Representations (DiscoEval binary sentence ordering)",
+            "Lan et al. 2020, ALBERT (sentence-order prediction)",
+        ),
+        min_seq_len=2 * 2 + 1,
+    )
+
+
+def permutations(k: int) -> list[tuple[int, ...]]:
+    """Every order of ``k`` sentences in lexicographic order: index 0 is the original order."""
+    return list(itertools.permutations(range(k)))
+
+
+def fit_lengths(lengths: Sequence[int], budget: int) -> list[int]:
+    """Lengths cut to fit ``budget`` in total, longest first (the result of removing one token at a
+    time from the currently longest sentence; ties: the earlier sentence keeps the extra token)."""
+    if sum(lengths) <= budget:
+        return list(lengths)
+    cap = max(c for c in range(max(lengths) + 1) if sum(min(n, c) for n in lengths) <= budget)
+    out = [min(n, cap) for n in lengths]
+    left = budget - sum(out)
+    for i, n in enumerate(lengths):
+        if left and n > cap:
+            out[i] += 1
+            left -= 1
+    return out
+
+
+def windows(encoded: Sequence[Sequence[list[int]]], k: int, limit: int) -> list[tuple[int, int]]:
+    """``(document, first sentence)`` of up to ``limit`` windows of ``k`` sentences, one document
+    after another in turn, each document's windows sliding by one. A window is skipped when a
+    sentence has no token or two sentences have the same tokens."""
+    out: list[tuple[int, int]] = []
+    for start in range(max((len(doc) - k + 1 for doc in encoded), default=0)):
+        for d, doc in enumerate(encoded):
+            if start + k > len(doc):
+                continue
+            sentences = [tuple(ids) for ids in doc[start : start + k]]
+            if all(sentences) and len(set(sentences)) == k:
+                out.append((d, start))
+                if len(out) == limit:
+                    return out
+    return out
+
+
+def draw_orders(n: int, k: int, mode: str, seed: int) -> list[tuple[tuple[int, ...], int]]:
+    """``(order, label)`` of ``n`` examples: ``order[j]`` is the window sentence placed at slot
+    ``j``. Deterministic for ``seed``."""
+    generator = torch.Generator().manual_seed(seed)
+    orders = permutations(k)
+    out = []
+    for _ in range(n):
+        if mode == "permutation":
+            rank = int(torch.randint(len(orders), (), generator=generator))
+            out.append((orders[rank], rank))
+            continue
+        if not bool(torch.rand((), generator=generator) < 0.5):
+            out.append((orders[0], 0))
+        elif mode == "shuffle":
+            out.append((orders[1 + int(torch.randint(len(orders) - 1, (), generator=generator))], 1))
+        else:  # swap one adjacent pair
+            i = int(torch.randint(k - 1, (), generator=generator))
+            order = list(range(k))
+            order[i], order[i + 1] = order[i + 1], order[i]
+            out.append((tuple(order), 1))
+    return out
+
+
+def _assemble(
+    examples: Sequence[tuple[list[list[int]], tuple[int, ...], int]],
+    vocab: objreg.Vocabulary,
+    num_classes: int,
+    seq_len: int,
+) -> objreg.CorruptedBatch:
+    """Rows ``[CLS] s_order[0] [SEP] ... s_order[k-1] [SEP]``, right-padded."""
+    k = len(examples[0][1])
+    rows = []
+    for sentences, order, _ in examples:
+        keep = fit_lengths([len(s) for s in sentences], seq_len - 1 - k)
+        ids, slots = [vocab.cls_id], [-1]
+        for slot, j in enumerate(order):
+            ids += [*sentences[j][: keep[j]], vocab.sep_id]
+            slots += [slot] * keep[j] + [-1]
+        rows.append((ids, slots))
+    B, T = len(rows), max(len(ids) for ids, _ in rows)
+    input_ids = torch.full((B, T), vocab.pad_id, dtype=torch.long)
+    sentence_ids = torch.full((B, T), -1, dtype=torch.long)
+    is_padding = torch.ones(B, T, dtype=torch.bool)
+    for b, (ids, slots) in enumerate(rows):
+        input_ids[b, : len(ids)] = torch.tensor(ids)
+        sentence_ids[b, : len(ids)] = torch.tensor(slots)
+        is_padding[b, : len(ids)] = False
+    rows_index = torch.arange(B)[:, None].expand(B, T)
+    return objreg.CorruptedBatch(
+        input_ids=input_ids,
+        labels=torch.full((B, T), objreg.IGNORE_INDEX, dtype=torch.long),
+        is_padding=is_padding,
+        position_ids=torch.arange(T).repeat(B, 1),
+        document_ids=torch.where(is_padding, -1, rows_index),
+        extras={
+            "label": torch.tensor([label for _, _, label in examples], dtype=torch.long),
+            "num_classes": torch.full((B,), num_classes, dtype=torch.long),
+            "order": torch.tensor([order for _, order, _ in examples], dtype=torch.long),  # (B, k)
+            "sentence_ids": sentence_ids,  # slot of each sentence token, -1 at [CLS], [SEP], padding
+        },
+    )
+
+
+def _documents_from(source: str) -> list[tuple[str, ...]]:
+    """The documents of a text/JSONL file or directory, read by the corpus plugins exactly as
+    ``--corpus`` reads it."""
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise objreg.DataError(
+            f"ordering data {source} does not exist; give a plain-text file (documents separated by blank "
+            f'lines, or one per line), a JSONL file with a "text" field, or a directory of them'
+        )
+    registry = objreg.Registry.load()
+    return [tuple(doc) for doc in registry.load_corpus(str(path), objreg.cache_dir()).documents]
+
+
+def ordering_task_data(
+    documents: Sequence[Sequence[str]],
+    where: str,
+    tokenizer: objreg.Tokenizer,
+    seq_len: int,
+    limit: int,
+    params: Mapping[str, Any],
+) -> objreg.CorruptedBatch:
+    k = params["num_sentences"]
+    if seq_len < 2 * k + 1:
+        raise objreg.InvalidParameterError(
+            f"ordering: seq_len {seq_len} is too short for windows of {k} sentences; it needs at least "
+            f"{2 * k + 1} tokens ([CLS], and each sentence with its [SEP])"
+        )
+    long_enough = [doc for doc in documents if len(doc) >= k]
+    flat = [s for doc in long_enough for s in doc]
+    pieces = iter(ids for ids, _ in tokenizer.encode_sentences(flat)) if flat else iter(())
+    encoded = [[next(pieces) for _ in doc] for doc in long_enough]
+    chosen = windows(encoded, k, limit)
+    if not chosen:
+        raise objreg.DataError(
+            f"{where} has no window of {k} consecutive sentences of one document ({len(documents)} documents, "
+            f"{len(long_enough)} with {k} sentences or more); use a corpus with longer documents, or lower "
+            f"num_sentences"
+        )
+    mode = params["mode"]
+    drawn = draw_orders(len(chosen), k, mode, params["seed"])
+    examples = [(encoded[d][start : start + k], order, label) for (d, start), (order, label) in zip(chosen, drawn)]
+    num_classes = math.factorial(k) if mode == "permutation" else 2
+    return _assemble(examples, tokenizer.vocab, num_classes, seq_len)
+
+
+# -- the hooks ----------------------------------------------------------------------------------
+
+
+@objreg.hookimpl
+def objreg_task_data(
+    source: str | None,
+    documents: Sequence[Sequence[str]],
+    tokenizer: objreg.Tokenizer,
+    seq_len: int,
+    limit: int,
+    params: Mapping[str, Any],
+) -> objreg.CorruptedBatch:
+    if limit < 1:
+        raise objreg.InvalidParameterError(f"ordering: limit must be at least 1, got {limit}")
+    if source is None:
+        return ordering_task_data(documents, "the held-out corpus", tokenizer, seq_len, limit, params)
+    return ordering_task_data(_documents_from(source), f"ordering data {source}", tokenizer, seq_len, limit, params)
+
+
+@objreg.hookimpl
+def objreg_attention_mask(batch: objreg.CorruptedBatch) -> torch.Tensor:
+    return objreg.masks.bidirectional(batch.is_padding)
+
+
+@objreg.hookimpl
+def objreg_loss(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> torch.Tensor:
+    """Cross-entropy of the order label over the row's ``num_classes`` first logits. Written with
+    ``where``, ``logsumexp`` and ``gather`` so it is vmap/jvp-safe."""
+    logits = outputs.model.heads[HEAD](outputs.hidden)  # (B, C): C = MAX_CLASSES
+    C = logits.shape[-1]
+    used = torch.arange(C, device=logits.device) < batch.extras["num_classes"][:, None]  # (B, C)
+    # finfo.min rather than -inf: exp underflows to exactly 0, and no inf - inf NaN can appear.
+    floor = torch.full((), torch.finfo(logits.dtype).min, dtype=logits.dtype, device=logits.device)
+    masked = torch.where(used, logits, floor)  # (B, C)
+    picked = masked.gather(1, batch.extras["label"][:, None]).squeeze(1)  # (B,)
+    return torch.logsumexp(masked, dim=1) - picked  # (B,)

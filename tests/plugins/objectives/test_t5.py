@@ -1,0 +1,185 @@
+"""T5 span corruption: exact counts, sentinel order, exact reconstruction, literal 0 ids, spans that
+do not always end the row, padding, the prefix-LM mask."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import objreg
+from objreg import IGNORE_INDEX, spans
+
+# 0..79 special: the BERT five, 64 sentinels (5..68), [EOS] = 69; 80..199 ordinary.
+SENTINELS = tuple(range(5, 69))
+VOCAB = objreg.Vocabulary(size=200, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4, special_ids=tuple(range(80)),
+                          sentinel_ids=SENTINELS, named_ids={"[EOS]": 69})
+EOS = 69
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return objreg.Registry.load(load_entrypoints=False)
+
+
+def synthetic_batch(lengths: list[int], T: int | None = None, seed: int = 0) -> objreg.TokenBatch:
+    """Rows ``[CLS] x_1 … x_n [SEP]`` + padding, ``n = lengths[b]`` ordinary tokens."""
+    g = torch.Generator().manual_seed(seed)
+    B = len(lengths)
+    T = T or max(lengths) + 2
+    n = torch.tensor(lengths)[:, None]
+    index = torch.arange(T)[None, :]
+    ids = torch.randint(80, 200, (B, T), generator=g)
+    ids = torch.where(index == 0, VOCAB.cls_id, ids)
+    ids = torch.where(index == n + 1, VOCAB.sep_id, ids)
+    is_padding = index > n + 1
+    ids = torch.where(is_padding, VOCAB.pad_id, ids)
+    is_special = (index == 0) | (index == n + 1) | is_padding
+    rows = torch.arange(B)[:, None].expand(B, T)
+    return objreg.TokenBatch(ids, is_padding, is_special, torch.where(is_special, -1, index),
+                             torch.where(is_special, -1, 0), torch.where(is_padding, -1, rows))
+
+
+def split_row(cb: objreg.CorruptedBatch, b: int) -> tuple[list[int], list[int]]:
+    """(source, target) token lists of row ``b``."""
+    p = int(cb.extras["prefix_length"][b])
+    real = cb.input_ids[b][~cb.is_padding[b]].tolist()
+    return real[:p], real[p:]
+
+
+def reconstruct(source: list[int], target: list[int], sentinels=SENTINELS, eos=EOS) -> list[int]:
+    """Put each span of the target back in place of its sentinel in the source (a plain loop)."""
+    assert target[-1] == eos
+    filled: dict[int, list[int]] = {}
+    current = None
+    for token in target[:-1]:
+        if token in sentinels:
+            current = token
+            filled[current] = []
+        else:
+            filled[current].append(token)
+    out = []
+    for token in source:
+        out += filled.pop(token) if token in filled else [token]
+    assert not filled, "a target span whose sentinel is not in the source"
+    return out
+
+
+def corrupt(registry, batch, seed=0, vocab=VOCAB, **params):
+    return registry.get("t5", vocab=vocab, **params).corrupt(batch, torch.Generator().manual_seed(seed))
+
+
+def test_defaults_are_t5s(registry):
+    assert registry.info("t5").defaults() == {"noise_density": 0.15, "mean_noise_span_length": 3.0}
+    assert registry.info("t5").attention == "prefix"
+
+
+def test_exact_counts_sentinels_and_reconstruction_per_row(registry):
+    lengths = [0, 1, 2, 3, 5, 17, 40, 60, 126, 126]
+    batch = synthetic_batch(lengths, seed=1)
+    cb = corrupt(registry, batch)
+    num_noise, num_spans = spans.noise_counts(torch.tensor(lengths), 0.15, 3.0)
+    for b, n in enumerate(lengths):
+        source, target = split_row(cb, b)
+        original = batch.input_ids[b][~batch.is_padding[b]].tolist()
+        k, noise = int(num_spans[b]), int(num_noise[b])
+        # The first span gets the first sentinel, then consecutive ones, in source and target alike.
+        assert [t for t in source if t in SENTINELS] == list(SENTINELS[:k])
+        assert [t for t in target if t in SENTINELS] == list(SENTINELS[:k])
+        assert target[0] == (SENTINELS[0] if k else EOS)
+        assert len(target) == noise + k + 1 and len(source) == n + 2 - noise + k
+        assert source[0] == VOCAB.cls_id and source[-1] == VOCAB.sep_id  # special tokens stay
+        assert reconstruct(source, target) == original, b
+
+
+def test_labels_are_the_next_token_over_the_target_only(registry):
+    batch = synthetic_batch([30, 12, 50], seed=2)
+    cb = corrupt(registry, batch)
+    for b in range(3):
+        p = int(cb.extras["prefix_length"][b])
+        n = int((~cb.is_padding[b]).sum())
+        expected = [int(cb.input_ids[b, t + 1]) if p - 1 <= t < n - 1 else IGNORE_INDEX
+                    for t in range(cb.input_ids.shape[1])]
+        assert cb.labels[b].tolist() == expected
+
+
+def test_a_literal_zero_id_in_the_text_is_kept(registry):
+    """Id 0 (the pad id) as real text, once as an ordinary token (a tokenizer where 0 is a word)
+    and once flagged special (a literal "[PAD]" in the text): nothing is dropped or misplaced."""
+    batch = synthetic_batch([40, 40, 25], T=44, seed=3)
+    ids, is_special = batch.input_ids.clone(), batch.is_special.clone()
+    ids[0, 5:30:3] = 0  # ordinary zeros
+    ids[1, 10] = 0
+    is_special[1, 10] = True  # a literal [PAD]: special, so never noise, but not padding
+    batch = batch._replace(input_ids=ids, is_special=is_special)
+    for seed in range(20):
+        cb = corrupt(registry, batch, seed=seed, noise_density=0.3)
+        for b in range(3):
+            original = batch.input_ids[b][~batch.is_padding[b]].tolist()
+            assert reconstruct(*split_row(cb, b)) == original, (seed, b)
+        source, _ = split_row(cb, 1)
+        assert source.count(0) == 1  # the literal [PAD] stays in the input
+        assert int((~cb.is_padding[0]).sum()) == 42 + 2 * len([t for t in split_row(cb, 0)[0] if t in SENTINELS]) + 1
+
+
+def test_literal_pad_text_through_the_tokenizer(registry, tokenizer):
+    batch = tokenizer.batch_from_texts(["The committee met [PAD] on Tuesday and approved the budget [PAD] today."])
+    assert int((batch.input_ids[0] == tokenizer.vocab.pad_id).sum()) == 2
+    cb = registry.get("t5", vocab=tokenizer.vocab, noise_density=0.5).corrupt(batch, torch.Generator().manual_seed(0))
+    sentinels, eos = tokenizer.vocab.sentinel_ids, tokenizer.vocab.named_ids["[EOS]"]
+    p = int(cb.extras["prefix_length"][0])
+    real = cb.input_ids[0][~cb.is_padding[0]].tolist()
+    source, target = real[:p], real[p:]
+    assert reconstruct(source, target, sentinels, eos) == batch.input_ids[0].tolist()
+
+
+def test_spans_do_not_always_end_the_row(registry):
+    """n = 40: 6 noise tokens in 2 spans and 34 non-noise tokens. T5 without random_roll ends
+    every row with noise; here P(last token noise) = spans / (non-noise + 1) = 2/35."""
+    N = 3000
+    batch = synthetic_batch([40] * N, seed=4)
+    cb = corrupt(registry, batch, seed=5)
+    last_is_noise = 0
+    first_is_noise = 0
+    for b in range(N):
+        source, _ = split_row(cb, b)
+        last_is_noise += source[-2] in SENTINELS  # source ends "... x_n [SEP]" unless x_n is noise
+        first_is_noise += source[1] in SENTINELS
+    p = 2 / 35
+    for count in (last_is_noise, first_is_noise):
+        assert abs(count - N * p) <= 4 * math.sqrt(N * p * (1 - p)), count
+        assert count < 0.2 * N
+
+
+def test_padding_rows_of_different_lengths(registry):
+    batch = synthetic_batch([3, 50, 20, 0], T=60, seed=6)
+    cb = corrupt(registry, batch)
+    mask = registry.get("t5", vocab=VOCAB).attention_mask(cb)
+    B, W = cb.input_ids.shape
+    total = (~cb.is_padding).sum(dim=1)
+    assert W == int(total.max())
+    for b in range(B):
+        n = int(total[b])
+        assert cb.is_padding[b].tolist() == [j >= n for j in range(W)]
+        assert (cb.input_ids[b, n:] == VOCAB.pad_id).all() and (cb.document_ids[b, n:] == -1).all()
+        assert (cb.document_ids[b, :n] == b).all() and (cb.labels[b, n - 1:] == IGNORE_INDEX).all()
+        p = int(cb.extras["prefix_length"][b])
+        for i in range(W):
+            expected = [i < n and j < n and (j < p or j <= i) for j in range(W)]
+            assert mask[b, i].tolist() == expected, (b, i)
+
+
+def test_deterministic_for_a_seed(registry):
+    batch = synthetic_batch([30, 60, 45], seed=7)
+    a, b, c = corrupt(registry, batch, seed=1), corrupt(registry, batch, seed=1), corrupt(registry, batch, seed=2)
+    assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.labels, b.labels)
+    assert not torch.equal(a.input_ids, c.input_ids)
+
+
+def test_too_few_sentinels_is_a_clear_error(registry):
+    few = objreg.Vocabulary(size=200, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4,
+                            special_ids=tuple(range(80)), sentinel_ids=(5, 6))
+    batch = synthetic_batch([126], seed=8)  # 19 noise tokens in 6 spans
+    with pytest.raises(objreg.DataError, match="t5 needs 6 span sentinels for this batch but the vocabulary has 2"):
+        corrupt(registry, batch, vocab=few)
