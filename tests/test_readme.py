@@ -29,6 +29,8 @@ def test_ci_runs_the_readme_test_command():
 
 @pytest.mark.parametrize("index", range(len(blocks("python"))))
 def test_python_examples_run(index):
+    if "../shared/data" in blocks("python")[index] and not (ROOT.parent / "shared" / "data").is_dir():
+        pytest.skip("the example reads ../shared/data, which is absent here")
     done = subprocess.run([sys.executable, "-c", blocks("python")[index]], capture_output=True, text=True,
                           timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 
 import pytest
 import torch
@@ -140,6 +141,27 @@ def test_probes_do_not_change_the_trajectory(optimizer):
         assert all(torch.equal(a[n], b[n]) for n in a)
 
 
+def test_with_dropout_probes_are_deterministic_and_leave_the_trajectory_alone():
+    # Dropout draws from torch's global RNG during training steps only: probes run in eval mode,
+    # draw nothing, and measure a deterministic D, so the D after one step is the D before the next.
+    def trained(probe_every):
+        config = AnalysisConfig(pretrain=("mlm", "sop"), **SMALL, probe_every=probe_every, dtype="float64")
+        trainer, _ = prepare(config, objreg.Registry.load(), cache_dir())
+        for module in trainer.model.modules():
+            if isinstance(getattr(module, "dropout", None), float):
+                module.dropout = 0.3
+        torch.manual_seed(0)
+        records = trainer.run()
+        return records, {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+
+    (every, every_params), (sparse, sparse_params) = trained(1), trained(100)
+    assert all(torch.equal(every_params[n], sparse_params[n]) for n in every_params)
+    assert sparse == [every[0], every[-1]]
+    for before, after in zip(every, every[1:]):
+        assert after["downstream_loss"] == before["downstream_loss_after"]
+    assert every[0]["downstream_loss"] != every[-1]["downstream_loss_after"]  # it did train
+
+
 def test_outputs_are_written(tmp_path):
     steps_seen = []
     report = objreg.analyze("mlm", "qa", **SMALL, out_dir=tmp_path / "run", on_step=lambda s, r: steps_seen.append(s),
@@ -184,7 +206,8 @@ def test_a_user_schedule_callable():
 
 
 def test_adamw_step_is_split_exactly_with_momentum_and_weight_decay():
-    report = objreg.analyze("mlm,sop", "qa", **SMALL, optimizer="adamw", lr=1e-4, dtype="float64")
+    report = objreg.analyze("mlm,sop", "qa", **SMALL, optimizer="adamw", lr=1e-4, dtype="float64",
+                            attribution_top=100)
     first, later = report.steps[0], report.steps[-1]
     assert set(first["update"]["first_order"]) == {"mlm", "sop", "weight_decay"}  # no momentum yet
     assert set(later["update"]["first_order"]) == {"mlm", "sop", "momentum", "weight_decay"}
@@ -196,6 +219,11 @@ def test_adamw_step_is_split_exactly_with_momentum_and_weight_decay():
         assert sum(parts["second_order"].values()) == pytest.approx(step["predicted_delta"]["second_order"], rel=1e-12)
         error = step["relative_error"]
         assert error["first_plus_second_order"] < error["first_order"]
+    # Example scores use the same preconditioner: one objective's add up to its first-order part.
+    entries = report.summary["attribution"]["helpful"] + report.summary["attribution"]["harmful"]
+    for name in ("mlm", "sop"):
+        total = sum(e["score"] for e in entries if e["objective"] == name)
+        assert total == pytest.approx(report.summary["alignment"][name]["first_order_contribution"], rel=1e-9)
 
 
 def test_taylor_error_shrinks_as_the_step_cubed():
@@ -236,3 +264,16 @@ def test_corpus_without_two_sentence_documents_is_a_clear_error_for_sop(tmp_path
     corpus.write_text("\n".join(f"Document number {i} has exactly one sentence about Topic{i}." for i in range(400)))
     with pytest.raises(objreg.DataError, match="sop needs 2 sentences"):
         objreg.analyze("sop", "qa", **SMALL, corpus=str(corpus))
+
+
+def test_modifiers_and_task_parameters_reach_the_run():
+    params = {"mlm": {"masking_policy": "entropy"}, "span": {"masking_policy": "inverse_frequency"},
+              "qa": {"max_question_tokens": 8}}
+    report = objreg.analyze(["mlm", "span"], "qa", objective_params=params, char_noise=0.05, **SMALL).to_dict()
+    assert report["config"]["objective_params"]["mlm"]["masking_policy"] == "entropy"
+    assert report["config"]["char_noise"] == 0.05
+    assert all(math.isfinite(a["dot"]) for a in report["summary"]["alignment"].values())
+    again = objreg.analyze(["mlm", "span"], "qa", objective_params=params, char_noise=0.05, **SMALL).to_dict()
+    assert again["summary"] == report["summary"]  # noise and entropy scores are seeded / deterministic
+    with pytest.raises(objreg.InvalidParameterError, match="char_noise must be a rate"):
+        objreg.analyze(["mlm"], "qa", char_noise=1.5)

@@ -84,3 +84,8 @@ def test_config_records_the_schedule():
     assert config.to_dict()["schedule"] == {"mlm": "constant", "sop": "cosine:2:1"}
     with pytest.raises(objreg.InvalidParameterError, match="must be a shape string or a callable"):
         AnalysisConfig(pretrain=("mlm",), schedule={"mlm": 3})
+
+
+def test_a_bad_user_schedule_fails_when_the_config_is_built():
+    with pytest.raises(objreg.InvalidParameterError, match="at step 2"):
+        AnalysisConfig(pretrain=("mlm",), steps=3, schedule={"mlm": lambda step, steps: -1.0 if step == 2 else 1.0})

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from objreg.analysis.curvature import HVP_METHODS
-from objreg.analysis.schedules import parse_schedules
+from objreg.analysis.schedules import parse_schedules, weights_at
 from objreg.core.errors import DeviceError, InvalidParameterError
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -55,12 +55,15 @@ class AnalysisConfig:
         hvp_method: ``auto`` (forward-over-reverse, double-backward fallback),
             ``forward_over_reverse`` or ``double_backward``: how Hessian-vector products of ``D``
             are taken.
+        char_noise: Character noise rate (insert/delete/substitute) applied to the pre-training
+            text before tokenising (``objreg.masking.char_noise``); 0 disables it.
         spectrum: Top eigenvalues of ``D``'s Hessian to compute (Lanczos) at the first and the last
             step, with each objective's alignment to the eigenvectors; 0 skips it (it costs tens
             of HVPs).
         attribution_top: How many most helpful and most harmful pre-training examples the report
             lists (0: none).
-        objective_params: Parameter overrides per objective, e.g. ``{"mlm": {"mask_prob": 0.2}}``.
+        objective_params: Parameter overrides per objective or for the downstream task, e.g.
+            ``{"mlm": {"mask_prob": 0.2}, "qa": {"doc_stride": 64}}``.
     """
 
     pretrain: tuple[str, ...]
@@ -85,6 +88,7 @@ class AnalysisConfig:
     per_sample_method: str = "auto"
     hvp_method: str = "auto"
     spectrum: int = 0
+    char_noise: float = 0.0
     attribution_top: int = 5
     objective_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
@@ -109,6 +113,10 @@ class AnalysisConfig:
             raise InvalidParameterError(f"hvp_method must be one of {', '.join(HVP_METHODS)}, got {self.hvp_method!r}")
         if isinstance(self.head_warmup_steps, bool) or not isinstance(self.head_warmup_steps, int) or self.head_warmup_steps < 0:
             raise InvalidParameterError(f"head_warmup_steps must be an integer ≥ 0, got {self.head_warmup_steps!r}")
+        if isinstance(self.char_noise, bool) or not isinstance(self.char_noise, (int, float)) or not (
+            0.0 <= self.char_noise <= 1.0
+        ):
+            raise InvalidParameterError(f"char_noise must be a rate in [0, 1], got {self.char_noise!r}")
         if self.seq_len < 8:
             raise InvalidParameterError(f"seq_len must be at least 8 tokens, got {self.seq_len}")
         if not isinstance(self.lr, (int, float)) or not math.isfinite(self.lr) or self.lr <= 0:
@@ -117,11 +125,13 @@ class AnalysisConfig:
             raise InvalidParameterError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.dtype not in DTYPES:
             raise InvalidParameterError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        unknown = set(self.objective_params) - set(pretrain)
+        for step in range(self.steps):  # a bad user schedule fails here, before anything is loaded
+            weights_at(step, self.steps, self.weights, self.schedule)
+        unknown = set(self.objective_params) - set(pretrain) - {self.downstream}
         if unknown:
             raise InvalidParameterError(
                 f"parameters given for objectives not selected: {', '.join(sorted(unknown))} "
-                f"(selected: {', '.join(pretrain)})"
+                f"(selected: {', '.join(pretrain)}; downstream task: {self.downstream})"
             )
 
     @property

@@ -14,6 +14,7 @@ from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 
 def write_plots(report: dict[str, Any], out_dir: Path) -> list[Path]:
@@ -53,7 +54,9 @@ def _alignment(report: dict[str, Any]) -> Figure:
         cosine_axes.fill_between(x, [a["cosine_ci95"][0] for a in rows], [a["cosine_ci95"][1] for a in rows],
                                  color=line.get_color(), alpha=0.2)
         weights = report["summary"].get("weights_by_step", {}).get(name) or [s["weights"][name] for s in steps]
-        weight_axes.plot(range(len(weights)), weights, drawstyle="steps-post", color=line.get_color(), label=name)
+        # Each step's weight held until the next step (the last one drawn to the end of the run).
+        weight_axes.plot(range(len(weights) + 1), [*weights, weights[-1]], drawstyle="steps-post",
+                         color=line.get_color(), label=name)
     for axes in (dot_axes, cosine_axes):
         axes.axhline(0.0, color="grey", linewidth=0.8)
     dot_axes.set(title=f"Alignment with ∇D ({report['downstream']}), 95% CI over examples", ylabel="dot ⟨∇L_k, ∇D⟩")
@@ -94,6 +97,8 @@ def _spectrum(report: dict[str, Any]) -> Figure:
         values_axes.plot(range(1, len(entry["eigenvalues"]) + 1), entry["eigenvalues"], marker="o",
                          label=f"step {entry['step']}")
     values_axes.set(title="Top eigenvalues of H_D", xlabel="rank", ylabel="eigenvalue")
+    values_axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    alignment_axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     values_axes.legend()
     last = spectra[-1]
     rows = {**last["alignment"], "∇D": last["downstream_alignment"]}

@@ -18,6 +18,7 @@ from objreg.analysis.downstream import Downstream
 from objreg.analysis.functional import count_parameters, shared_parameters
 from objreg.analysis.report import AlignmentReport, RunWriter, summarise
 from objreg.analysis.trainer import StepCallback, Trainer, fit_downstream_head
+from objreg.core import masking
 from objreg.core.cache import cache_dir
 from objreg.core.errors import DataError, InvalidParameterError
 from objreg.core.registry import Registry, merge_heads
@@ -85,7 +86,7 @@ def check(config: AnalysisConfig, registry: Registry) -> torch.device:
     """Fail on a bad device, name or parameter in milliseconds, before anything heavy is loaded;
     returns the device."""
     device = config.resolved_device()
-    registry.get_task(config.downstream)
+    registry.get_task(config.downstream, **config.objective_params.get(config.downstream, {}))
     for name in config.pretrain:
         _check_fits(registry.get(name, **config.objective_params.get(name, {})).info, config)
     return device
@@ -97,18 +98,23 @@ def prepare(
     """Load everything ``config`` names and build the trainer; returns it with the report's
     ``config`` section. Names are checked before anything heavy is loaded."""
     device = check(config, registry)
-    task = registry.get_task(config.downstream)
+    task = registry.get_task(config.downstream, **config.objective_params.get(config.downstream, {}))
 
     status(f"loading corpus {config.corpus!r}")
     corpus = registry.load_corpus(config.corpus, cache)
     status(f"loading tokenizer for model {config.model!r}")
     tokenizer = registry.load_tokenizer(config.model, corpus, cache)
+    pretrain_corpus, heldout = corpus.split()
+    if config.char_noise > 0:
+        # Pre-training text only (the held-out set defines D), from its own seeded stream.
+        noise = torch.Generator().manual_seed(config.seed * 7919 + 3)
+        pretrain_corpus = masking.noisy_corpus(pretrain_corpus, config.char_noise, noise)
+    tokenized = TokenizedCorpus(tokenizer, pretrain_corpus, config.seq_len)
+    # The corpus vocabulary carries token counts (the inverse_frequency masking policy).
     objectives = {
-        name: registry.get(name, vocab=tokenizer.vocab, **config.objective_params.get(name, {}))
+        name: registry.get(name, vocab=tokenized.vocab, **config.objective_params.get(name, {}))
         for name in config.pretrain
     }
-    pretrain_corpus, heldout = corpus.split()
-    tokenized = TokenizedCorpus(tokenizer, pretrain_corpus, config.seq_len)
 
     status(f"loading downstream data for {config.downstream!r}")
     fit_size = config.head_fit_size if config.head_warmup_steps else 0

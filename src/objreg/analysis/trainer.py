@@ -54,6 +54,7 @@ from objreg.analysis.per_sample import per_sample_dots
 from objreg.analysis.schedules import Schedule, weights_at
 from objreg.analysis.spectrum import eigenvector_alignment, orient, top_eigenpairs
 from objreg.analysis.stats import alignment_stats, seed_for
+from objreg.analysis.surprisal import token_surprisal
 from objreg.analysis.transfer import asymmetry, gram, quadratic_by_pair, relative_error, upper_pairs, weighted_sum
 from objreg.core.errors import NonFiniteLossError
 from objreg.core.registry import Objective
@@ -158,6 +159,11 @@ class Trainer:
             tokens[name] = self.corpus.sample(
                 self.batch_size, self.data_generator, min_sentences=objective.info.min_sentences, what=name
             )
+            if objective.params.get("masking_policy") == "entropy":
+                # The current model's surprisal of each token: no gradient, no randomness, so the
+                # trajectory stays the same whether or not a step is probed.
+                scores = token_surprisal(self.model, tokens[name].to(self.device), objective.vocab)
+                tokens[name] = tokens[name]._replace(surprisal=scores.cpu())
             batches[name] = objective.corrupt(tokens[name], self.corrupt_generator).to(self.device)
         return tokens, batches
 
@@ -266,7 +272,7 @@ class Trainer:
         second_by_pair = quadratic_by_pair(part_names, quadratic)
 
         if self.spectrum and step in (0, self.steps - 1):
-            record["spectrum"] = self._spectrum(curvature, before, downstream_grad, data.gradients, step)
+            record["spectrum"] = self._spectrum(curvature, before, downstream_grad, data.gradients)
 
         def finish(record: dict[str, Any]) -> None:
             after = detached(shared_parameters(self.model))
@@ -312,13 +318,14 @@ class Trainer:
         return parts, products
 
     def _spectrum(self, curvature: Curvature, shared: Params, downstream_grad: Params,
-                  gradients: dict[str, Params], step: int) -> dict[str, Any]:
+                  gradients: dict[str, Params]) -> dict[str, Any]:
+        """The top of ``H_D``'s spectrum and each gradient's cosines with its eigenvectors."""
         before = curvature.matvecs
         values, vectors, _ = top_eigenpairs(curvature.matvec, shared, self.spectrum, seed=self.seed)
         vectors = orient(vectors, downstream_grad)
         return {
             "eigenvalues": [float(v) for v in values],
-            "alignment": eigenvector_alignment(vectors, {**gradients}),
+            "alignment": eigenvector_alignment(vectors, gradients),
             "downstream_alignment": eigenvector_alignment(vectors, {"D": downstream_grad})["D"],
             "matvecs": curvature.matvecs - before,
         }

@@ -70,6 +70,8 @@ def _parse_params(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
               help=f"auto, jvp, double_backward, vmap or loop {_default('per_sample_method')}.")
 @click.option("--hvp-method", default=None,
               help=f"auto, forward_over_reverse or double_backward {_default('hvp_method')}.")
+@click.option("--char-noise", type=float, default=None, metavar="RATE",
+              help="Character noise (insert/delete/substitute) on the pre-training text before tokenising.")
 @click.option("--spectrum", type=int, default=None, metavar="K",
               help="Also compute the top K eigenvalues of the downstream Hessian (Lanczos) at the first and last "
                    "step, with each objective's alignment to the eigenvectors (costs tens of HVPs).")
