@@ -43,6 +43,16 @@ class ExampleScores:
             entry.score += float(score)
             entry.steps.append(step)
 
+    def state_dict(self) -> list[list[Any]]:
+        """The scores as plain lists (for a checkpoint)."""
+        return [[e.objective, list(e.token_ids), e.score, list(e.steps)] for e in self.entries.values()]
+
+    def load_state_dict(self, state: list[list[Any]]) -> None:
+        """Replace the scores with those of :meth:`state_dict`."""
+        self.entries = {}
+        for objective, ids, score, steps in state:
+            self.entries[(objective, tuple(ids))] = _Entry(objective, tuple(ids), float(score), list(steps))
+
     def top(self, n: int, decode: Callable[[Sequence[int]], str] | None = None) -> dict[str, Any]:
         """The ``n`` most helpful (largest positive score) and ``n`` most harmful (most negative)
         examples, each ``{"objective", "score", "steps", "text"}``; ``text`` is decoded by

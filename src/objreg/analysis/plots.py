@@ -7,14 +7,14 @@ backend), and each file is written to a temporary name and renamed into place.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
+
+from objreg.analysis.atomic import atomic_file
 
 
 def write_plots(report: dict[str, Any], out_dir: Path) -> list[Path]:
@@ -27,16 +27,8 @@ def write_plots(report: dict[str, Any], out_dir: Path) -> list[Path]:
 
 def _save(figure: Figure, path: Path) -> Path:
     FigureCanvasAgg(figure)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            figure.savefig(f, format="png", dpi=110)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as f:
+        figure.savefig(f, format="png", dpi=110)
     return path
 
 

@@ -12,11 +12,11 @@ import csv
 import io
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from objreg.analysis.atomic import atomic_file
 from objreg.analysis.stats import bootstrap_ci95, correlation, mean_ci95, seed_for
 from objreg.analysis.transfer import pair_key, relative_error
 from objreg.core.errors import DataError
@@ -175,6 +175,10 @@ class RunWriter:
         with open(self.steps_path, "w", encoding="utf-8"):
             pass
 
+    def rewrite_steps(self, steps: list[dict[str, Any]]) -> None:
+        """Replace ``steps.jsonl`` with ``steps`` (atomically): a resumed run's finished probes."""
+        write_atomic(self.steps_path, "".join(json.dumps(step, allow_nan=False) + "\n" for step in steps))
+
     def append_step(self, step: dict[str, Any]) -> None:
         with open(self.steps_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(step, allow_nan=False) + "\n")
@@ -196,13 +200,5 @@ class RunWriter:
 
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` via a synced temporary file and an atomic rename."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path, "w") as f:
+        f.write(text)

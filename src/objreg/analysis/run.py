@@ -7,12 +7,15 @@ is fitted as a linear probe, and the trainer runs with probes.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from objreg.analysis.checkpoint import load_checkpoint, remove_checkpoint, save_checkpoint
 from objreg.analysis.config import AnalysisConfig
 from objreg.analysis.downstream import Downstream
 from objreg.analysis.functional import count_parameters, shared_parameters
@@ -27,11 +30,12 @@ from objreg.core.types import CorruptedBatch
 
 
 def analyze(
-    pretrain: Sequence[str] | str,
-    downstream: str = "qa",
+    pretrain: Sequence[str] | str | None = None,
+    downstream: str | None = None,
     *,
     registry: Registry | None = None,
     out_dir: str | Path | None = None,
+    resume: str | Path | None = None,
     on_step: StepCallback | None = None,
     on_status: Callable[[str], None] | None = None,
     cache: Path | None = None,
@@ -42,10 +46,15 @@ def analyze(
 
     Args:
         pretrain: Objective names, as a list or a comma-separated string (``"mlm,sop"``).
-        downstream: Task name.
+        downstream: Task name (default ``qa``).
         registry: Plugins to use (default: built-ins and installed plugins).
         out_dir: Where to write ``config.json`` (at the start), ``steps.jsonl`` (one line per
-            finished probe), and at the end ``report.json``, ``report.csv`` and the PNG plots.
+            finished probe), ``checkpoint.pt`` (after every finished step, removed at the end), and
+            at the end ``report.json``, ``report.csv`` and the PNG plots.
+        resume: A run directory written with ``out_dir`` whose run was interrupted: continue it
+            from its last finished step with the settings in its ``config.json`` (give no
+            ``pretrain``, ``downstream``, ``out_dir`` or settings with it). The result equals
+            that of an uninterrupted run.
         on_step: Called after every training step with ``(step, probe record or None)``.
         on_status: Called with a short line as each loading stage starts.
         cache: Cache directory for the default corpus and tokenizer.
@@ -54,32 +63,78 @@ def analyze(
 
     Returns:
         The :class:`AlignmentReport`.
+
+    Raises:
+        InvalidParameterError: ``resume`` given with other run settings, or naming a finished run.
+        DataError: ``resume`` names a directory without a readable config or checkpoint.
     """
-    if isinstance(pretrain, str):
-        pretrain = [p.strip() for p in pretrain.split(",") if p.strip()]
-    config = AnalysisConfig(pretrain=tuple(pretrain), downstream=downstream, **settings)
+    if resume is not None:
+        if pretrain is not None or downstream is not None or out_dir is not None or settings:
+            given = [*(["pretrain"] if pretrain is not None else []), *(["downstream"] if downstream is not None else []),
+                     *(["out_dir"] if out_dir is not None else []), *settings]
+            raise InvalidParameterError(
+                f"resume takes its settings from the run's config.json; drop {', '.join(given)}"
+            )
+        config = _resumed_config(Path(resume))
+        out_dir = resume
+        state, records = load_checkpoint(Path(resume))  # before anything heavy: a bad one fails fast
+    else:
+        if isinstance(pretrain, str):
+            pretrain = [p.strip() for p in pretrain.split(",") if p.strip()]
+        config = AnalysisConfig(pretrain=tuple(pretrain or ()), downstream=downstream or "qa", **settings)
+        records: list[dict[str, Any]] = []
     status = on_status or (lambda _message: None)
     registry = registry or Registry.load()
     check(config, registry)
     writer = RunWriter(out_dir) if out_dir is not None else None
     trainer, report_config = prepare(config, registry, cache or cache_dir(), status)
-    if writer is not None:
+    if writer is not None and resume is not None:
+        try:
+            trainer.load_state_dict(state)
+        except (KeyError, RuntimeError, ValueError, TypeError) as e:
+            raise DataError(f"cannot resume {str(writer.out_dir)!r}: its checkpoint does not fit the run in its "
+                            f"config.json ({type(e).__name__})") from None
+        # Lines past the checkpoint belong to the step in flight when the run stopped: drop them.
+        writer.rewrite_steps(records)
+        status(f"resuming at step {trainer.next_step} of {config.steps}")
+    elif writer is not None:
         writer.write_config(report_config)
         writer.start_steps()
 
     def record_step(step: int, record: dict[str, Any] | None) -> None:
-        if record is not None and writer is not None:
-            writer.append_step(record)
+        if record is not None:
+            records.append(record)
+        if writer is not None:
+            if record is not None:
+                writer.append_step(record)
+            save_checkpoint(writer.out_dir, trainer.state_dict(), records)
         if on_step is not None:
             on_step(step, record)
 
     status("training with probes")
-    records = trainer.run(record_step)
+    trainer.run(record_step)
     report = build_report(config, report_config, trainer, records)
     if writer is not None:
         status("writing the report")
         writer.write_report(report)
+        remove_checkpoint(writer.out_dir)
     return report
+
+
+def _resumed_config(run_dir: Path) -> AnalysisConfig:
+    """The settings of the interrupted run in ``run_dir``."""
+    if (run_dir / "report.json").is_file():
+        raise InvalidParameterError(f"the run in {str(run_dir)!r} already finished (it has report.json): nothing to resume")
+    try:
+        saved = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"cannot resume {str(run_dir)!r}: it has no config.json (not a run directory of --out)") from None
+    except (OSError, ValueError) as e:
+        raise DataError(f"cannot resume {str(run_dir)!r}: config.json is unreadable ({e})") from None
+    fields = {f.name for f in dataclasses.fields(AnalysisConfig)}
+    if not isinstance(saved, dict) or "pretrain" not in saved:
+        raise DataError(f"cannot resume {str(run_dir)!r}: config.json is not an objreg run config")
+    return AnalysisConfig(**{k: v for k, v in saved.items() if k in fields})
 
 
 def check(config: AnalysisConfig, registry: Registry) -> torch.device:

@@ -343,6 +343,35 @@ class Trainer:
                 on_step(step, record)
         return records
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything :meth:`run` changes, as tensors and plain data (for a checkpoint)."""
+        return {
+            "next_step": self.next_step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "data_generator": self.data_generator.get_state(),
+            "corrupt_generator": self.corrupt_generator.get_state(),
+            # Dropout, where a model has it, draws from the global generator.
+            "global_generator": torch.get_rng_state(),
+            "attribution": self.attribution.state_dict(),
+            "hvp_method": self.hvp_method,
+            "update_rule": self.update_rule,
+            "methods_used": sorted(self.methods_used),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a :meth:`state_dict` of a trainer built with the same settings."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.data_generator.set_state(state["data_generator"])
+        self.corrupt_generator.set_state(state["corrupt_generator"])
+        torch.set_rng_state(state["global_generator"])
+        self.attribution.load_state_dict(state["attribution"])
+        self.hvp_method = state["hvp_method"]
+        self.update_rule = state["update_rule"]
+        self.methods_used = set(state["methods_used"])
+        self.next_step = int(state["next_step"])
+
     def attribution_report(self, top: int) -> dict[str, Any]:
         return self.attribution.top(top, self.decode)
 

@@ -42,8 +42,8 @@ def _parse_params(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
 
 
 @click.command()
-@click.option("--pretrain", required=True, help="Comma-separated pre-training objectives, e.g. mlm,sop.")
-@click.option("--downstream", default="qa", show_default=True, help="Downstream task.")
+@click.option("--pretrain", default=None, help="Comma-separated pre-training objectives, e.g. mlm,sop (required).")
+@click.option("--downstream", default=None, help="Downstream task (default: qa).")
 @click.option("--weights", default=None, help="Base objective weights, e.g. mlm=1,sop=0.5 (default 1 each).")
 @click.option("--schedule", default=None, metavar="[OBJ=]SHAPE,...",
               help="How each weight changes over the run (weight × shape): constant, linear[:START:END], "
@@ -80,11 +80,14 @@ def _parse_params(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
 @click.option("--param", "params", multiple=True, metavar="OBJ.NAME=VALUE", help="Objective parameter, repeatable.")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
               help="Write config.json, steps.jsonl, report.json, report.csv and PNG plots here.")
+@click.option("--resume", default=None, type=click.Path(file_okay=False), metavar="DIR",
+              help="Continue the interrupted run written with --out DIR from its last finished step, with the "
+                   "settings in DIR/config.json (no other run option with it); ends as an uninterrupted run would.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout and nothing else.")
 @click.pass_context
 def analyze(
-    ctx: click.Context, pretrain: str, downstream: str, params: tuple[str, ...], out_dir: str | None, as_json: bool,
-    **options: Any,
+    ctx: click.Context, pretrain: str | None, downstream: str | None, params: tuple[str, ...], out_dir: str | None,
+    resume: str | None, as_json: bool, **options: Any,
 ) -> None:
     """Train on a weighted mix of pre-training objectives and measure how each one's gradient
     aligns with the downstream task's gradient, how the updates meet the downstream curvature, and
@@ -93,11 +96,24 @@ def analyze(
     objective_params = _parse_params(params)
     if objective_params:
         settings["objective_params"] = objective_params
+    if resume is not None:
+        given = [f"--{k.replace('_', '-')}" for k in settings] + ["--param"] * bool(params)
+        given += [o for o, v in (("--pretrain", pretrain), ("--downstream", downstream), ("--out", out_dir)) if v]
+        if given:
+            raise objreg.InvalidParameterError(
+                f"--resume takes every setting from DIR/config.json; drop {', '.join(given)}"
+            )
+        settings = {"resume": resume}
+        names, out_dir = None, resume
+    elif not pretrain:
+        raise objreg.InvalidParameterError("no pre-training objective given: name at least one, e.g. --pretrain mlm,sop")
+    else:
+        names = [p.strip() for p in pretrain.split(",") if p.strip()]
+        settings["out_dir"] = out_dir
     settings["registry"] = render.registry(ctx)
-    names = [p.strip() for p in pretrain.split(",") if p.strip()]
     console = Console(stderr=True)
     if as_json:
-        report = objreg.analyze(names, downstream, out_dir=out_dir, **settings)
+        report = objreg.analyze(names, downstream, **settings)
         click.echo(report.to_json())
         return
     # Off where stderr is no terminal (logs, CI): there it would only add stray lines.
@@ -109,10 +125,10 @@ def analyze(
             progress.update(bar, description=message)
 
         def on_step(step: int, record: dict[str, Any] | None) -> None:
-            progress.update(bar, completed=step + 1, total=options["steps"] or _DEFAULTS["steps"],
-                            description="training with probes")
+            total = None if resume else options["steps"] or _DEFAULTS["steps"]
+            progress.update(bar, completed=step + 1, total=total, description="training with probes")
 
-        report = objreg.analyze(names, downstream, out_dir=out_dir, on_step=on_step, on_status=on_status, **settings)
+        report = objreg.analyze(names, downstream, on_step=on_step, on_status=on_status, **settings)
     _render(report.to_dict(), render.console())
     if out_dir:
         render.console().print(
