@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from click.testing import CliRunner
 
 import objreg
@@ -109,3 +110,31 @@ def test_unknown_objective_in_a_real_process_names_the_alternatives():
     assert "Traceback" not in done.stderr
     line, = done.stderr.strip().splitlines()
     assert "nosuch" in line and all(f" {name}," in line or f" {name}." in line for name in ("clm", "mlm", "sop"))
+
+
+def test_bad_files_and_settings_are_one_line_and_exit_1(run, tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    one_sentence = tmp_path / "short.txt"
+    one_sentence.write_text("".join(f"Only one sentence in document {i} here.\n\n" for i in range(40)))
+    malformed = tmp_path / "bad.json"
+    malformed.write_text('{"data": [')
+    wrong_shape = tmp_path / "shape.json"
+    wrong_shape.write_text('{"data": [{"title": "x"}]}')
+    cases = [
+        (["--pretrain", "mlm", "--corpus", str(empty)], "is empty"),
+        (["--pretrain", "sop", "--corpus", str(one_sentence)], "sop"),
+        (["--pretrain", "mlm", "--downstream-data", str(malformed)], "not valid JSON"),
+        (["--pretrain", "mlm", "--downstream-data", str(wrong_shape)], "has no 'paragraphs' key"),
+        (["--pretrain", "mlm", "--model", str(tmp_path / "no" / "model/")], "does not exist"),
+        (["--pretrain", "mlm", "--seq-len", "4"], "seq_len must be at least"),
+        (["--pretrain", "mlm", "--char-noise", "2"], "char_noise must be a rate"),
+        (["--pretrain", "mlm", "--param", "mlm.mask_prob=2"], "must lie in"),
+    ]
+    if not torch.cuda.is_available():
+        cases.append((["--pretrain", "mlm", "--device", "cuda"], "CUDA is not available"))
+    for args, message in cases:
+        result = run(*args, "--steps", "1", "--eval-size", "4", "--head-fit-size", "8")
+        assert result.exit_code == 1, (args, result.output)
+        assert message in result.stderr, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
