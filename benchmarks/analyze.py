@@ -4,12 +4,15 @@
 
 ``cold_s``: the first run with an empty cache (it builds the default corpus and trains the
 tokenizer). ``warm_s``: the median of ``--repeats`` further runs on that cache, what a user sees
-from the second run on. The command's own exit status is checked; its output is discarded.
+from the second run on. ``*_cpu_s``: the CPU time (user + system) the same runs used, which moves
+much less than wall time when other jobs share the machine (with one thread, wall time on an idle
+core is close to it). The command's own exit status is checked; its output is discarded.
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -24,11 +27,17 @@ from benchmarks.common import REPO, base_parser, emit, machine, rounded
 COMMAND = ["analyze", "--pretrain", "mlm,sop", "--downstream", "qa"]
 
 
-def run_once(cache: str, extra: list[str], threads: int | None) -> float:
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_once(cache: str, extra: list[str], threads: int | None) -> tuple[float, float]:
+    """Wall seconds and CPU seconds of one run."""
     env = {**os.environ, "OBJREG_CACHE_DIR": cache}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), children_cpu_s()
     result = subprocess.run(
         [sys.executable, "-m", "objreg", *COMMAND, *extra],
         cwd=REPO,
@@ -37,10 +46,10 @@ def run_once(cache: str, extra: list[str], threads: int | None) -> float:
         text=True,
         check=False,
     )
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, children_cpu_s() - cpu
     if result.returncode != 0:
         raise SystemExit(f"objreg analyze failed ({result.returncode}):\n{result.stderr[-2000:]}")
-    return elapsed
+    return elapsed, cpu
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -57,9 +66,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "benchmark": "analyze",
         "machine": machine(torch.device("cpu")) | threads,
         "command": " ".join(["objreg", *COMMAND, *extra]),
-        "cold_s": rounded(cold),
-        "warm_s": rounded(statistics.median(warm)),
-        "warm_runs_s": [rounded(w) for w in warm],
+        "cold_s": rounded(cold[0]),
+        "warm_s": rounded(statistics.median(w for w, _ in warm)),
+        "warm_runs_s": [rounded(w) for w, _ in warm],
+        "cold_cpu_s": rounded(cold[1]),
+        "warm_cpu_s": rounded(statistics.median(c for _, c in warm)),
         "target_s": 60,
     }
     emit(result, args.json, [(k, v) for k, v in result.items() if not isinstance(v, (dict, list))])

@@ -22,12 +22,22 @@ library's own collation of tokenised rows) and ``objective.corrupt``. Hugging Fa
   ``[CLS] … [SEP]``.
 
 Throughput is examples per second over ``--batches`` batches of ``--batch-size``; each side is
-timed ``--repeats`` times round-robin and the median kept.
+timed ``--repeats`` times round-robin and the median kept. ``objreg_assemble_only`` and
+``objreg_corrupt_only`` time the two halves of the objreg side on their own.
+
+``--profile`` adds what bounds the objreg side at small batches: the ATen operations one
+``assemble`` and one ``corrupt`` dispatch (torch.profiler, top-level operations only), the cost
+of one trivial operation on this machine (``us_per_trivial_op``: an ``add`` on a ``[B, T]``
+tensor, median of 2,000), and the ceiling that op count × that cost puts on the speedup over the
+Hugging Face side (``speedup_ceiling_from_op_count``), as if Python cost nothing.
 """
 
 from __future__ import annotations
 
+import statistics
 import sys
+import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -198,6 +208,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seq-len", type=int, default=128)
     parser.add_argument("--batches", type=int, default=20, help="batches per timed run")
+    parser.add_argument("--profile", action="store_true", help="count the ATen operations of each objreg call")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     apply_threads(args.threads)
     torch.manual_seed(0)
@@ -214,9 +225,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "machine": machine(cpu),
         "config": {"batch_size": B, "seq_len": T, "batches": N, "repeats": repeats, "vocab_size": tokenizer.vocab.size},
     }
-    result["mlm"] = mlm_rows(registry, tokenizer, tokens, B, T, N, repeats)
-    result["t5"] = t5_rows(registry, tokenizer, tokens, B, T, N, repeats)
-    rows = [(f"{name}.{k}", v) for name in ("mlm", "t5") for k, v in result[name].items()]
+    result["mlm"] = mlm_rows(registry, tokenizer, tokens, B, T, N, repeats, args.profile)
+    result["t5"] = t5_rows(registry, tokenizer, tokens, B, T, N, repeats, args.profile)
+    rows = [(f"{name}.{k}", v) for name in ("mlm", "t5") for k, v in result[name].items() if not isinstance(v, dict)]
+    rows += [(f"{name}.profile.{k}", v) for name in ("mlm", "t5") for k, v in result[name].get("profile", {}).items()]
     emit(result, args.json, rows)
     return result
 
@@ -229,6 +241,7 @@ def mlm_rows(
     T: int,
     N: int,
     repeats: int,
+    profile: bool = False,
 ) -> dict[str, Any]:
     try:
         from transformers import DataCollatorForLanguageModeling
@@ -253,23 +266,12 @@ def mlm_rows(
         for examples in hf_examples:
             collator(examples)
 
-    prepared = [tokenizer.assemble(batch, T) for batch in batches]
-
-    def corrupt_only() -> None:
-        for batch in prepared:
-            mlm.corrupt(batch, generator)
-
-    times = interleaved(
-        {"objreg": objreg_run, "hf": hf_run, "objreg_corrupt_only": corrupt_only}, repeats, torch.device("cpu")
+    result = compare(
+        objreg_run, hf_run, lambda batch: tokenizer.assemble(batch, T), mlm, batches, generator, B, repeats
     )
-    examples = B * N
-    return {
-        "objreg_examples_per_s": rounded(examples / times["objreg"]),
-        "hf_examples_per_s": rounded(examples / times["hf"]),
-        "speedup": rounded(times["hf"] / times["objreg"]),
-        "objreg_corrupt_only_examples_per_s": rounded(examples / times["objreg_corrupt_only"]),
-        "reference": "transformers.DataCollatorForLanguageModeling (mlm_probability=0.15)",
-    }
+    if profile:
+        result["profile"] = op_profile(lambda: tokenizer.assemble(batches[0], T), mlm, generator, B, result)
+    return result | {"reference": "transformers.DataCollatorForLanguageModeling (mlm_probability=0.15)"}
 
 
 def t5_rows(
@@ -280,6 +282,7 @@ def t5_rows(
     T: int,
     N: int,
     repeats: int,
+    profile: bool = False,
 ) -> dict[str, Any]:
     if "t5" not in registry.objectives():
         return {"skipped": "no 't5' objective is registered (objreg list does not show it)"}
@@ -302,24 +305,102 @@ def t5_rows(
         for examples in hf_examples:
             hf(examples)
 
-    prepared = [tokenizer.assemble(batch, expanded + 2) for batch in objreg_batches]
+    def assemble(batch: list[Row]) -> objreg.TokenBatch:
+        return tokenizer.assemble(batch, expanded + 2)
+
+    result = compare(objreg_run, hf_run, assemble, t5, objreg_batches, generator, B, repeats)
+    if profile:
+        result["profile"] = op_profile(lambda: assemble(objreg_batches[0]), t5, generator, B, result)
+    return result | {
+        "raw_tokens_per_row": expanded,
+        "reference": "DataCollatorForT5MLM numpy logic of HF examples/flax/language-modeling/run_t5_mlm_flax.py, "
+        "replicated in benchmarks/corruption.py",
+    }
+
+
+def compare(
+    objreg_run: Callable[[], None],
+    hf_run: Callable[[], None],
+    assemble: Callable[[list[Row]], objreg.TokenBatch],
+    objective: objreg.Objective,
+    batches: list[list[Row]],
+    generator: torch.Generator,
+    B: int,
+    repeats: int,
+) -> dict[str, Any]:
+    """Both sides end to end, and objreg's two halves on their own, timed round-robin."""
+    prepared = [assemble(batch) for batch in batches]
+
+    def assemble_only() -> None:
+        for batch in batches:
+            assemble(batch)
 
     def corrupt_only() -> None:
         for batch in prepared:
-            t5.corrupt(batch, generator)
+            objective.corrupt(batch, generator)
 
-    times = interleaved(
-        {"objreg": objreg_run, "hf": hf_run, "objreg_corrupt_only": corrupt_only}, repeats, torch.device("cpu")
-    )
-    examples = B * N
+    paths = {
+        "objreg": objreg_run,
+        "hf": hf_run,
+        "objreg_assemble_only": assemble_only,
+        "objreg_corrupt_only": corrupt_only,
+    }
+    times = interleaved(paths, repeats, torch.device("cpu"))
+    examples = B * len(batches)
     return {
         "objreg_examples_per_s": rounded(examples / times["objreg"]),
         "hf_examples_per_s": rounded(examples / times["hf"]),
         "speedup": rounded(times["hf"] / times["objreg"]),
+        "objreg_assemble_only_examples_per_s": rounded(examples / times["objreg_assemble_only"]),
         "objreg_corrupt_only_examples_per_s": rounded(examples / times["objreg_corrupt_only"]),
-        "raw_tokens_per_row": expanded,
-        "reference": "DataCollatorForT5MLM numpy logic of HF examples/flax/language-modeling/run_t5_mlm_flax.py, "
-        "replicated in benchmarks/corruption.py",
+        "corrupt_only_speedup": rounded(times["hf"] / times["objreg_corrupt_only"]),
+    }
+
+
+def top_level_ops(run: Callable[[], Any]) -> int:
+    """ATen operations ``run`` dispatches, not counting those called inside other operations."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    aten = [e for e in prof.events() if e.name.startswith("aten::")]
+    return sum(1 for e in aten if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+
+
+def trivial_op_us(B: int, T: int, count: int = 2000) -> float:
+    """Median microseconds of one ``add`` on a ``[B, T]`` long tensor: the dispatch cost every
+    operation pays, however small its tensors."""
+    x = torch.zeros(B, T, dtype=torch.long)
+    times = []
+    for _ in range(count):
+        start = time.perf_counter()
+        x.add(1)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def op_profile(
+    assemble: Callable[[], objreg.TokenBatch],
+    objective: objreg.Objective,
+    generator: torch.Generator,
+    B: int,
+    measured: dict[str, Any],
+) -> dict[str, Any]:
+    """Operation counts of one batch and the speedup ceiling they imply at this batch size."""
+    batch = assemble()
+    assemble_ops = top_level_ops(assemble)
+    corrupt_ops = top_level_ops(lambda: objective.corrupt(batch, generator))
+    per_op = trivial_op_us(*batch.input_ids.shape)
+    hf_batch_us = B / measured["hf_examples_per_s"] * 1e6
+    objreg_batch_us = B / measured["objreg_examples_per_s"] * 1e6
+    return {
+        "assemble_ops": assemble_ops,
+        "corrupt_ops": corrupt_ops,
+        "us_per_trivial_op": rounded(per_op),
+        "objreg_us_per_batch": rounded(objreg_batch_us),
+        "us_per_op_measured": rounded(objreg_batch_us / (assemble_ops + corrupt_ops)),
+        "hf_us_per_batch": rounded(hf_batch_us),
+        "speedup_ceiling_from_op_count": rounded(hf_batch_us / ((assemble_ops + corrupt_ops) * per_op)),
     }
 
 

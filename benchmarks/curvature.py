@@ -3,10 +3,11 @@
     python -m benchmarks.curvature --quick --json
 
 ``gradient_s``: one gradient of ``D`` (the downstream task's mean loss over ``--downstream-size``
-examples). ``hvp_s``: ``H_D v`` for one direction. ``s_matrix_s``: ``S_ij = g_iᵀ H_D g_j`` for the
-gradients of two pre-training objectives (mlm, sop), as the analyzer computes it
-(``Curvature.gradient_and_products`` with both directions, which also returns ``∇D``, then the
-dot products). The same computations are timed under ``torch.compile`` unless ``--no-compile``;
+examples). ``hvp_s``: ``H_D v`` for one direction (forward-over-reverse). ``s_matrix_s``:
+``S_ij = g_iᵀ H_D g_j`` for the gradients of two pre-training objectives (mlm, sop), as the
+analyzer computes it (``Curvature.gradient_and_products`` with both directions and method
+``auto``, which also returns ``∇D``, then the dot products); ``s_matrix_auto_method`` names the
+method ``auto`` chose on this device, and the two ``s_matrix_*_ratio`` rows time each method. The same computations are timed under ``torch.compile`` unless ``--no-compile``;
 a failure to compile is reported, not hidden. Forward-over-forward (nested ``jvp``) is not offered:
 it returns wrong second derivatives through ``layer_norm`` in torch 2.13 (pytorch/pytorch#196700).
 """
@@ -81,11 +82,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "gradient": gradient,
         "hvp": hvp,
         "s_matrix": s_matrix("auto"),
+        "s_matrix_forward_over_reverse": s_matrix("forward_over_reverse"),
         "s_matrix_double_backward": s_matrix("double_backward"),
     }
     repeats = args.repeats or (7 if args.quick else 3)
     times = interleaved(paths, repeats, device)
+    auto = Curvature(downstream, shared, "auto")
+    auto.gradient_and_products(directions[:1])
     s_eager = paths["s_matrix"]()
+    s_forward = paths["s_matrix_forward_over_reverse"]()
     s_double = paths["s_matrix_double_backward"]()
     result: dict[str, Any] = {
         "benchmark": "curvature",
@@ -105,9 +110,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "hvp_ratio": rounded(times["hvp"] / times["gradient"]),
         "s_matrix_s": rounded(times["s_matrix"]),
         "s_matrix_ratio": rounded(times["s_matrix"] / times["gradient"]),
+        "s_matrix_auto_method": auto.method,
+        "s_matrix_forward_over_reverse_ratio": rounded(times["s_matrix_forward_over_reverse"] / times["gradient"]),
         "s_matrix_double_backward_ratio": rounded(times["s_matrix_double_backward"] / times["gradient"]),
         "s_matrix": [[rounded(float(x), 6) for x in row] for row in s_eager],
-        "s_methods_max_relative_difference": rounded(float((s_eager - s_double).abs().max() / s_eager.abs().max())),
+        "s_methods_max_relative_difference": rounded(float((s_forward - s_double).abs().max() / s_eager.abs().max())),
     }
     if not args.no_compile:
         result.update(compiled(loss, shared, directions, times["gradient"], s_eager, repeats, device))

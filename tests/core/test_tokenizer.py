@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
 from objreg import Corpus, DataError, InvalidParameterError, ObjregError, TokenizedCorpus, split_sentences
-from objreg.core.tokenizer import BASE_SPECIALS, NAMED_SPECIALS, SENTINELS, wordpiece_from_vocab
+from objreg.core.tokenizer import BASE_SPECIALS, NAMED_SPECIALS, SENTINELS, _Chunk, wordpiece_from_vocab
 
 # -- split_sentences ----------------------------------------------------------------------------
 
@@ -159,6 +161,91 @@ def test_default_layout_ids(tokenizer):
     assert v.sentinel_ids == tuple(range(5, 5 + len(SENTINELS)))
     assert dict(v.named_ids) == {t: layout.index(t) for t in NAMED_SPECIALS}
     assert v.special_ids == tuple(range(len(layout)))
+
+
+# -- assemble against a per-row reference ---------------------------------------------------------
+
+
+def reference_assemble(chunks, seq_len, vocab):
+    """The framing rules row by row in plain Python: [CLS] + sentences (word ids shifted past the
+    words of earlier sentences) truncated to seq_len - 1, + [SEP], right-padded; special tokens,
+    including literal ones in the text, and padding get word and sentence id -1."""
+    rows = []
+    for chunk in chunks:
+        ids, words, sentences, offset = [vocab.cls_id], [-1], [-1], 0
+        for s, (s_ids, s_words) in enumerate(chunk.sentences):
+            for token, word in zip(s_ids, s_words):
+                ids.append(token)
+                words.append(word + offset if word >= 0 else -1)
+                sentences.append(s)
+            offset += max(s_words, default=-1) + 1
+        n = min(len(ids), seq_len - 1)
+        rows.append((ids[:n] + [vocab.sep_id], words[:n] + [-1], sentences[:n] + [-1], chunk.document))
+    T = max(len(r[0]) for r in rows)
+    special = set(vocab.special_ids)
+    out = {name: [] for name in ("input_ids", "is_padding", "is_special", "word_ids", "sentence_ids", "document_ids")}
+    for ids, words, sentences, document in rows:
+        pad = T - len(ids)
+        is_special = [t in special for t in ids] + [True] * pad
+        out["input_ids"].append(ids + [vocab.pad_id] * pad)
+        out["is_padding"].append([False] * len(ids) + [True] * pad)
+        out["is_special"].append(is_special)
+        out["word_ids"].append([-1 if sp else w for w, sp in zip(words + [-1] * pad, is_special)])
+        out["sentence_ids"].append([-1 if sp else s for s, sp in zip(sentences + [-1] * pad, is_special)])
+        out["document_ids"].append([document] * len(ids) + [-1] * pad)
+    return {k: torch.tensor(v, dtype=torch.bool if k.startswith("is_") else torch.long) for k, v in out.items()}
+
+
+def random_chunks(rng: random.Random, vocab, count: int) -> list[_Chunk]:
+    """Chunks with empty sentences and chunks, literal special tokens, ids outside the vocabulary,
+    word ids of -1 (the backend's None) and words repeated, skipped or out of order."""
+    chunks = []
+    for _ in range(count):
+        sentences = []
+        for _ in range(rng.choice([0, 1, 1, 2, 3, 5])):
+            n = rng.choice([0, 1, 2, 5, 9, 17])
+            ids = [
+                rng.choice(vocab.special_ids) if rng.random() < 0.15
+                else vocab.size + rng.randrange(3) if rng.random() < 0.03
+                else rng.randrange(vocab.size)
+                for _ in range(n)
+            ]
+            words = [-1 if rng.random() < 0.1 else rng.randrange(max(1, n)) for _ in range(n)]
+            sentences.append((ids, sorted(words) if rng.random() < 0.7 else words))
+        chunks.append(_Chunk(rng.randrange(1000), tuple(sentences)))
+    return chunks
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_assemble_matches_per_row_reference(tokenizer, seed):
+    rng = random.Random(seed)
+    for _ in range(40):
+        chunks = random_chunks(rng, tokenizer.vocab, rng.choice([1, 2, 7, 33]))
+        seq_len = rng.choice([3, 4, 6, 11, 20, 64])  # most rows are truncated at the small lengths
+        batch = tokenizer.assemble(chunks, seq_len)
+        expected = reference_assemble(chunks, seq_len, tokenizer.vocab)
+        for name, value in zip(batch._fields[:6], batch[:6]):
+            assert value.dtype == expected[name].dtype and torch.equal(value, expected[name]), (name, seq_len)
+            assert value.is_contiguous()
+
+
+def test_assemble_real_rows_match_reference_and_stay_independent(tokenizer, texts):
+    chunks = [_Chunk(d, tuple(tokenizer.encode_sentences(split_sentences(t)))) for d, t in enumerate(texts)]
+    for seq_len in (5, 12, 200):
+        batch = tokenizer.assemble(chunks, seq_len)
+        expected = reference_assemble(chunks, seq_len, tokenizer.vocab)
+        for name, value in zip(batch._fields[:6], batch[:6]):
+            assert torch.equal(value, expected[name]), name
+    before = [t.clone() for t in batch[:6]]
+    batch.input_ids.fill_(7)  # the outputs share no elements with each other or with the chunks
+    assert all(torch.equal(a, b) for a, b in zip(batch[1:6], before[1:6]))
+    assert torch.equal(tokenizer.assemble(chunks, 200).input_ids, before[0])
+
+
+def test_assemble_rejects_word_ids_that_do_not_match_the_tokens(tokenizer):
+    chunk = _Chunk(0, (([10, 11, 12], [0, 1]),))
+    with pytest.raises(DataError, match="one word id per token id"):
+        tokenizer.assemble([chunk], 8)
 
 
 # -- TokenizedCorpus ------------------------------------------------------------------------------

@@ -315,7 +315,7 @@ def bernoulli_select(
     keys = sampling_keys(w, can, generator)  # (B, T)
     if not at_least_one:
         return selected
-    forced = torch.nn.functional.one_hot(keys.argmax(dim=1), T).bool() & can
+    forced = (torch.arange(T, device=device) == keys.argmax(dim=1, keepdim=True)) & can  # one-hot
     return selected | (forced & ~selected.any(dim=1, keepdim=True))
 
 
@@ -348,11 +348,21 @@ def greedy_fill(sizes: torch.Tensor, keys: torch.Tensor, budget: torch.Tensor) -
 # -- replacement and the corrupted batch ------------------------------------------------------------
 
 
+_ORDINARY_IDS: dict[tuple[int, tuple[int, ...], str], torch.Tensor] = {}
+
+
 def ordinary_ids(vocab: Vocabulary, device: torch.device | str | None = None) -> torch.Tensor:
-    """The ids that are not special, ``[V_ordinary]`` long."""
-    ids = torch.nonzero(vocab.normal_token_weights(device) > 0).flatten()
-    if len(ids) == 0:
-        raise DataError("the vocabulary has no ordinary token to draw random replacements from")
+    """The ids that are not special, ``[V_ordinary]`` long. Cached per vocabulary layout and
+    device, since every corruption asks for it: treat the result as read-only."""
+    key = (vocab.size, vocab.special_ids, str(torch.device(device or "cpu")))
+    ids = _ORDINARY_IDS.get(key)
+    if ids is None:
+        ids = torch.nonzero(vocab.normal_token_weights(device) > 0).flatten()
+        if len(ids) == 0:
+            raise DataError("the vocabulary has no ordinary token to draw random replacements from")
+        if len(_ORDINARY_IDS) >= 32:
+            _ORDINARY_IDS.clear()
+        _ORDINARY_IDS[key] = ids
     return ids
 
 

@@ -109,8 +109,11 @@ def random_segmentation(
     gaps = torch.arange(items - 1, device=device)[None, :]  # (1, G)
     valid_gap = gaps < (num_items - 1)[:, None]  # (B, G)
     keys = torch.where(valid_gap, uniform((B, items - 1), generator, device), 2.0)  # (B, G)
-    rank = keys.argsort(dim=1).argsort(dim=1)  # (B, G): 0 for the smallest key
-    cut = valid_gap & (rank < (num_segments - 1)[:, None])  # (B, G): item g+1 starts a new segment
+    # The gaps with the num_segments - 1 smallest keys: mark the first ranks in sorted order and
+    # scatter the marks back (one sort; argsort of the argsort would be a second).
+    order = keys.argsort(dim=1)  # (B, G)
+    first_ranks = gaps < (num_segments - 1)[:, None]  # (B, G), in sorted order
+    cut = valid_gap & torch.zeros_like(first_ranks).scatter_(1, order, first_ranks)  # item g+1 starts a segment
     segment = torch.cat([torch.zeros_like(num_items)[:, None], cut.long().cumsum(dim=1)], dim=1)  # (B, items)
     valid_item = torch.arange(items, device=device)[None, :] < num_items[:, None]  # (B, items)
     lengths = torch.zeros(B, S, dtype=torch.long, device=device)

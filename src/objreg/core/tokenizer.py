@@ -8,8 +8,10 @@ pre-tokeniser, so they work for any tokenizer, not only ``##`` WordPiece.
 from __future__ import annotations
 
 import re
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from itertools import chain
 from pathlib import Path
 
 import torch
@@ -115,42 +117,84 @@ class Tokenizer:
         return self.batch_from_documents(documents, seq_len)
 
     def assemble(self, chunks: Sequence[_Chunk], seq_len: int) -> TokenBatch:
-        """Frame each chunk as ``[CLS] ... [SEP]``, truncate to ``seq_len``, pad to the longest row."""
+        """Frame each chunk as ``[CLS] ... [SEP]``, truncate to ``seq_len``, pad to the longest row.
+
+        Word ids continue across a chunk's sentences (each sentence's are shifted past the words
+        before it); sentence ids number the chunk's sentences from 0. ``[CLS]``, ``[SEP]``, padding
+        and any special token written literally in the text get word and sentence id ``-1``.
+        """
         if seq_len < 3:
             raise InvalidParameterError(f"seq_len must be at least 3 ([CLS] token [SEP]), got {seq_len}")
         if not chunks:
             raise InvalidParameterError("no texts to tokenise: a batch needs at least one row")
+        # Python only flattens the lists and takes each sentence's word count; everything per
+        # token is arithmetic on the flat batch. All integers cross into torch through one packed
+        # buffer: struct.pack costs under half of array("q", ...) and a tenth of torch.tensor.
+        sentences = [s for chunk in chunks for s in chunk.sentences]
+        lengths = [len(ids) for ids, _ in sentences]
+        if lengths != [len(words) for _, words in sentences]:
+            raise DataError("each sentence of a chunk needs exactly one word id per token id")
+        words_in = [max(words, default=-1) + 1 for _, words in sentences]
+        ids = list(chain.from_iterable(ids for ids, _ in sentences))
+        words = list(chain.from_iterable(words for _, words in sentences))
+        per_row = [len(chunk.sentences) for chunk in chunks]
+        documents = [chunk.document for chunk in chunks]
+        N, S, B = len(ids), len(sentences), len(chunks)
+        integers = ids + words + lengths + words_in + per_row + documents
+        flat = torch.frombuffer(bytearray(struct.pack(f"{len(integers)}q", *integers)), dtype=torch.long)
+        token_id, word = flat[:N], flat[N : 2 * N]
+        counts = flat[2 * N : 2 * N + 2 * S].view(2, S)  # tokens and words of each sentence
+        row_sentences, document = flat[2 * N + 2 * S : -B], flat[-B:]
         v = self.vocab
-        rows = []
-        for chunk in chunks:
-            ids, words, sentences = [v.cls_id], [-1], [-1]
-            word_offset = 0
-            for s, (s_ids, s_words) in enumerate(chunk.sentences):
-                ids += s_ids
-                words += [w + word_offset if w >= 0 else -1 for w in s_words]
-                sentences += [s] * len(s_ids)
-                word_offset += max(s_words, default=-1) + 1
-            ids, words, sentences = ids[: seq_len - 1], words[: seq_len - 1], sentences[: seq_len - 1]
-            rows.append((ids + [v.sep_id], words + [-1], sentences + [-1], chunk.document))
-        T = max(len(r[0]) for r in rows)
-        B = len(rows)
-        input_ids = torch.full((B, T), v.pad_id, dtype=torch.long)
-        word_ids = torch.full((B, T), -1, dtype=torch.long)
-        sentence_ids = torch.full((B, T), -1, dtype=torch.long)
-        document_ids = torch.full((B, T), -1, dtype=torch.long)
-        is_padding = torch.ones(B, T, dtype=torch.bool)
-        for b, (ids, words, sentences, doc) in enumerate(rows):
-            n = len(ids)
-            input_ids[b, :n] = torch.tensor(ids)
-            word_ids[b, :n] = torch.tensor(words)
-            sentence_ids[b, :n] = torch.tensor(sentences)
-            document_ids[b, :n] = doc
-            is_padding[b, :n] = False
-        is_special = torch.isin(input_ids, v.special_id_tensor()) | is_padding
-        # A special token written literally in the text ("[MASK]") belongs to no word or sentence.
-        word_ids = word_ids.masked_fill(is_special, -1)
-        sentence_ids = sentence_ids.masked_fill(is_special, -1)
+        T_max = seq_len - 2  # content tokens a row keeps
+
+        # Per sentence: its row, its index in the row, and the tokens and words before it in its
+        # row (exclusive cumulative sums, less those before the row's first sentence).
+        row = torch.repeat_interleave(torch.arange(B), row_sentences)  # (S,)
+        first = (row_sentences.cumsum(0) - row_sentences).index_select(0, row)  # (S,): the row's first sentence
+        before = counts.cumsum(1) - counts  # (2, S): tokens and words before, over the whole batch
+        first_before = before.index_select(1, first)  # (2, S)
+        content = torch.zeros(B, dtype=torch.long).index_add_(0, row, counts[0]).clamp_(max=T_max)  # (B,)
+        length = content + 2  # with [CLS] and [SEP]
+        T = int(length.max())
+        # Per token, from its sentence: flat index + shift[:, 0] = its column (1 + position in the
+        # row's content); shift[:, 1] = its row's offset in [B * T]; word id shift; sentence id.
+        per_sentence = torch.stack(
+            [1 - first_before[0], row * T, before[1] - first_before[1], torch.arange(S) - first], dim=1
+        )  # (S, 4)
+        shift = torch.repeat_interleave(per_sentence, counts[0], dim=0)  # (N, 4)
+        column = torch.arange(N) + shift[:, 0]
+        table = self._special_table()
+        special = table.index_select(0, token_id.clamp(-1, table.shape[0] - 1))  # (N,): literal specials too
+        # Each field is scattered into a [B * T] plane; truncated tokens go to a spare last slot.
+        BT = B * T
+        where = torch.where(column <= T_max, shift[:, 1] + column, BT)  # (N,)
+
+        def plane(fill: int | bool, values: torch.Tensor) -> torch.Tensor:
+            return torch.full((BT + 1,), fill, dtype=values.dtype).scatter_(0, where, values)[:BT].view(B, T)
+
+        input_ids = plane(v.pad_id, token_id)
+        input_ids[:, 0] = v.cls_id
+        input_ids.scatter_(1, (length - 1)[:, None], v.sep_id)
+        word_ids = plane(-1, torch.where(special | (word < 0), -1, word + shift[:, 2]))
+        sentence_ids = plane(-1, torch.where(special, -1, shift[:, 3]))
+        is_special = plane(True, special)  # [CLS], [SEP] and padding keep the fill
+        is_padding = torch.arange(T)[None, :] >= length[:, None]  # (B, T)
+        document_ids = torch.where(is_padding, -1, document[:, None])
         return TokenBatch(input_ids, is_padding, is_special, word_ids, sentence_ids, document_ids)
+
+    def _special_table(self) -> torch.Tensor:
+        """``[V + 1]`` bool, True at the special ids: a lookup is far cheaper than ``torch.isin``.
+        Callers clamp ids to ``[-1, V]``; the last entry, False, answers for every id outside
+        the vocabulary, at index ``V`` and at ``-1`` alike."""
+        v = self.vocab
+        cached = getattr(self, "_special_cache", None)
+        if cached is None or cached[0] is not v:
+            size = max(v.size, max(v.special_ids, default=-1) + 1)
+            table = torch.zeros(size + 1, dtype=torch.bool)
+            table[[i for i in v.special_ids if i >= 0]] = True
+            cached = self._special_cache = (v, table)
+        return cached[1]
 
     # -- decoding -------------------------------------------------------------------------------
 
