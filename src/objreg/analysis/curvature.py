@@ -1,7 +1,8 @@
 """Hessian-vector products of a scalar loss of the shared parameters.
 
-Forward-over-reverse (``jvp`` of ``grad``) needs no second graph and is the default; the
-double-backward fallback serves models without forward-mode derivatives. :class:`Curvature`
+:class:`Curvature`'s ``auto`` takes double backward first on CPU (measured faster there, with
+less memory: docs/performance.md) and forward-over-reverse (``jvp`` of ``grad``, no second graph)
+first elsewhere, each falling back to the other where a derivative is missing. :class:`Curvature`
 gives the gradient and the Hessian-vector products of the downstream loss ``D`` (a mean over
 chunks of the evaluation set) for several directions at once: forward-over-reverse ``vmap``s the
 tangents, so the gradient pass is shared; double backward builds the gradient graph once per chunk
@@ -15,6 +16,7 @@ from collections.abc import Callable
 import torch
 from torch.func import grad, jvp, vmap
 
+from objreg.analysis.distributed import Group
 from objreg.analysis.functional import ObjectiveFunction, Params, requiring_grad
 from objreg.analysis.per_sample import derivative_unsupported
 from objreg.core.errors import InvalidParameterError
@@ -65,20 +67,29 @@ class Curvature:
     Args:
         functions: The chunks; their example counts weight them.
         shared: The point ``θ``.
-        method: ``auto`` (forward-over-reverse, double backward where forward mode is missing),
+        method: ``auto`` (double backward when ``shared`` is on the CPU, forward-over-reverse
+            otherwise; the other where the first one's derivatives are missing),
             ``forward_over_reverse`` or ``double_backward``. After the first product,
             :attr:`method` names the one in use.
         max_directions: Directions pushed through one batched pass (bounds memory).
+        total: Examples of the whole evaluation set (default: those of ``functions``). With
+            several processes each holds its share of the chunks and ``total`` counts them all.
+        group: The processes whose chunks add up to ``D``: the gradient and the products are
+            summed over them (:mod:`objreg.analysis.distributed`; default: this process alone).
     """
 
-    def __init__(self, functions: list[ObjectiveFunction], shared: Params, method: str = "auto", max_directions: int = 4):
+    def __init__(
+        self, functions: list[ObjectiveFunction], shared: Params, method: str = "auto", max_directions: int = 4,
+        *, total: int | None = None, group: Group | None = None,
+    ):
         if method not in HVP_METHODS:
             raise InvalidParameterError(f"HVP method must be one of {', '.join(HVP_METHODS)}, got {method!r}")
         self.functions = functions
         self.shared = shared
         self.method = method
         self.max_directions = max_directions
-        self.total = sum(f.batch_size for f in functions)
+        self.total = sum(f.batch_size for f in functions) if total is None else total
+        self.group = group if group is not None else Group()
         self.matvecs = 0
 
     def _chunk_loss(self, f: ObjectiveFunction) -> Callable[[Params], torch.Tensor]:
@@ -91,15 +102,20 @@ class Curvature:
             InvalidParameterError: the model has neither derivative an exact HVP needs.
         """
         if self.method == "auto":
+            # On the CPU double backward took 20-35% less time than forward-over-reverse in the
+            # default job, and about half the memory (docs/performance.md); CUDA keeps the latter.
+            on_cpu = all(t.device.type == "cpu" for t in self.shared.values())
+            first, second = ("double_backward", "forward_over_reverse") if on_cpu else (
+                "forward_over_reverse", "double_backward")
             try:
-                result = self._compute(directions, "forward_over_reverse")
-                self.method = "forward_over_reverse"
+                result = self._compute(directions, first)
+                self.method = first
                 return result
             except (NotImplementedError, RuntimeError) as error:
                 if not derivative_unsupported(error):
                     raise
             try:
-                result = self._compute(directions, "double_backward")
+                result = self._compute(directions, second)
             except (NotImplementedError, RuntimeError) as error:
                 if not derivative_unsupported(error):
                     raise
@@ -107,7 +123,7 @@ class Curvature:
                     f"Hessian-vector products need forward-mode or double-backward derivatives, and this model "
                     f"has neither ({str(error).splitlines()[0]}); use the math attention path (config attention='math')"
                 ) from None
-            self.method = "double_backward"
+            self.method = second
             return result
         return self._compute(directions, self.method)
 
@@ -128,6 +144,8 @@ class Curvature:
                 gradient[n] += part_gradient[n]
                 for total, part in zip(products, part_products):
                     total[n] += part[n]
+        # One collective for the gradient and every product (identity in one process).
+        gradient, products = self.group.all_reduce_sum((gradient, products))
         self.matvecs += len(directions)
         return gradient, products
 

@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from objreg.analysis.functional import ObjectiveFunction, detached, shared_parameters
+from objreg.analysis.curvature import Curvature
+from objreg.analysis.distributed import Group
+from objreg.analysis.functional import ObjectiveFunction, Params, detached, shared_parameters
 from objreg.core.registry import Objective
 from objreg.core.types import CorruptedBatch
 
@@ -48,55 +50,98 @@ def length_order(batch: CorruptedBatch) -> torch.Tensor:
 class Downstream:
     """The downstream evaluation set: ``D(θ)`` is the mean of the task's loss over its examples.
 
+    With several processes (``group``) the chunks, the same as in one process, are dealt out
+    round-robin (chunk ``j`` to process ``j mod world_size``: the length-sorted chunks alternate,
+    so each process gets short and long rows alike); each evaluates its own, and the per-chunk
+    sums are added up in chunk order, so ``D`` is the one-process value. A process beyond the
+    number of chunks has no share of ``D``.
+
     Args:
         task: The downstream task.
         batch: Its evaluation examples.
         chunk_size: Examples per chunk (bounds memory; small chunks trim more padding).
+        group: The processes sharing the work (default: this one alone).
     """
 
     task: Objective
     batch: CorruptedBatch
     chunk_size: int = 16
+    group: Group = field(default_factory=Group)
     chunks: list[CorruptedBatch] = field(init=False)
     compact: bool = field(init=False, default=True)
 
     def __post_init__(self) -> None:
         self.order = length_order(self.batch)
-        self.chunks = [trimmed(self.batch.select(self.order[s:s + self.chunk_size]))
-                       for s in range(0, self.batch.batch_size, self.chunk_size)]
+        self.chunks = [trimmed(self.batch.select(self.order[rows])) for rows in self._spans()]
+
+    def _spans(self) -> list[slice]:
+        return [slice(s, s + self.chunk_size) for s in range(0, self.batch.batch_size, self.chunk_size)]
+
+    @property
+    def size(self) -> int:
+        """Examples in the whole evaluation set (every process's)."""
+        return self.batch.batch_size
 
     @property
     def tokens(self) -> int:
         """Token positions one evaluation of ``D`` computes (padding included)."""
         return sum(c.input_ids.numel() for c in self.chunks)
 
+    @property
+    def local_chunks(self) -> list[CorruptedBatch]:
+        """This process's chunks (all of them in one process)."""
+        return self.chunks[self.group.rank :: self.group.world_size]
+
     def check(self, model: nn.Module) -> bool:
         """Use the trimmed chunks only if they give the padded set's per-example losses (to
-        rounding); returns whether they do."""
+        rounding); returns whether they do (decided together by every process)."""
         shared = detached(shared_parameters(model))
+        spans = self._spans()[self.group.rank :: self.group.world_size]
         with torch.no_grad():
-            padded = ObjectiveFunction(model, self.task, self.batch)(shared)[self.order]
+            rows = torch.cat([self.order[s] for s in spans]) if spans else self.order[:0]
+            padded = ObjectiveFunction(model, self.task, self.batch.select(rows))(shared) if spans else None
             try:
-                compact = torch.cat([ObjectiveFunction(model, self.task, c)(shared) for c in self.chunks])
+                compact = torch.cat([ObjectiveFunction(model, self.task, c)(shared) for c in self.local_chunks])
                 tolerance = 1e-9 if compact.dtype == torch.float64 else 1e-4
-                self.compact = compact.shape == padded.shape and bool(
+                agrees = padded is None or (compact.shape == padded.shape and bool(
                     torch.allclose(compact, padded, rtol=tolerance, atol=tolerance * float(padded.abs().max()))
-                )
+                ))
             except (RuntimeError, IndexError, ValueError):
-                self.compact = False
+                agrees = False
+        disagreeing = self.group.all_reduce_sum(torch.tensor(0.0 if agrees else 1.0))
+        self.compact = float(disagreeing) == 0.0
         if not self.compact:
             self.order = torch.arange(self.batch.batch_size)
-            self.chunks = [self.batch.select(slice(s, s + self.chunk_size))
-                           for s in range(0, self.batch.batch_size, self.chunk_size)]
+            self.chunks = [self.batch.select(rows) for rows in self._spans()]
         return self.compact
 
     def functions(self, model: nn.Module) -> list[ObjectiveFunction]:
-        """``D`` as per-chunk functions of the shared parameters (weighted by example count)."""
-        return [ObjectiveFunction(model, self.task, chunk) for chunk in self.chunks]
+        """This process's share of ``D`` as per-chunk functions of the shared parameters (all of
+        ``D`` in one process; weight each chunk by its example count over :attr:`size`)."""
+        return [ObjectiveFunction(model, self.task, chunk) for chunk in self.local_chunks]
+
+    def curvature(self, model: nn.Module, shared: Params, method: str = "auto") -> Curvature:
+        """Gradient and Hessian-vector products of ``D`` at ``shared``, summed over the processes."""
+        return Curvature(self.functions(model), shared, method, total=self.size, group=self.group)
 
     @torch.no_grad()
     def loss(self, model: nn.Module) -> float:
         """``D`` at the model's current parameters."""
         shared = detached(shared_parameters(model))
-        total = sum(f(shared).sum() for f in self.functions(model))
+        sums = [f(shared).sum() for f in self.functions(model)]
+        if self.group.distributed:
+            # Every chunk's sum, back in chunk order: the same additions as in one process.
+            like = next(iter(shared.values()))
+            mine = torch.stack(sums) if sums else torch.zeros(0, dtype=like.dtype, device=like.device)
+            every = self.group.all_gather([mine])[0]
+            world, count = self.group.world_size, len(self.chunks)
+            sums = [every[self._gathered_index(j, world, count)] for j in range(count)]
+        total = sum(sums)
         return float(total) / self.batch.batch_size
+
+    @staticmethod
+    def _gathered_index(chunk: int, world: int, count: int) -> int:
+        """Where chunk ``chunk`` sits in the rank-ordered gather of round-robin dealt chunks."""
+        rank, position = chunk % world, chunk // world
+        before = sum(len(range(r, count, world)) for r in range(rank))
+        return before + position

@@ -3,6 +3,10 @@
 Names are checked before any heavy work (an unknown objective fails in milliseconds), then the
 corpus, tokenizer, downstream set and model are loaded through the registry, the downstream head
 is fitted as a linear probe, and the trainer runs with probes.
+
+Started by ``torchrun`` (several processes), every process runs this with the same arguments and
+takes its share of the per-example work (:mod:`objreg.analysis.distributed`); each returns the
+same report, and the main process (rank 0) alone writes the output files.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import torch
 
 from objreg.analysis.checkpoint import load_checkpoint, remove_checkpoint, save_checkpoint
 from objreg.analysis.config import AnalysisConfig
+from objreg.analysis.distributed import Group, check_batch, from_environment
 from objreg.analysis.downstream import Downstream
 from objreg.analysis.functional import count_parameters, shared_parameters
 from objreg.analysis.report import AlignmentReport, RunWriter, summarise
@@ -64,6 +69,10 @@ def analyze(
     Returns:
         The :class:`AlignmentReport`.
 
+    Inside a ``torchrun`` launch of several processes (or a process group the caller initialised)
+    the work is shared between the processes and every one returns the same report; only the
+    main process writes ``out_dir`` (see docs/distributed.md).
+
     Raises:
         InvalidParameterError: ``resume`` given with other run settings, or naming a finished run.
         DataError: ``resume`` names a directory without a readable config or checkpoint.
@@ -77,47 +86,69 @@ def analyze(
             )
         config = _resumed_config(Path(resume))
         out_dir = resume
-        state, records = load_checkpoint(Path(resume))  # before anything heavy: a bad one fails fast
     else:
         if isinstance(pretrain, str):
             pretrain = [p.strip() for p in pretrain.split(",") if p.strip()]
         config = AnalysisConfig(pretrain=tuple(pretrain or ()), downstream=downstream or "qa", **settings)
-        records: list[dict[str, Any]] = []
-    status = on_status or (lambda _message: None)
     registry = registry or Registry.load()
     check(config, registry)
-    writer = RunWriter(out_dir) if out_dir is not None else None
-    trainer, report_config = prepare(config, registry, cache or cache_dir(), status)
-    if writer is not None and resume is not None:
+    group = from_environment(config.device)
+    return _run(config, registry, group, out_dir, resume, on_step, on_status, cache)
+
+
+def _run(
+    config: AnalysisConfig, registry: Registry, group: Group, out_dir: str | Path | None, resume: str | Path | None,
+    on_step: StepCallback | None, on_status: Callable[[str], None] | None, cache: Path | None,
+) -> AlignmentReport:
+    """:func:`analyze` once its settings are checked and the processes are connected. Every
+    process runs this; the main one alone touches ``out_dir``, and an error it meets there is
+    raised on every process (:meth:`Group.on_main`), so none is left waiting."""
+    records: list[dict[str, Any]] = []
+    state: dict[str, Any] = {}
+    if resume is not None:
+        # Every process reads the checkpoint (the directory must be shared); before anything heavy.
+        state, records = group.agree(lambda: load_checkpoint(Path(resume)))
+    status = on_status or (lambda _message: None)
+    writing = out_dir is not None
+    writer = group.on_main(lambda: RunWriter(out_dir)) if writing else None
+    trainer, report_config = prepare(config, registry, cache or cache_dir(), status, group=group)
+    if resume is not None:
         try:
             trainer.load_state_dict(state)
         except (KeyError, RuntimeError, ValueError, TypeError) as e:
-            raise DataError(f"cannot resume {str(writer.out_dir)!r}: its checkpoint does not fit the run in its "
+            raise DataError(f"cannot resume {str(resume)!r}: its checkpoint does not fit the run in its "
                             f"config.json ({type(e).__name__})") from None
         # Lines past the checkpoint belong to the step in flight when the run stopped: drop them.
-        writer.rewrite_steps(records)
+        group.on_main(lambda: writer.rewrite_steps(records))
         status(f"resuming at step {trainer.next_step} of {config.steps}")
-    elif writer is not None:
-        writer.write_config(report_config)
-        writer.start_steps()
+    elif writing:
+        group.on_main(lambda: (writer.write_config(report_config), writer.start_steps()))
 
     def record_step(step: int, record: dict[str, Any] | None) -> None:
         if record is not None:
             records.append(record)
-        if writer is not None:
-            if record is not None:
-                writer.append_step(record)
-            save_checkpoint(writer.out_dir, trainer.state_dict(), records)
+        if writing:
+
+            def write() -> None:
+                if record is not None:
+                    writer.append_step(record)
+                save_checkpoint(writer.out_dir, trainer.state_dict(), records)
+
+            group.on_main(write)
         if on_step is not None:
             on_step(step, record)
 
     status("training with probes")
     trainer.run(record_step)
     report = build_report(config, report_config, trainer, records)
-    if writer is not None:
+    if writing:
         status("writing the report")
-        writer.write_report(report)
-        remove_checkpoint(writer.out_dir)
+
+        def write_report() -> None:
+            writer.write_report(report)
+            remove_checkpoint(writer.out_dir)
+
+        group.on_main(write_report)
     return report
 
 
@@ -148,11 +179,17 @@ def check(config: AnalysisConfig, registry: Registry) -> torch.device:
 
 
 def prepare(
-    config: AnalysisConfig, registry: Registry, cache: Path, status: Callable[[str], None] = lambda _: None
+    config: AnalysisConfig, registry: Registry, cache: Path, status: Callable[[str], None] = lambda _: None,
+    group: Group | None = None,
 ) -> tuple[Trainer, dict[str, Any]]:
     """Load everything ``config`` names and build the trainer; returns it with the report's
-    ``config`` section. Names are checked before anything heavy is loaded."""
+    ``config`` section. Names are checked before anything heavy is loaded. ``group``: the
+    processes sharing the work (default: this one alone); each runs ``prepare`` alike."""
+    group = group if group is not None else Group()
     device = check(config, registry)
+    if group.device is not None:  # several processes: each on its own device (cuda:LOCAL_RANK)
+        device = group.device
+    check_batch(config.batch_size, group)
     task = registry.get_task(config.downstream, **config.objective_params.get(config.downstream, {}))
 
     status(f"loading corpus {config.corpus!r}")
@@ -184,8 +221,12 @@ def prepare(
     model = registry.load_model(config.model, tokenizer.vocab, heads, {}, model_generator)
     model.to(device=device, dtype=config.torch_dtype)
 
-    warmup = fit_downstream_head(model, task, fit_batch.to(device), config.head_warmup_steps)
-    downstream_set = Downstream(task, eval_batch.to(device))
+    # Each process encodes its share of the fit rows; the head's gradient is summed at every step.
+    warmup = fit_downstream_head(model, task, fit_batch.to(device), config.head_warmup_steps, group=group)
+    # The main process's parameters everywhere, so rounding differences between machines cannot
+    # start the processes apart (as DistributedDataParallel does).
+    group.sync_([*model.parameters(), *model.buffers()])
+    downstream_set = Downstream(task, eval_batch.to(device), group=group)
     downstream_set.check(model)
     trainer = Trainer(
         model, objectives, config.weights, tokenized, downstream_set,
@@ -198,6 +239,8 @@ def prepare(
     report_config = {
         **config.to_dict(),
         "device": str(device),
+        "world_size": group.world_size,
+        "backend": group.backend,
         "shared_parameters": count_parameters(shared),
         "model_parameters": sum(p.numel() for p in model.parameters()),
         "vocab_size": tokenizer.vocab.size,

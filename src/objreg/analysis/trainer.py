@@ -24,6 +24,16 @@ the prediction reads as it happened. (The default model has no dropout, so there
 
 The trainer's whole state is ``model``, ``optimizer``, ``data_generator``, ``corrupt_generator``,
 ``next_step``, ``attribution`` and ``hvp_method``, all checkpointable as they are.
+
+Several processes (the downstream set's :class:`~objreg.analysis.distributed.Group`) run the
+same trajectory as one: every process draws and corrupts the same whole batches from the same
+generators, then computes only its contiguous share of the rows. Its loss is the sum over its
+rows divided by the whole batch size, so the gradients, summed over processes in one collective
+per objective, are those of the whole batch, and every process takes the same optimizer step.
+A batch-coupled objective (``ObjectiveInfo.batch_coupled``: in-batch negatives) cannot be split
+by rows: every process computes it whole. Per-sample dots are gathered in row order, ``D``,
+``∇D`` and the HVPs are summed over the processes' chunks (:class:`Downstream`), and the
+spectrum's Lanczos runs on the main process with every HVP computed together (:meth:`Group.drive`).
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ from torch import nn
 
 from objreg.analysis.attribution import ExampleScores
 from objreg.analysis.curvature import Curvature
+from objreg.analysis.distributed import Group
 from objreg.analysis.downstream import Downstream
 from objreg.analysis.functional import (
     SHARED_PREFIX,
@@ -126,6 +137,8 @@ class Trainer:
         self.spectrum = spectrum
         self.decode = decode
         self.seed = seed
+        # The processes sharing the work are those sharing the downstream set.
+        self.group: Group = downstream.group
         self.methods_used: set[str] = set()
         self.update_rule = ""
         # Separate streams, so probing or an objective's own draws never shift another's data.
@@ -178,13 +191,19 @@ class Trainer:
         gathered = _Gathered(tokens, batches, {}, {})
         for name, batch in batches.items():
             objective = self.objectives[name]
-            loss = model_losses(self.model, objective, batch, objective.attention_mask(batch)).mean()
+            rows = self._rows(objective, batch.batch_size)
+            local = batch if rows is None else batch.select(rows)
+            # This process's share of the mean over the whole batch.
+            loss = model_losses(self.model, objective, local, objective.attention_mask(local)).sum() / batch.batch_size
+            grads = torch.autograd.grad(loss, list(self.trainable.values()), allow_unused=True)
+            if rows is not None:
+                loss, grads = self.group.all_reduce_sum((loss.detach(), list(grads)))
+            # The whole batch's loss: every process takes the same decision.
             if not torch.isfinite(loss):
                 raise NonFiniteLossError(
                     f"objective {name!r} produced a non-finite loss ({loss.item()}) at step {step}; "
                     f"try a smaller --lr or --dtype float64"
                 )
-            grads = torch.autograd.grad(loss, list(self.trainable.values()), allow_unused=True)
             weight = weights[name]
             for p, g in zip(self.trainable.values(), grads):
                 if g is not None:
@@ -207,6 +226,13 @@ class Trainer:
             self.model.train()
         return record
 
+    def _rows(self, objective: Objective, batch_size: int) -> slice | None:
+        """This process's rows of a batch of ``objective``, None where it computes it whole (one
+        process, or a batch-coupled objective, whose per-example losses need every row)."""
+        if not self.group.distributed or objective.info.batch_coupled:
+            return None
+        return self.group.shard(batch_size)
+
     def _probe(self, step: int, weights: dict[str, float], data: _Gathered
                ) -> tuple[dict[str, Any], Callable[[dict[str, Any]], None]]:
         """Everything measured before the step; returns the record and what completes it after."""
@@ -223,7 +249,7 @@ class Trainer:
         directions = [data.gradients[n] for n in names]
         directions += [split.apply(data.gradients[n]) for n in preconditioned]
         directions += list(split.extras.values())
-        curvature = Curvature(self.downstream.functions(self.model), before, self.hvp_method)
+        curvature = self.downstream.curvature(self.model, before, self.hvp_method)
         downstream_grad, products = curvature.gradient_and_products(directions)
         self.hvp_method = curvature.method
         raw_products = dict(zip(names, products[: len(names)]))
@@ -243,18 +269,24 @@ class Trainer:
         scaled_downstream = split.apply(downstream_grad) if split.scale is None else None
         for name in names:
             batch = data.batches[name]
-            function = ObjectiveFunction(self.model, self.objectives[name], batch)
+            rows = self._rows(self.objectives[name], batch.batch_size)
+            local = batch if rows is None else batch.select(rows)
+            function = ObjectiveFunction(self.model, self.objectives[name], local)
             dots, method = per_sample_dots(function, before, downstream_grad, self.per_sample_method)
             self.methods_used.add(method)
-            dots_np = dots.detach().double().cpu().numpy()
+            per_example = [dots]
+            if scaled_downstream is not None and weights[name] != 0:
+                per_example.append(per_sample_dots(function, before, scaled_downstream, self.per_sample_method)[0])
+            if rows is not None:  # every process's rows, in row order
+                per_example = self.group.all_gather(per_example)
+            dots_np = per_example[0].detach().double().cpu().numpy()
             record["alignment"][name] = alignment_stats(
                 dots_np, float(flat_norm(data.gradients[name])), downstream_norm, seed_for(self.seed, step, name)
             )
             if scaled_downstream is None:
                 example_scores = split.scale * dots_np
             elif weights[name] != 0:
-                example_scores, _ = per_sample_dots(function, before, scaled_downstream, self.per_sample_method)
-                example_scores = example_scores.detach().double().cpu().numpy()
+                example_scores = per_example[1].detach().double().cpu().numpy()
             else:
                 example_scores = np.zeros_like(dots_np)
             tokens = data.tokens[name]
@@ -321,14 +353,19 @@ class Trainer:
                   gradients: dict[str, Params]) -> dict[str, Any]:
         """The top of ``H_D``'s spectrum and each gradient's cosines with its eigenvectors."""
         before = curvature.matvecs
-        values, vectors, _ = top_eigenpairs(curvature.matvec, shared, self.spectrum, seed=self.seed)
-        vectors = orient(vectors, downstream_grad)
-        return {
-            "eigenvalues": [float(v) for v in values],
-            "alignment": eigenvector_alignment(vectors, gradients),
-            "downstream_alignment": eigenvector_alignment(vectors, {"D": downstream_grad})["D"],
-            "matvecs": curvature.matvecs - before,
-        }
+
+        def lanczos(matvec: Callable[[Params], Params]) -> dict[str, Any]:
+            values, vectors, _ = top_eigenpairs(matvec, shared, self.spectrum, seed=self.seed)
+            vectors = orient(vectors, downstream_grad)
+            return {
+                "eigenvalues": [float(v) for v in values],
+                "alignment": eigenvector_alignment(vectors, gradients),
+                "downstream_alignment": eigenvector_alignment(vectors, {"D": downstream_grad})["D"],
+                "matvecs": curvature.matvecs - before,
+            }
+
+        # Lanczos on the main process; every process computes each HVP with it.
+        return self.group.drive(lanczos, curvature.matvec, shared)
 
     def run(self, on_step: StepCallback | None = None) -> list[dict[str, Any]]:
         """Train from :attr:`next_step` to the end; the probe records in order."""
@@ -377,30 +414,40 @@ class Trainer:
 
 
 def fit_downstream_head(
-    model: nn.Module, task: Objective, batch: CorruptedBatch, steps: int, lr: float = 1e-2
+    model: nn.Module, task: Objective, batch: CorruptedBatch, steps: int, lr: float = 1e-2, group: Group | None = None
 ) -> list[float]:
     """Fit the task's heads on ``batch`` with the backbone frozen (a linear probe), full batch.
 
     The backbone's hidden states are computed once, in eval mode (the probe is fitted on the
     features ``D`` is evaluated with); only head parameters change. Returns the loss before each
-    step.
+    step. With several processes (``group``) each encodes its contiguous share of the rows, and
+    the head's gradient is summed over the processes at every step (a collective of the head's
+    size): the one-process fit, to rounding, for a fraction of the backbone pass.
     """
+    group = group if group is not None else Group()
     head_names = [spec.name for spec in task.info.heads]
     params = [p for name in head_names for p in model.heads[name].parameters()]
     if steps == 0 or not params or batch.batch_size == 0:
         return []
-    mask = task.attention_mask(batch)
+    total = batch.batch_size
+    split = group.distributed and total >= group.world_size and not task.info.batch_coupled
+    local = batch.select(group.shard(total)) if split else batch
+    mask = task.attention_mask(local)
     training = model.training
     model.eval()
     with torch.no_grad():
-        hidden = model.encode(batch.input_ids, mask, batch.position_ids)
+        hidden = model.encode(local.input_ids, mask, local.position_ids)
     optimizer = torch.optim.Adam(params, lr=lr)
     history = []
     for _ in range(steps):
         optimizer.zero_grad(set_to_none=True)
-        loss = task.loss(ModelOutputs(hidden, model), batch).mean()
+        loss = task.loss(ModelOutputs(hidden, model), local).sum() / total
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+        if split:
+            loss, grads = group.all_reduce_sum((loss.detach(), list(grads)))
+        for p, g in zip(params, grads):
+            p.grad = g
         history.append(loss.item())
-        loss.backward()
         optimizer.step()
     model.train(training)
     return history

@@ -1,8 +1,13 @@
-"""``objreg analyze``: parse options, call ``objreg.analyze``, render the report. No math here."""
+"""``objreg analyze``: parse options, call ``objreg.analyze``, render the report. No math here.
+
+Under ``torchrun`` every process runs the command (the library shares the work between them);
+only the first (``RANK`` 0) prints, as only it writes ``--out``.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
 import click
@@ -111,6 +116,9 @@ def analyze(
         names = [p.strip() for p in pretrain.split(",") if p.strip()]
         settings["out_dir"] = out_dir
     settings["registry"] = render.registry(ctx)
+    if not _prints():
+        objreg.analyze(names, downstream, **settings)
+        return
     console = Console(stderr=True)
     if as_json:
         report = objreg.analyze(names, downstream, **settings)
@@ -134,6 +142,11 @@ def analyze(
         render.console().print(
             f"Wrote {out_dir}/: report.json, report.csv, steps.jsonl, config.json and PNG plots", markup=False
         )
+
+
+def _prints() -> bool:
+    """Whether this process prints: the only one, or the first of those torchrun started."""
+    return os.environ.get("RANK", "0").strip() in ("", "0")
 
 
 def _render(report: dict[str, Any], console: Console) -> None:

@@ -1,0 +1,479 @@
+"""Data parallelism on ``torch.distributed``: the same analysis, its per-example work split
+across processes.
+
+A :class:`Group` is what the analysis needs of a process group: this process's ``rank`` among
+``world_size``, its contiguous share of a batch's rows (:meth:`Group.shard`), sums over processes
+(:meth:`Group.all_reduce_sum`, one collective per dtype however many tensors), per-example
+arrays gathered in rank order (:meth:`Group.all_gather`), and decisions every process takes
+together (:meth:`Group.agree`, :meth:`Group.on_main`, :meth:`Group.drive`), so an error on one
+process raises on all of them instead of leaving the others waiting in a collective.
+
+The plain :class:`Group` is one process: every operation is the identity and no
+``torch.distributed`` function is called. :func:`from_environment` returns a
+:class:`ProcessGroup` when ``torchrun`` started the process (``WORLD_SIZE`` > 1 with ``RANK``,
+``LOCAL_RANK``, ``MASTER_ADDR`` and ``MASTER_PORT``) or when the caller has already initialised
+a process group (their own DDP code), else the plain one. gloo serves CPU runs, NCCL CUDA runs
+(each process on ``cuda:LOCAL_RANK``); ``OBJREG_DISTRIBUTED_BACKEND`` picks one explicitly and
+``OBJREG_DISTRIBUTED_TIMEOUT`` (seconds, default 1800) bounds how long a collective waits for a
+process that stopped. The process group objreg initialises lives as long as the process (it is
+destroyed at exit): a second ``analyze`` in the same process reuses it, since initialising the
+default group again under torchrun reads the previous group's stale addresses from torchrun's
+store. See docs/distributed.md.
+"""
+
+from __future__ import annotations
+
+import atexit
+import math
+import os
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from objreg.core.errors import DeviceError, InvalidParameterError
+
+T = TypeVar("T")
+
+ENV_BACKEND = "OBJREG_DISTRIBUTED_BACKEND"
+ENV_TIMEOUT = "OBJREG_DISTRIBUTED_TIMEOUT"
+BACKENDS = ("gloo", "nccl")
+DEFAULT_TIMEOUT_S = 1800.0
+#: What torchrun sets for every process it starts (besides WORLD_SIZE).
+LAUNCH_VARIABLES = ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+#: The dtypes :meth:`Group.all_gather` takes.
+_GATHER_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float16,
+                  torch.bfloat16, torch.float32, torch.float64)
+
+
+def shard_bounds(size: int, rank: int, world_size: int) -> slice:
+    """Rows ``[start, stop)`` of ``size`` that process ``rank`` of ``world_size`` takes: contiguous,
+    in rank order, the first ``size % world_size`` processes one row more than the rest."""
+    base, extra = divmod(size, world_size)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (rank < extra))
+
+
+class Group:
+    """One process: the identity of every operation (no ``torch.distributed`` call at all)."""
+
+    rank: int = 0
+    world_size: int = 1
+    #: ``gloo`` or ``nccl``; None for one process.
+    backend: str | None = None
+    #: The device this process computes on; None: the run's own setting decides.
+    device: torch.device | None = None
+
+    @property
+    def is_main(self) -> bool:
+        """Whether this process writes outputs and prints (rank 0)."""
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def shard(self, size: int) -> slice:
+        """This process's contiguous share of ``size`` rows."""
+        return shard_bounds(size, self.rank, self.world_size)
+
+    def all_reduce_sum(self, tree: T) -> T:
+        """The sum over processes of every tensor in ``tree`` (a tensor, or lists, tuples and
+        dicts of them; other leaves such as None pass through), as new tensors of the same
+        structure, dtypes and devices."""
+        return tree
+
+    def all_gather(self, arrays: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """For each 1-D tensor of ``arrays`` (this process's per-example values), the
+        concatenation of every process's, in rank order. Lengths may differ between processes
+        (0 included). With several processes the results have the dtype all of them promote to."""
+        return list(arrays)
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """``obj`` of process ``src`` (picklable), on every process."""
+        return obj
+
+    def broadcast_tensor(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        """Process ``src``'s ``tensor`` on every process (the others pass one of its shape and dtype)."""
+        return tensor
+
+    def sync_(self, tensors: Sequence[torch.Tensor]) -> None:
+        """Overwrite ``tensors`` in place with the main process's (parameters after set-up)."""
+
+    def barrier(self) -> None:
+        """Wait until every process gets here."""
+
+    def agree(self, action: Callable[[], T]) -> T:
+        """Run ``action`` on every process; if it raised on any, raise that error on all of them
+        (the lowest rank's), so none waits in a later collective for one that stopped."""
+        return action()
+
+    def on_main(self, action: Callable[[], T]) -> T | None:
+        """Run ``action`` on the main process alone (writing outputs); its result there, None
+        elsewhere. An error it raises is raised on every process."""
+        return action()
+
+    def drive(self, driver: Callable[[Callable[[T], Any]], Any], operator: Callable[[T], Any], like: Mapping) -> Any:
+        """``driver(operator)`` where ``operator`` (a map of tensors like ``like`` to another,
+        itself a collective, e.g. a Hessian-vector product of ``D``) must run on every process:
+        the main process runs ``driver`` and sends each argument it calls ``operator`` with to
+        the others, which apply ``operator`` too until the driver is done. Only the main process
+        runs the driver's own code (e.g. ARPACK), so no rounding difference between machines
+        can make the processes take different paths. The driver's result (picklable) or error
+        reaches every process."""
+        return driver(operator)
+
+
+class ProcessGroup(Group):
+    """A ``torch.distributed`` default process group of ``world_size`` > 1 processes.
+
+    Tensors travel through ``comm_device`` (the CPU for gloo, this process's GPU for NCCL) and
+    come back on the device they came from.
+    """
+
+    def __init__(self, rank: int, world_size: int, backend: str, device: torch.device | None):
+        self.rank = rank
+        self.world_size = world_size
+        self.backend = backend
+        self.device = device
+        nccl = "nccl" in backend and device is not None and device.type == "cuda"
+        self.comm_device = device if nccl else torch.device("cpu")
+
+    def all_reduce_sum(self, tree: T) -> T:
+        leaves, spec = tree_flatten(tree)
+        out = list(leaves)
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for i, leaf in enumerate(leaves):
+            if isinstance(leaf, torch.Tensor):
+                by_dtype.setdefault(leaf.dtype, []).append(i)
+        for indices in by_dtype.values():
+            buffer = torch.cat([leaves[i].detach().reshape(-1).to(self.comm_device) for i in indices])
+            dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
+            for i, part in zip(indices, buffer.split([leaves[i].numel() for i in indices])):
+                out[i] = part.reshape(leaves[i].shape).to(leaves[i].device)
+        return tree_unflatten(out, spec)
+
+    def all_gather(self, arrays: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        if not arrays:
+            return []
+        # Each process's lengths and dtypes first: the buffers must agree in size and dtype.
+        header = [a.numel() for a in arrays] + [_GATHER_DTYPES.index(a.dtype) for a in arrays]
+        own = torch.tensor(header, dtype=torch.int64, device=self.comm_device)
+        headers = [torch.empty_like(own) for _ in range(self.world_size)]
+        dist.all_gather(headers, own)
+        counts = [[int(n) for n in row[: len(arrays)]] for row in headers]
+        dtype = arrays[0].dtype
+        for row in headers:
+            for code in row[len(arrays):]:
+                dtype = torch.promote_types(dtype, _GATHER_DTYPES[int(code)])
+        longest = max(sum(row) for row in counts)
+        local = torch.zeros(longest, dtype=dtype, device=self.comm_device)
+        values = [a.detach().reshape(-1).to(self.comm_device, dtype) for a in arrays]
+        local[: sum(counts[self.rank])] = torch.cat(values)
+        every = [torch.empty_like(local) for _ in range(self.world_size)]
+        dist.all_gather(every, local)
+        pieces: list[list[torch.Tensor]] = [[] for _ in arrays]
+        for row, buffer in zip(counts, every):
+            for j, part in enumerate(buffer[: sum(row)].split(row)):
+                pieces[j].append(part)
+        return [torch.cat(parts).to(arrays[0].device) for parts in pieces]
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        holder = [obj]
+        # NCCL moves the pickled bytes through this process's GPU; gloo through the CPU.
+        dist.broadcast_object_list(holder, src=src, device=self.comm_device)
+        return holder[0]
+
+    def broadcast_tensor(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+        buffer = tensor.detach().to(self.comm_device, copy=True)
+        dist.broadcast(buffer, src=src)
+        return buffer.to(tensor.device)
+
+    @torch.no_grad()
+    def sync_(self, tensors: Sequence[torch.Tensor]) -> None:
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for t in tensors:
+            by_dtype.setdefault(t.dtype, []).append(t)
+        for group in by_dtype.values():
+            buffer = torch.cat([t.detach().reshape(-1).to(self.comm_device) for t in group])
+            dist.broadcast(buffer, src=0)
+            for t, part in zip(group, buffer.split([t.numel() for t in group])):
+                t.copy_(part.reshape(t.shape))
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    def agree(self, action: Callable[[], T]) -> T:
+        result, error = _attempt(action)
+        failures = [None] * self.world_size
+        dist.all_gather_object(failures, _describe(error))
+        _raise_first(failures, error, self.rank)
+        return result  # type: ignore[return-value]
+
+    def on_main(self, action: Callable[[], T]) -> T | None:
+        result, error = _attempt(action) if self.is_main else (None, None)
+        failure = self.broadcast_object(_describe(error))
+        _raise_first([failure], error, 0 if self.is_main else -1)
+        return result
+
+    def drive(self, driver: Callable[[Callable[[T], Any]], Any], operator: Callable[[T], Any], like: Mapping) -> Any:
+        names = list(like)
+        sizes = [like[n].numel() for n in names]
+        template = next(iter(like.values()))
+
+        def packed(value: Mapping | None) -> torch.Tensor:
+            # The argument, then one element saying whether it is one (1) or the driver is done (0).
+            if value is None:
+                body = torch.zeros(sum(sizes), dtype=template.dtype, device=template.device)
+            else:
+                body = torch.cat([value[n].reshape(-1).to(template.dtype) for n in names])
+            flag = torch.ones(1, dtype=template.dtype, device=template.device) * (value is not None)
+            return torch.cat([body, flag])
+
+        if self.is_main:
+            def remote(value: T) -> Any:
+                self.broadcast_tensor(packed(value))  # type: ignore[arg-type]
+                return operator(value)
+
+            result, error = _attempt(lambda: driver(remote))
+            self.broadcast_tensor(packed(None))
+            outcome = self.broadcast_object((result, _describe(error)))
+        else:
+            empty = torch.empty(sum(sizes) + 1, dtype=template.dtype, device=template.device)
+            while True:
+                message = self.broadcast_tensor(empty)
+                if float(message[-1]) == 0.0:
+                    break
+                parts = message[:-1].split(sizes)
+                operator({n: p.reshape(like[n].shape) for n, p in zip(names, parts)})  # type: ignore[arg-type]
+            result, error = None, None
+            outcome = self.broadcast_object(None)
+        _raise_first([outcome[1]], error, 0 if self.is_main else -1)
+        return outcome[0]
+
+
+# -- errors every process raises together ---------------------------------------------------------
+
+
+def _attempt(action: Callable[[], T]) -> tuple[T | None, BaseException | None]:
+    try:
+        return action(), None
+    except Exception as error:  # shared with the other processes, then raised here too
+        return None, error
+
+
+def _describe(error: BaseException | None) -> tuple[str, str, str] | None:
+    """A picklable description (exception classes with their own ``__init__`` do not unpickle)."""
+    if error is None:
+        return None
+    return type(error).__module__, type(error).__qualname__, str(error)
+
+
+def _raise_first(failures: Sequence[tuple[str, str, str] | None], own: BaseException | None, own_index: int) -> None:
+    for index, failure in enumerate(failures):
+        if failure is None:
+            continue
+        if index == own_index and own is not None:
+            raise own
+        raise _rebuilt(*failure) from None
+
+
+def _rebuilt(module: str, qualname: str, message: str) -> Exception:
+    """An exception of the named class with ``message`` (a plain RuntimeError if it cannot be made)."""
+    import importlib
+
+    try:
+        cls: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            cls = getattr(cls, part)
+        if isinstance(cls, type) and issubclass(cls, Exception):
+            error = cls.__new__(cls)
+            Exception.__init__(error, message)
+            return error
+    except Exception:  # an unimportable class: the message still says what happened
+        pass
+    return RuntimeError(f"{qualname}: {message}")
+
+
+# -- set-up -----------------------------------------------------------------------------------------
+
+
+def _integer(environ: Mapping[str, str], name: str, default: int | None = None) -> int:
+    value = environ.get(name)
+    if value in (None, "") and default is not None:
+        return default
+    try:
+        number = int(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise InvalidParameterError(f"environment variable {name} must be an integer, got {value!r}") from None
+    if number < 0:
+        raise InvalidParameterError(f"environment variable {name} must be ≥ 0, got {value!r}")
+    return number
+
+
+def requested_backend(environ: Mapping[str, str]) -> str | None:
+    """``OBJREG_DISTRIBUTED_BACKEND`` (gloo or nccl), None when unset or ``auto``."""
+    value = (environ.get(ENV_BACKEND) or "auto").strip().lower()
+    if value == "auto":
+        return None
+    if value not in BACKENDS:
+        raise InvalidParameterError(f"{ENV_BACKEND} must be auto, gloo or nccl, got {value!r}")
+    return value
+
+
+def timeout_seconds(environ: Mapping[str, str]) -> float:
+    """``OBJREG_DISTRIBUTED_TIMEOUT``: how long a collective waits for the other processes."""
+    value = environ.get(ENV_TIMEOUT)
+    if value in (None, ""):
+        return DEFAULT_TIMEOUT_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise InvalidParameterError(f"{ENV_TIMEOUT} must be a positive number of seconds, got {value!r}")
+    return seconds
+
+
+def device_and_backend(device: str, local_rank: int, local_world_size: int, backend: str | None
+                       ) -> tuple[torch.device, str]:
+    """Where this process computes and which backend connects the processes.
+
+    ``auto`` and ``cuda`` put process ``LOCAL_RANK`` on ``cuda:LOCAL_RANK``; ``cpu`` (or ``auto``
+    without CUDA) runs gloo.
+
+    Raises:
+        DeviceError: CUDA asked for and absent, fewer GPUs than processes on this node, or NCCL
+            asked for without CUDA or without NCCL in this PyTorch build.
+        InvalidParameterError: ``cuda:N`` (one GPU) for several processes on this node, or a bad
+            device string.
+    """
+    setting = (device or "auto").strip()
+    if setting == "auto":
+        chosen = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        try:
+            chosen = torch.device(setting)
+        except RuntimeError:
+            raise InvalidParameterError(f"device must be auto, cpu or cuda[:N], got {device!r}") from None
+    if chosen.type == "cpu":
+        if backend == "nccl":
+            raise DeviceError(f"{ENV_BACKEND}=nccl needs CUDA devices, and this run is on the CPU; use gloo "
+                              f"(unset {ENV_BACKEND}) or run on GPUs")
+        return chosen, "gloo"
+    if chosen.type != "cuda":
+        raise InvalidParameterError(f"device must be auto, cpu or cuda[:N], got {device!r}")
+    if not torch.cuda.is_available():
+        raise DeviceError(f"device {device!r} requested but CUDA is not available on this machine; use --device cpu")
+    count = torch.cuda.device_count()
+    if chosen.index is not None:
+        if local_world_size > 1:
+            raise InvalidParameterError(
+                f"device {device!r} names one GPU for the {local_world_size} processes torchrun started on this "
+                f"node; use --device cuda (process LOCAL_RANK computes on cuda:LOCAL_RANK)"
+            )
+        if chosen.index >= count:
+            raise DeviceError(f"device {device!r} requested but only {count} CUDA device(s) exist")
+    else:
+        if local_world_size > count or local_rank >= count:
+            raise DeviceError(
+                f"torchrun started {max(local_world_size, local_rank + 1)} processes on this node but only {count} "
+                f"CUDA device(s) exist; use --nproc-per-node {count} (one process per GPU) or --device cpu"
+            )
+        chosen = torch.device("cuda", local_rank)
+    if backend is None:
+        backend = "nccl" if dist.is_nccl_available() else "gloo"
+    if backend == "nccl" and not dist.is_nccl_available():
+        raise DeviceError(f"{ENV_BACKEND}=nccl but this PyTorch build has no NCCL; use gloo")
+    return chosen, backend
+
+
+def launched(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether the environment is that of a multi-process ``torchrun`` launch."""
+    environ = os.environ if environ is None else environ
+    return _integer(environ, "WORLD_SIZE", default=1) > 1
+
+
+def from_environment(device: str = "auto", environ: Mapping[str, str] | None = None) -> Group:
+    """The process group this process belongs to.
+
+    * A process group initialised already (by the caller's own DDP code, or by an earlier call):
+      wrapped.
+    * A ``torchrun`` launch of several processes: the default process group is initialised here
+      (gloo on the CPU, NCCL on CUDA, see :func:`device_and_backend`), with the timeout of
+      ``OBJREG_DISTRIBUTED_TIMEOUT``, and destroyed when the process exits.
+    * Otherwise one process: the plain :class:`Group`.
+
+    Raises:
+        InvalidParameterError: ``WORLD_SIZE`` > 1 without the rest of a torchrun environment, or
+            malformed variables.
+        DeviceError: see :func:`device_and_backend`.
+    """
+    environ = os.environ if environ is None else environ
+    if dist.is_available() and dist.is_initialized():
+        world_size = dist.get_world_size()
+        if world_size == 1:
+            return Group()
+        backend = str(dist.get_backend())
+        local_rank = _integer(environ, "LOCAL_RANK", default=0)
+        local_world_size = _integer(environ, "LOCAL_WORLD_SIZE", default=1)
+        chosen, _ = device_and_backend(device, local_rank, local_world_size, None)
+        return ProcessGroup(dist.get_rank(), world_size, backend, chosen)
+    world_size = _integer(environ, "WORLD_SIZE", default=1)
+    if world_size <= 1:
+        return Group()
+    missing = [name for name in LAUNCH_VARIABLES if not environ.get(name)]
+    if missing:
+        raise InvalidParameterError(
+            f"WORLD_SIZE={world_size} is set but {', '.join(missing)} is not: start the processes with torchrun, "
+            f"e.g. torchrun --nproc-per-node {world_size} $(command -v objreg) analyze ..."
+        )
+    if not dist.is_available():
+        raise DeviceError("this PyTorch build has no torch.distributed; run in one process")
+    rank = _integer(environ, "RANK")
+    local_rank = _integer(environ, "LOCAL_RANK")
+    local_world_size = _integer(environ, "LOCAL_WORLD_SIZE", default=1)
+    if rank >= world_size:
+        raise InvalidParameterError(f"RANK={rank} is not below WORLD_SIZE={world_size}")
+    chosen, backend = device_and_backend(device, local_rank, local_world_size, requested_backend(environ))
+    timeout = timedelta(seconds=timeout_seconds(environ))
+    if chosen.type == "cuda":
+        torch.cuda.set_device(chosen)
+    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size, timeout=timeout)
+    atexit.register(_destroy)
+    return ProcessGroup(rank, world_size, backend, chosen)
+
+
+def _destroy() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def check_batch(batch_size: int, group: Group, what: str = "batch_size") -> None:
+    """Every process needs at least one row of each batch it splits.
+
+    Raises:
+        InvalidParameterError: fewer rows than processes.
+    """
+    if batch_size < group.world_size:
+        raise InvalidParameterError(
+            f"{what} {batch_size} is smaller than the {group.world_size} processes: each process takes a share "
+            f"of every batch's rows; use {what} ≥ {group.world_size} or fewer processes"
+        )
+
+
+__all__ = [
+    "BACKENDS",
+    "ENV_BACKEND",
+    "ENV_TIMEOUT",
+    "Group",
+    "ProcessGroup",
+    "check_batch",
+    "device_and_backend",
+    "from_environment",
+    "launched",
+    "shard_bounds",
+]

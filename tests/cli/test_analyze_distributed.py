@@ -1,0 +1,69 @@
+"""``objreg analyze`` under ``torchrun``: two gloo processes on loopback print one report, the
+one-process report, and an impossible launch fails on every process instead of hanging."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+import objreg
+from objreg.cli import make_cli
+
+pytestmark = pytest.mark.slow
+
+SMALL = ["--pretrain", "mlm,sop", "--downstream", "qa", "--steps", "2", "--batch-size", "5", "--seq-len", "32",
+         "--eval-size", "8", "--head-warmup-steps", "3", "--head-fit-size", "16", "--dtype", "float64",
+         "--attribution-top", "3"]
+TIMEOUT_S = 300
+
+
+def torchrun(*args: str, timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc-per-node 2 objreg ARGS``; the whole process group is
+    killed if it outlives ``timeout`` (a hang fails the test instead of blocking it)."""
+    objreg_script = Path(sys.executable).with_name("objreg")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               str(objreg_script), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OBJREG_DISTRIBUTED_TIMEOUT": "120"}
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        pytest.fail(f"torchrun still running after {timeout} s")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def test_two_processes_print_the_one_process_report_once(tmp_path):
+    cli = make_cli(lambda: objreg.get_plugin_manager(load_entrypoints=False))
+    one = CliRunner().invoke(cli, ["analyze", *SMALL, "--json"], catch_exceptions=False)
+    assert one.exit_code == 0, one.output
+    done = torchrun("analyze", *SMALL, "--json", "--out", str(tmp_path / "run"))
+    assert done.returncode == 0, done.stderr
+    two = json.loads(done.stdout)  # exactly one JSON document: only rank 0 printed
+    single = json.loads(one.stdout)
+    assert (two["config"]["world_size"], two["config"]["backend"]) == (2, "gloo")
+    for step_one, step_two in zip(single["steps"], two["steps"], strict=True):
+        for name in ("mlm", "sop"):
+            for field in ("dot", "cosine", "grad_norm", "conflict_fraction"):
+                a, b = step_one["alignment"][name][field], step_two["alignment"][name][field]
+                assert math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12), (step_one["step"], name, field, a, b)
+        for key, value in step_one["second_order"].items():
+            assert math.isclose(value, step_two["second_order"][key], rel_tol=1e-6)
+        assert math.isclose(step_one["actual_delta"], step_two["actual_delta"], rel_tol=1e-6)
+    assert json.loads((tmp_path / "run" / "report.json").read_text(encoding="utf-8")) == two
+
+
+def test_an_impossible_launch_fails_on_every_process(tmp_path):
+    done = torchrun("analyze", *SMALL, "--batch-size", "1", timeout=120)  # the last --batch-size counts
+    assert done.returncode != 0
+    assert "batch_size 1 is smaller than the 2 processes" in done.stderr
