@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import stat
+
 import pytest
 
 from objreg.analysis.atomic import atomic_file
@@ -19,3 +22,16 @@ def test_success_replaces_and_failure_keeps_the_old_file(tmp_path):
     with atomic_file(path) as f:
         f.write(b"new")
     assert path.read_bytes() == b"new"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_written_file_has_the_mode_an_ordinary_open_gives(tmp_path, umask):
+    previous = os.umask(umask)
+    try:
+        with atomic_file(tmp_path / "report.json", "w") as f:
+            f.write("{}")
+        (tmp_path / "plain.json").write_text("{}")
+    finally:
+        os.umask(previous)
+    mode = stat.S_IMODE((tmp_path / "report.json").stat().st_mode)
+    assert mode == stat.S_IMODE((tmp_path / "plain.json").stat().st_mode) == 0o666 & ~umask

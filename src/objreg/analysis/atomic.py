@@ -17,6 +17,9 @@ def atomic_file(path: Path, mode: str = "wb") -> Iterator[IO[Any]]:
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        # mkstemp makes the file private (0600); the result should have the mode an ordinary
+        # open() would give it, as every other output of a run has.
+        os.chmod(tmp, 0o666 & ~_umask())
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
             f.flush()
@@ -25,3 +28,10 @@ def atomic_file(path: Path, mode: str = "wb") -> Iterator[IO[Any]]:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it, so it is set straight back)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
