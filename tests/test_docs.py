@@ -36,12 +36,23 @@ def builtin_cli() -> click.Group:
     return make_cli(lambda: objreg.get_plugin_manager(load_entrypoints=False))
 
 
+def command_paths(group: click.Group) -> list[list[str]]:
+    """Every command's words under ``group``, subcommands of nested groups included, in listing order."""
+    paths: list[list[str]] = [[]]
+    for name in group.list_commands(click.Context(group)):
+        command = group.get_command(click.Context(group), name)
+        if isinstance(command, click.Group):
+            paths += [[name, *path] for path in command_paths(command)]
+        else:
+            paths.append([name])
+    return paths
+
+
 def help_texts() -> dict[str, str]:
     """``{"objreg": <objreg --help>, "objreg list": <objreg list --help>, ...}``"""
     group = builtin_cli()
-    commands = [[], *([name] for name in group.list_commands(click.Context(group)))]
     texts = {}
-    for command in commands:
+    for command in command_paths(group):
         result = CliRunner().invoke(group, [*command, "--help"], prog_name="objreg", terminal_width=HELP_WIDTH)
         assert result.exit_code == 0, result.output
         texts[" ".join(["objreg", *command])] = result.stdout
@@ -83,7 +94,17 @@ def test_cli_page_has_current_help(command):
 
 
 def test_cli_page_covers_every_builtin_command():
-    assert {"objreg", "objreg list", "objreg show", "objreg corrupt", "objreg analyze"} <= set(HELP)
+    assert {"objreg", "objreg list", "objreg show", "objreg corrupt", "objreg analyze", "objreg experiment",
+            "objreg experiment list", "objreg experiment run"} <= set(HELP)
+
+
+def test_experiments_page_has_a_section_and_an_existing_plot_for_every_experiment():
+    page = (DOCS / "experiments.md").read_text()
+    for name in objreg.experiments.names():
+        assert f"\n## {name}\n" in page, name
+        assert f"](experiments/{name}.png)" in page, name
+    for target in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", page):
+        assert (DOCS / target).is_file(), target
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ ALLOWED = {
     "core": ("objreg.core",),
     "plugins": ("objreg.core",),  # plus the bare facade `objreg`, checked below
     "analysis": ("objreg.core", "objreg.analysis"),
+    "experiments": ("objreg.core", "objreg.analysis", "objreg.experiments"),
     "cli": ("objreg.cli",),
 }
 

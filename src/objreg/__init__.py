@@ -19,6 +19,7 @@ from typing import Any
 from objreg.analysis.config import AnalysisConfig
 from objreg.analysis.report import AlignmentReport
 from objreg.analysis.run import analyze
+from objreg import experiments
 from objreg.core import heads, masking, masks, spans
 from objreg.core.cache import cache_dir
 from objreg.core.errors import (
@@ -82,6 +83,7 @@ __all__ = [
     "analyze",
     "cache_dir",
     "default_tokenizer",
+    "experiments",
     "get_objective",
     "get_plugin_manager",
     "get_task",

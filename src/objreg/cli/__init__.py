@@ -18,6 +18,7 @@ import click
 import objreg
 from objreg.cli.analyze import analyze
 from objreg.cli.corrupt import corrupt
+from objreg.cli.experiment import experiment
 from objreg.cli.listing import list_command
 from objreg.cli.render import plugin_manager
 from objreg.cli.show import show
@@ -127,7 +128,7 @@ def make_cli(plugin_manager_factory: Callable[[], Any] = objreg.get_plugin_manag
         OBJREG_TRACE_PLUGINS=1 to print every hook call.
         """
 
-    for command in (list_command, show, corrupt, analyze):
+    for command in (list_command, show, corrupt, analyze, experiment):
         group.add_command(command)
     return group
 

@@ -1,0 +1,68 @@
+"""Runnable experiments that check the quantitative claims of the objective literature.
+
+Each experiment is one module here (see :mod:`objreg.experiments.base` for the contract) listed
+in :data:`EXPERIMENTS`, run with :func:`run` or ``objreg experiment run NAME``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from types import ModuleType
+
+from objreg.core.errors import InvalidParameterError, UnknownNameError
+from objreg.experiments.base import ExperimentResult, Setting
+
+#: Experiment name → module, in the order they are listed.
+EXPERIMENTS: dict[str, str] = {
+    "nsp-vs-sop": "objreg.experiments.nsp_vs_sop",
+    "span-length-qa": "objreg.experiments.span_length_qa",
+    "entropy-masking": "objreg.experiments.entropy_masking",
+    "inverse-frequency": "objreg.experiments.inverse_frequency",
+    "label-smoothing-bias": "objreg.experiments.label_smoothing_bias",
+    "fim-attention": "objreg.experiments.fim_attention",
+    "weight-tying": "objreg.experiments.weight_tying",
+    "taylor-transfer": "objreg.experiments.taylor_transfer",
+}
+
+
+def names() -> list[str]:
+    """Every experiment's name, in listing order."""
+    return list(EXPERIMENTS)
+
+
+def module(name: str) -> ModuleType:
+    """The experiment module called ``name``."""
+    if name not in EXPERIMENTS:
+        raise UnknownNameError("experiment", name, EXPERIMENTS)
+    return importlib.import_module(EXPERIMENTS[name])
+
+
+def claims() -> dict[str, str]:
+    """Every experiment's name → the claim it tests."""
+    return {name: module(name).CLAIM for name in EXPERIMENTS}
+
+
+def run(name: str, *, quick: bool = False, seed: int = 0, out_dir: str | Path | None = None,
+        device: str = "auto", status=None) -> ExperimentResult:
+    """Run the experiment ``name``; with ``out_dir``, also write ``result.json`` and its plots there.
+
+    Raises:
+        UnknownNameError: No experiment has that name.
+        InvalidParameterError: ``out_dir`` exists and is not a directory.
+    """
+    experiment = module(name)
+    if out_dir is not None:
+        out_dir = Path(out_dir)
+        if out_dir.exists() and not out_dir.is_dir():
+            raise InvalidParameterError(f"--out {str(out_dir)!r} exists and is not a directory")
+        out_dir.mkdir(parents=True, exist_ok=True)
+    setting = Setting(quick=quick, seed=seed, out_dir=out_dir, device=device,
+                      status=status or (lambda _message: None))
+    result = experiment.run(setting)
+    if out_dir is not None:
+        result.write(out_dir)
+    return result
+
+
+__all__ = ["EXPERIMENTS", "ExperimentResult", "Setting", "claims", "module", "names", "run"]

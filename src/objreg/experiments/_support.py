@@ -1,0 +1,121 @@
+"""Pieces shared by the statistical experiments (entropy masking, weight tying, ...): the default
+text, a briefly MLM-trained default model, the device, and the equivalence verdict.
+
+Not an experiment itself (it has no ``NAME``); the leading underscore keeps it out of listings.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from objreg.analysis.config import AnalysisConfig
+from objreg.analysis.functional import model_losses
+from objreg.core.cache import cache_dir
+from objreg.core.registry import Objective, Registry, merge_heads
+from objreg.core.tokenizer import TokenizedCorpus
+from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, Setting, verdict_from_interval
+
+
+def device_of(setting: Setting) -> torch.device:
+    """The device ``setting.device`` names (``auto``: CUDA where available), validated as
+    ``objreg analyze`` validates it."""
+    return AnalysisConfig(pretrain=("mlm",), device=setting.device).resolved_device()
+
+
+def equivalence_verdict(low: float, high: float, lower: float, upper: float) -> str:
+    """The verdict on "the effect lies in ``[lower, upper]``" (an equivalence margin) from its
+    confidence interval: ``confirmed`` when the whole interval is inside the margin, ``refuted``
+    when it is wholly outside it, ``inconclusive`` otherwise (two one-sided checks)."""
+    above = verdict_from_interval(low, high, lower, "above")
+    below = verdict_from_interval(low, high, upper, "below")
+    if above == REFUTED or below == REFUTED:
+        return REFUTED
+    if above == CONFIRMED and below == CONFIRMED:
+        return CONFIRMED
+    return INCONCLUSIVE
+
+
+def percentile_interval(values: np.ndarray) -> list[float]:
+    """The central 95% of bootstrap replicates."""
+    low, high = np.quantile(np.asarray(values, dtype=np.float64), [0.025, 0.975])
+    return [float(low), float(high)]
+
+
+def finite(value: float) -> float:
+    """``value`` as a plain float, refusing NaN or infinity (figures must be valid JSON)."""
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"non-finite figure {value}")
+    return value
+
+
+@dataclass
+class DefaultText:
+    """The built-in corpus, tokenised: ``train`` for pre-training, ``heldout`` (every tenth
+    document) for measuring, both cut into rows of ``seq_len``."""
+
+    registry: Registry
+    train: TokenizedCorpus
+    heldout: TokenizedCorpus
+
+
+def default_text(seq_len: int, registry: Registry | None = None, cache: Path | None = None) -> DefaultText:
+    """The default corpus and tokenizer through the registry, as ``objreg analyze`` loads them."""
+    registry = registry or Registry.load()
+    cache = cache or cache_dir()
+    corpus = registry.load_corpus("default", cache)
+    tokenizer = registry.load_tokenizer("default", corpus, cache)
+    train, heldout = corpus.split()
+    return DefaultText(registry, TokenizedCorpus(tokenizer, train, seq_len),
+                       TokenizedCorpus(tokenizer, heldout, seq_len))
+
+
+def mlm_model(registry: Registry, objective: Objective, seed: int, config: dict | None = None) -> nn.Module:
+    """The default model with the heads ``objective`` declares (its ``lm`` head tied to the input
+    embeddings, as every model plugin ties it), initialised from ``seed``."""
+    heads = merge_heads([objective.info])
+    generator = torch.Generator().manual_seed(seed)
+    return registry.load_model("default", objective.vocab, heads, dict(config or {}), generator)
+
+
+def untie_lm_head(model: nn.Module, generator: torch.Generator, head: str = "lm") -> None:
+    """Give the ``lm`` head its own decoder matrix, drawn like every other weight (normal, std
+    0.02, BERT's init), instead of the input embedding Parameter."""
+    decoder = model.heads[head].decoder
+    fresh = torch.empty_like(decoder.weight).normal_(0.0, 0.02, generator=generator)
+    decoder.weight = nn.Parameter(fresh)
+
+
+def train_mlm(
+    model: nn.Module, objective: Objective, corpus: TokenizedCorpus, *, steps: int, batch_size: int, lr: float,
+    seed: int, device: torch.device,
+) -> list[float]:
+    """``steps`` AdamW steps of ``objective`` (a masking objective) on batches of ``corpus``; data
+    and corruption from their own generators seeded by ``seed``. Returns the loss of each step."""
+    data = torch.Generator().manual_seed(seed * 7919 + 1)
+    corruption = torch.Generator().manual_seed(seed * 7919 + 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        batch = objective.corrupt(corpus.sample(batch_size, data), corruption).to(device)
+        loss = model_losses(model, objective, batch, objective.attention_mask(batch)).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return losses
+
+
+def loss_summary(losses: list[float], window: int = 10) -> dict:
+    """Mean training loss over the first and the last ``window`` steps (one step's loss is noisy)."""
+    if not losses:
+        return {"first": None, "last": None, "steps": 0}
+    return {"first": float(np.mean(losses[:window])), "last": float(np.mean(losses[-window:])), "steps": len(losses)}

@@ -1,0 +1,303 @@
+"""Span length and extractive QA: span masking whose lengths match the answers aligns better.
+
+**Claim.** Span masking whose span-length distribution matches the lengths of the downstream
+task's answers gives a pre-training gradient better aligned with extractive QA than span masking
+with mismatched lengths, at the same masking budget. Source: SpanBERT (Joshi et al. 2020) motivates
+span masking by the span-selection tasks it helps; the matched-length variant is issue 9's claim,
+made measurable with ``objreg.masking.answer_length_distribution``.
+
+**Setting.** The default model is trained with ``mlm`` on the default corpus's training split
+(quick: 40 AdamW steps of 16 rows of 64 tokens; full: 400 steps of 32 rows of 128 tokens), so the
+gradients are those of a model that has started to learn, not of random weights. Its ``qa`` head
+is then fitted as a linear probe on held-out cloze questions (backbone frozen, as ``objreg
+analyze`` does), and ``D`` is the ``qa`` loss on a disjoint evaluation split (quick: 32 questions;
+full: 64). The *matched* length distribution is measured from the ``qa`` set itself: each
+answer's length in words, as the tokenizer splits them (the unit ``span`` draws lengths in).
+The conditions, all ``span`` with ``mask_prob = 0.15``:
+
+* ``matched``: ``empirical`` lengths from the ``qa`` answers;
+* ``single_word``: ``empirical`` ``1:1``: a control, since nearly every built-in cloze answer is
+  one word (the figures report its total-variation distance from ``matched``);
+* ``geometric``: SpanBERT's default (``p = 0.2`` on 1..10 words, mean 3.8);
+* ``long``: ``empirical`` ``8:1`` (every span 8 words).
+
+**Measured.** On the same rows (quick: 40 batches of 16 rows; full: 150 of 32) and the same fixed
+parameters, each condition's mean-loss gradient on the shared parameters and its cosine with
+``∇D`` (the analyzer's alignment of one probe). The paired differences ``cos(matched) −
+cos(other)`` over batches, with a Student-t 95% interval (and a seeded bootstrap one). Also the
+dot products, the gradient norms and the realised share of masked tokens (the budget is the same).
+
+**Verdict.** ``confirmed`` when the interval of ``cos(matched) − cos(m)`` lies wholly above 0
+for every mismatched condition ``m`` (``geometric``, ``long``); ``refuted`` when it lies wholly
+below 0 for any of them (a mismatched length aligns better); ``inconclusive`` otherwise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from objreg.analysis.downstream import Downstream
+from objreg.analysis.functional import ObjectiveFunction, flat_dot, flat_norm, requiring_grad, shared_parameters
+from objreg.analysis.stats import bootstrap_ci95, mean_ci95, seed_for
+from objreg.analysis.trainer import fit_downstream_head
+from objreg.core import masking
+from objreg.core.errors import DataError
+from objreg.core.registry import Objective, merge_heads
+from objreg.core.tokenizer import Tokenizer
+from objreg.core.types import IGNORE_INDEX, CorruptedBatch
+from objreg.experiments import _support
+from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, ExperimentResult, Setting, save_figure
+
+NAME = "span-length-qa"
+CLAIM = ("Span masking whose span lengths match the downstream answer lengths aligns better with extractive QA "
+         "than span masking with mismatched lengths, at the same masking budget.")
+#: Conditions the verdict compares ``matched`` with, and the control that is reported only.
+MISMATCHED = ("geometric", "long")
+CONDITIONS = ("matched", "single_word", *MISMATCHED)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Sizes of the experiment."""
+
+    batches: int
+    batch_size: int
+    seq_len: int
+    pretrain_steps: int
+    pretrain_batch_size: int
+    eval_size: int
+    head_fit_size: int
+    head_warmup_steps: int
+    lr: float = 1e-3
+    mask_prob: float = 0.15
+
+
+QUICK = Config(batches=40, batch_size=16, seq_len=64, pretrain_steps=40, pretrain_batch_size=16, eval_size=32,
+               head_fit_size=256, head_warmup_steps=30)
+FULL = Config(batches=150, batch_size=32, seq_len=128, pretrain_steps=400, pretrain_batch_size=32, eval_size=64,
+              head_fit_size=1024, head_warmup_steps=100)
+
+
+def run(setting: Setting) -> ExperimentResult:
+    return _run(QUICK if setting.quick else FULL, setting)
+
+
+def _run(config: Config, setting: Setting, text: _support.DefaultText | None = None,
+         model_config: dict | None = None) -> ExperimentResult:
+    device = _support.device_of(setting)
+    setting.status("loading the default corpus")
+    text = text or _support.default_text(config.seq_len)
+    registry, vocab, tokenizer = text.registry, text.train.vocab, text.train.tokenizer
+    task = registry.get_task("qa")
+    data = task.task_data(None, text.heldout.corpus.documents, tokenizer, config.seq_len,
+                          config.eval_size + config.head_fit_size)
+    lengths = answer_word_lengths(data, tokenizer)
+    conditions = condition_params(lengths)
+
+    mlm = registry.get("mlm", vocab=vocab, mask_prob=config.mask_prob)
+    heads = merge_heads([mlm.info, task.info])
+    model = registry.load_model("default", vocab, heads, dict(model_config or {}),
+                                torch.Generator().manual_seed(setting.seed)).to(device)
+    setting.status(f"training the default model with mlm for {config.pretrain_steps} steps")
+    losses = _support.train_mlm(model, mlm, text.train, steps=config.pretrain_steps,
+                                batch_size=config.pretrain_batch_size, lr=config.lr, seed=setting.seed, device=device)
+    setting.status("fitting the qa probe")
+    evaluation, fit = split_evaluation(data, config.eval_size)
+    fit_downstream_head(model, task, fit.to(device), config.head_warmup_steps)
+    downstream = Downstream(task, evaluation.to(device))
+    downstream.check(model)
+
+    setting.status(f"measuring {len(conditions)} span-length conditions on {config.batches} batches")
+    objectives = {name: registry.get("span", vocab=vocab, mask_prob=config.mask_prob, **params)
+                  for name, params in conditions.items()}
+    rows = paired_alignment(model, downstream, objectives, text.train, config.batches, config.batch_size,
+                            setting.seed, device)
+    figures = measure(rows, setting.seed)
+    figures["answer_lengths"] = {str(n): p for n, p in lengths.items()}
+    figures["condition_params"] = conditions
+    figures["mean_span_words"] = {name: _support.finite(_length_distribution(params).mean)
+                                  for name, params in conditions.items()}
+    figures["total_variation_from_matched"] = {
+        name: total_variation(lengths, _as_dict(_length_distribution(params))) for name, params in conditions.items()
+    }
+    figures["qa_examples"] = {"evaluation": evaluation.batch_size, "probe_fit": fit.batch_size}
+    figures["mlm_loss"] = {"first": losses[0] if losses else None, "last": losses[-1] if losses else None}
+    figures["downstream_loss"] = downstream.loss(model)
+    verdict, reason = decide(figures)
+    plots = []
+    if setting.out_dir is not None:
+        plots.append(_plot(figures, setting))
+    return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
+                            {**asdict(config), "seed": setting.seed, "quick": setting.quick, "device": str(device),
+                             "model": "default" if not model_config else model_config, "downstream": "qa"}, plots)
+
+
+# -- the conditions -------------------------------------------------------------------------------
+
+
+def answer_word_lengths(data: CorruptedBatch, tokenizer: Tokenizer) -> dict[int, float]:
+    """``{length: probability}`` of the answers' lengths in words, over the answerable rows of a
+    ``qa`` batch: each answer's tokens are decoded and split into words by ``tokenizer``, as
+    :func:`objreg.core.masking.answer_length_distribution` does for a SQuAD file."""
+    start, end = data.extras["start_positions"], data.extras["end_positions"]
+    answers = [tokenizer.decode(data.input_ids[b, start[b]: end[b] + 1])
+               for b in range(data.batch_size) if int(start[b]) > 0]
+    counts: dict[int, int] = {}
+    for _, word_ids in tokenizer.encode_sentences(answers):
+        n = len({w for w in word_ids if w >= 0})
+        if n > 0:
+            counts[n] = counts.get(n, 0) + 1
+    total = sum(counts.values())
+    if total == 0:
+        raise DataError("the qa set has no answerable question with a word in its answer: no length to match")
+    return {n: c / total for n, c in sorted(counts.items())}
+
+
+def condition_params(matched: dict[int, float]) -> dict[str, dict[str, Any]]:
+    """The ``span`` parameters of each condition (see the module docstring)."""
+    return {
+        "matched": {"length_distribution": "empirical", "empirical_lengths": masking.format_lengths(matched)},
+        "single_word": {"length_distribution": "empirical", "empirical_lengths": "1:1"},
+        "geometric": {"length_distribution": "geometric", "geometric_p": 0.2, "span_lower": 1, "span_upper": 10},
+        "long": {"length_distribution": "empirical", "empirical_lengths": "8:1"},
+    }
+
+
+def _length_distribution(params: dict[str, Any]) -> masking.LengthDistribution:
+    if params["length_distribution"] == "empirical":
+        return masking.parse_lengths(params["empirical_lengths"])
+    return masking.geometric_lengths(params["geometric_p"], params["span_lower"], params["span_upper"])
+
+
+def _as_dict(distribution: masking.LengthDistribution) -> dict[int, float]:
+    return dict(zip(distribution.lengths.tolist(), distribution.probs.tolist()))
+
+
+def total_variation(p: dict[int, float], q: dict[int, float]) -> float:
+    """``½ Σ |p − q|`` of two length distributions."""
+    return 0.5 * sum(abs(p.get(n, 0.0) - q.get(n, 0.0)) for n in set(p) | set(q))
+
+
+def split_evaluation(data: CorruptedBatch, eval_size: int) -> tuple[CorruptedBatch, CorruptedBatch]:
+    """Evenly spaced rows define ``D`` (at most half the set); the rest fit the probe, disjoint
+    (as ``objreg analyze`` splits them)."""
+    total = data.batch_size
+    size = min(eval_size, total // 2)
+    chosen = torch.linspace(0, total - 1, size).round().long()
+    rest = torch.ones(total, dtype=torch.bool)
+    rest[chosen] = False
+    return data.select(chosen), data.select(torch.nonzero(rest).flatten())
+
+
+# -- the measurement ------------------------------------------------------------------------------
+
+
+def downstream_gradient(model: torch.nn.Module, downstream: Downstream) -> dict[str, torch.Tensor]:
+    """``∇D`` on the shared parameters."""
+    shared = requiring_grad(dict(shared_parameters(model)))
+    loss = sum(f(shared).sum() for f in downstream.functions(model)) / downstream.batch.batch_size
+    return dict(zip(shared, torch.autograd.grad(loss, list(shared.values()))))
+
+
+def objective_gradient(model: torch.nn.Module, objective: Objective, batch: CorruptedBatch) -> dict[str, torch.Tensor]:
+    """The gradient of ``objective``'s mean loss over ``batch`` on the shared parameters."""
+    shared = requiring_grad(dict(shared_parameters(model)))
+    loss = ObjectiveFunction(model, objective, batch)(shared).mean()
+    grads = torch.autograd.grad(loss, list(shared.values()), allow_unused=True)
+    return {n: torch.zeros_like(p) if g is None else g for (n, p), g in zip(shared.items(), grads)}
+
+
+def paired_alignment(model: torch.nn.Module, downstream: Downstream, objectives: dict[str, Objective], corpus,
+                     batches: int, batch_size: int, seed: int, device: torch.device) -> dict[str, np.ndarray]:
+    """Per condition, ``[batches, 4]``: cosine with ``∇D``, dot, gradient norm and share of the
+    maskable tokens masked, on the same rows for every condition (each batch's corruption from a
+    generator seeded by the seed and the batch, the same for every condition)."""
+    model.eval()
+    downstream_grad = downstream_gradient(model, downstream)
+    downstream_norm = float(flat_norm(downstream_grad))
+    data = torch.Generator().manual_seed(seed * 7919 + 11)
+    out = {name: np.zeros((batches, 4)) for name in objectives}
+    for b in range(batches):
+        rows = corpus.sample(batch_size, data)
+        maskable = int(masking.maskable(rows).sum())
+        for name, objective in objectives.items():
+            batch = objective.corrupt(rows, torch.Generator().manual_seed(seed * 100_003 + b))
+            grad = objective_gradient(model, objective, batch.to(device))
+            norm, dot = float(flat_norm(grad)), float(flat_dot(grad, downstream_grad))
+            masked = int((batch.labels != IGNORE_INDEX).sum())
+            out[name][b] = dot / (norm * downstream_norm), dot, norm, masked / maskable
+    return out
+
+
+def measure(rows: dict[str, np.ndarray], seed: int) -> dict[str, Any]:
+    """Means and intervals per condition, and the paired differences from ``matched``."""
+    figures: dict[str, Any] = {"batches": int(len(rows["matched"])), "conditions": {}, "difference_from_matched": {}}
+    for name, values in rows.items():
+        mean, low, high = mean_ci95(values[:, 0])
+        figures["conditions"][name] = {
+            "cosine": mean, "cosine_ci95": [low, high],
+            "dot": float(values[:, 1].mean()), "grad_norm": float(values[:, 2].mean()),
+            "masked_share": float(values[:, 3].mean()),
+        }
+    for name in rows:
+        if name == "matched":
+            continue
+        difference = rows["matched"][:, 0] - rows[name][:, 0]
+        mean, low, high = mean_ci95(difference)
+        figures["difference_from_matched"][name] = {
+            "cosine": mean, "ci95": [low, high],
+            "ci95_bootstrap": list(bootstrap_ci95(difference, seed_for(seed, NAME, name))),
+            "matched_better_fraction": float(np.mean(difference > 0)),
+        }
+    return figures
+
+
+def decide(figures: dict[str, Any]) -> tuple[str, str]:
+    """The verdict from the paired intervals against every mismatched condition."""
+    differences = figures["difference_from_matched"]
+    sides = {name: _support.verdict_from_interval(*differences[name]["ci95"], 0.0, "above") for name in MISMATCHED}
+    if any(side == REFUTED for side in sides.values()):
+        verdict = REFUTED
+    elif all(side == CONFIRMED for side in sides.values()):
+        verdict = CONFIRMED
+    else:
+        verdict = INCONCLUSIVE
+    conditions = figures["conditions"]
+    parts = [f"cos(matched) - cos({name}) = {differences[name]['cosine']:+.4f} "
+             f"[{differences[name]['ci95'][0]:+.4f}, {differences[name]['ci95'][1]:+.4f}]" for name in differences]
+    cosines = ", ".join(f"{name} {c['cosine']:+.4f}" for name, c in conditions.items())
+    reason = (f"paired over {figures['batches']} batches: {'; '.join(parts)} (verdict compares with "
+              f"{' and '.join(MISMATCHED)}); mean cosines with grad D: {cosines}")
+    return verdict, reason
+
+
+def _plot(figures: dict[str, Any], setting: Setting) -> str:
+    """Mean cosine with ``∇D`` per condition with its interval, and the answer-length distribution."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7, 4))
+    left, right = figure.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    conditions = figures["conditions"]
+    names = list(conditions)
+    means = np.array([conditions[n]["cosine"] for n in names])
+    intervals = np.array([conditions[n]["cosine_ci95"] for n in names])
+    colors = ["tab:green" if n == "matched" else "tab:gray" if n == "single_word" else "tab:red" for n in names]
+    left.bar(range(len(names)), means, color=colors, alpha=0.7)
+    left.errorbar(range(len(names)), means, yerr=[means - intervals[:, 0], intervals[:, 1] - means], fmt="none",
+                  ecolor="black", capsize=4)
+    left.axhline(0.0, color="black", linewidth=0.8)
+    left.set_xticks(range(len(names)))
+    left.set_xticklabels([f"{n}\n(mean {figures['mean_span_words'][n]:.1f} w)" for n in names], fontsize=7)
+    left.set_ylabel("cosine(grad span loss, grad D_qa)")
+    left.set_title("Alignment with qa, paired batches (95% CI)", fontsize=9)
+    lengths = {int(k): v for k, v in figures["answer_lengths"].items()}
+    right.bar(list(lengths), list(lengths.values()), color="tab:green", alpha=0.7)
+    right.set_xlabel("answer length (words)")
+    right.set_ylabel("share of qa answers")
+    right.set_title("qa answer lengths (= matched)", fontsize=9)
+    figure.tight_layout()
+    return save_figure(figure, setting.out_dir / f"{NAME}.png")

@@ -1,0 +1,232 @@
+"""Weight tying: with tied embeddings, the negative MLM gradient at the output points toward the
+target token's embedding.
+
+**Claim.** With the output (decoder) matrix tied to the input embeddings ``E``, the negative
+gradient of a masked token's loss with respect to the hidden state ``h`` that the decoder
+multiplies is ``−∂ℓ/∂h = E[y] − Σ_v p_v E[v]``: the target's embedding minus the model's expected
+embedding, so a step moves ``h`` toward the target token's own (input) embedding. Source: Press
+& Wolf 2017 (Using the Output Embedding to Improve Language Models); Inan et al. 2017 (Tying Word
+Vectors and Word Classifiers), as stated in issue 9.
+
+**What "h" is.** objreg's ``lm`` head is BERT's: ``dense → GELU → LayerNorm → decoder``, with the
+decoder weight tied to ``E`` (:func:`objreg.core.heads.tie_lm_heads`). The identity above holds
+exactly for ``h`` = the decoder's input (the head's transformed state), times ``1/K`` because the
+per-sample loss averages over the row's ``K`` masked tokens; the experiment checks it against
+autograd. It also reports the gradient with respect to the backbone's final hidden state (before
+the head's transform), where the head's Jacobian rotates it, but the verdict is about the
+decoder's input, where the claim's derivation applies.
+
+**Setting.** The default model (``mlm`` heads) built from the same seed twice: *tied* (as every
+model plugin builds it) and *untied* (the decoder gets its own matrix, drawn like the other
+weights, normal with std 0.02). Each is measured at initialisation and after training with ``mlm``
+on the default corpus (quick: 30 AdamW steps of 16 rows; full: 300), on the same held-out rows
+with the same ``mlm`` corruption (quick: 32 rows of 128 tokens; full: 128).
+
+**Measured.** At every masked position, ``g = −∂ℓ/∂h`` by ``torch.autograd``, and its cosine with
+the target's input embedding ``E[y]``, with the target's decoder row ``W_out[y]`` (equal to
+``E[y]`` when tied), and, as the baseline, with the input embeddings of 16 random ordinary tokens.
+Per row, the mean of ``cos(g, E[y]) − cos(g, E[random])``; its mean over rows with a Student-t
+95% interval.
+
+**Verdict.** For the tied model, at initialisation and after training: ``confirmed`` when both
+intervals of the target-minus-baseline cosine lie above 0, ``refuted`` when one lies wholly at or
+below 0, ``inconclusive`` otherwise. The untied model is the contrast (its gradient points to
+``W_out[y]``, not to ``E[y]``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from objreg.analysis.stats import mean_ci95
+from objreg.core.masking import gather_positions, ordinary_ids
+from objreg.core.registry import Objective
+from objreg.core.types import CorruptedBatch, ModelOutputs
+from objreg.experiments import _support
+from objreg.experiments.base import (
+    CONFIRMED,
+    INCONCLUSIVE,
+    REFUTED,
+    ExperimentResult,
+    Setting,
+    save_figure,
+    verdict_from_interval,
+)
+
+NAME = "weight-tying"
+CLAIM = ("With tied embeddings the negative gradient of the MLM loss with respect to the final hidden state points "
+         "toward the target token's embedding.")
+TYINGS = ("tied", "untied")
+STAGES = ("init", "trained")
+STATES = ("decoder_input", "backbone_output")
+
+
+@dataclass(frozen=True)
+class Config:
+    """Sizes of the experiment."""
+
+    train_steps: int
+    rows: int
+    batch_size: int = 16
+    seq_len: int = 128
+    lr: float = 1e-3
+    random_tokens: int = 16
+
+
+QUICK = Config(train_steps=30, rows=32)
+FULL = Config(train_steps=300, rows=128)
+
+
+def run(setting: Setting) -> ExperimentResult:
+    return _run(QUICK if setting.quick else FULL, setting)
+
+
+def _run(config: Config, setting: Setting, text: _support.DefaultText | None = None,
+         model_config: dict | None = None) -> ExperimentResult:
+    device = _support.device_of(setting)
+    setting.status("loading the default corpus")
+    text = text or _support.default_text(config.seq_len)
+    mlm = text.registry.get("mlm", vocab=text.train.vocab)
+    tokens = text.heldout.sample(config.rows, torch.Generator().manual_seed(setting.seed * 7919 + 3))
+    batch = mlm.corrupt(tokens, torch.Generator().manual_seed(setting.seed * 7919 + 4)).to(device)
+    figures: dict = {}
+    cosines: dict = {}
+    for tying in TYINGS:
+        model = _support.mlm_model(text.registry, mlm, setting.seed, model_config)
+        if tying == "untied":
+            _support.untie_lm_head(model, torch.Generator().manual_seed(setting.seed * 7919 + 5))
+        model.to(device)
+        figures[tying] = {}
+        for stage in STAGES:
+            if stage == "trained":
+                setting.status(f"training the {tying} model for {config.train_steps} steps")
+                losses = _support.train_mlm(model, mlm, text.train, steps=config.train_steps,
+                                            batch_size=config.batch_size, lr=config.lr, seed=setting.seed,
+                                            device=device)
+                figures[tying]["training_loss"] = _support.loss_summary(losses)
+            setting.status(f"measuring the {tying} model ({stage})")
+            random = torch.Generator().manual_seed(setting.seed * 7919 + 6)
+            measured = gradient_cosines(model, mlm, batch, config.random_tokens, random)
+            figures[tying][stage] = summarise(measured)
+            cosines[(tying, stage)] = measured
+    verdict, reason = decide(figures)
+    plots = [_plot(cosines, setting)] if setting.out_dir is not None else []
+    return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
+                            {**asdict(config), "seed": setting.seed, "quick": setting.quick, "device": str(device),
+                             "model": "default" if not model_config else model_config,
+                             "h": "decoder input (after the lm head's dense, GELU and LayerNorm)"}, plots)
+
+
+def gradient_cosines(model: nn.Module, objective: Objective, batch: CorruptedBatch, random_tokens: int,
+                     generator: torch.Generator) -> dict:
+    """Per masked position: the cosines of ``−∂ℓ/∂h`` (``h`` the decoder input, and the backbone
+    output) with the target's input embedding, its decoder row and random tokens' embeddings;
+    plus the largest relative error of the identity ``−K ∂ℓ/∂h = W[y] − Σ p_v W[v]``."""
+    head = model.heads["lm"]
+    captured = {}
+    hook = head.decoder.register_forward_pre_hook(lambda _module, args: captured.__setitem__("x", args[0]))
+    try:
+        hidden = model.encode(batch.input_ids, objective.attention_mask(batch), batch.position_ids)
+        loss = objective.loss(ModelOutputs(hidden, model), batch)  # (B,)
+        decoder_input = captured["x"]  # (B, K, H)
+        grad_hidden, grad_decoder = torch.autograd.grad(loss.sum(), [hidden, decoder_input])
+    finally:
+        hook.remove()
+    positions, weights = batch.extras["masked_positions"], batch.extras["masked_weights"]  # (B, K)
+    real = weights > 0
+    targets = batch.labels.gather(1, positions).clamp(min=0)  # (B, K)
+    embedding = model.backbone.token_embedding.weight.detach()
+    decoder = head.decoder.weight.detach()
+    with torch.no_grad():
+        probs = torch.softmax(head.decoder(decoder_input), dim=-1)  # (B, K, V)
+        identity = decoder[targets] - probs @ decoder  # (B, K, H)
+        scaled = -grad_decoder * real.sum(dim=1, keepdim=True)[..., None]  # undo the 1/K of the mean
+        error = ((scaled - identity).norm(dim=-1) / identity.norm(dim=-1).clamp(min=1e-30))[real]
+        pool = ordinary_ids(objective.vocab, embedding.device)
+        picks = pool[torch.randint(len(pool), (*targets.shape, random_tokens), generator=generator).to(pool.device)]
+        not_target = picks != targets[..., None]  # a draw equal to the target is left out of the baseline
+        out = {"identity_max_relative_error": float(error.max()) if error.numel() else 0.0, "real": real.cpu()}
+        grads = {"decoder_input": -grad_decoder, "backbone_output": -gather_positions(grad_hidden, positions)}
+        for state, grad in grads.items():
+            target_e = F.cosine_similarity(grad, embedding[targets], dim=-1)
+            target_w = F.cosine_similarity(grad, decoder[targets], dim=-1)
+            baseline = F.cosine_similarity(grad[..., None, :], embedding[picks], dim=-1)  # (B, K, R)
+            baseline = (baseline * not_target).sum(dim=-1) / not_target.sum(dim=-1).clamp(min=1)
+            out[state] = {"target_embedding": target_e.cpu(), "target_decoder_row": target_w.cpu(),
+                          "random_embedding": baseline.cpu()}
+    return out
+
+
+def _row_means(values: torch.Tensor, real: torch.Tensor) -> np.ndarray:
+    rows = real.any(dim=1)
+    means = (torch.where(real, values, 0.0).sum(dim=1) / real.sum(dim=1).clamp(min=1))[rows]
+    return means.double().numpy()
+
+
+def summarise(measured: dict) -> dict:
+    """Means over masked positions, and the per-row target-minus-baseline cosine with its interval."""
+    real = measured["real"]
+    out = {"identity_max_relative_error": measured["identity_max_relative_error"], "masked_positions": int(real.sum())}
+    for state in STATES:
+        m = measured[state]
+        difference = _row_means(m["target_embedding"] - m["random_embedding"], real)
+        mean, low, high = mean_ci95(difference)
+        out[state] = {
+            "cos_target_embedding": float(m["target_embedding"][real].mean()),
+            "cos_target_decoder_row": float(m["target_decoder_row"][real].mean()),
+            "cos_random_embedding": float(m["random_embedding"][real].mean()),
+            "target_minus_random": {"mean": mean, "ci95": [low, high], "rows": len(difference)},
+        }
+    return out
+
+
+def decide(figures: dict) -> tuple[str, str]:
+    verdicts = [
+        verdict_from_interval(*figures["tied"][stage]["decoder_input"]["target_minus_random"]["ci95"], threshold=0.0)
+        for stage in STAGES
+    ]
+    verdict = REFUTED if REFUTED in verdicts else CONFIRMED if all(v == CONFIRMED for v in verdicts) else INCONCLUSIVE
+
+    def part(tying: str, stage: str, state: str = "decoder_input") -> str:
+        f = figures[tying][stage][state]
+        ci = f["target_minus_random"]["ci95"]
+        return (f"{f['cos_target_embedding']:.3f} vs random {f['cos_random_embedding']:.3f} "
+                f"(difference CI [{ci[0]:.3f}, {ci[1]:.3f}])")
+
+    reason = (
+        f"cosine of -dl/dh (h = decoder input) with the target's embedding, tied: {part('tied', 'init')} at init, "
+        f"{part('tied', 'trained')} after training; untied: {part('untied', 'init')} at init, "
+        f"{part('untied', 'trained')} after training; at the backbone output (before the head's transform), tied: "
+        f"{figures['tied']['init']['backbone_output']['cos_target_embedding']:.3f} at init, "
+        f"{figures['tied']['trained']['backbone_output']['cos_target_embedding']:.3f} after training"
+    )
+    return verdict, reason
+
+
+def _plot(cosines: dict, setting: Setting) -> str:
+    """Distributions of cos(−∂ℓ/∂h, E[y]) per model and stage, against the random-token baseline."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(7, 4))
+    axes = figure.subplots(1, 2)
+    bins = np.linspace(-1, 1, 61)
+    for ax, state, title in zip(axes, STATES, ("h = decoder input", "h = backbone output")):
+        for (tying, stage), color in zip(cosines, ("tab:blue", "tab:cyan", "tab:red", "tab:orange")):
+            m = cosines[(tying, stage)]
+            values = m[state]["target_embedding"][m["real"]].numpy()
+            ax.hist(values, bins=bins, density=True, histtype="step", color=color, label=f"{tying}, {stage}")
+        m = cosines[("tied", "trained")]
+        ax.hist(m[state]["random_embedding"][m["real"]].numpy(), bins=bins, density=True, alpha=0.3, color="grey",
+                label="random tokens (tied, trained)")
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("cos(-dl/dh, E[target])")
+    axes[0].set_ylabel("density")
+    axes[1].legend(fontsize=7)
+    figure.suptitle("Negative MLM gradient vs the target token's input embedding", fontsize=10)
+    figure.tight_layout()
+    return save_figure(figure, setting.out_dir / f"{NAME}.png")

@@ -1,0 +1,118 @@
+"""nsp-vs-sop: the probe statistics against loops, the verdict rule, and a tiny run."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import objreg
+from objreg.core.cache import cache_dir
+from objreg.core.tokenizer import TokenizedCorpus
+from objreg.experiments import _support
+from objreg.experiments import nsp_vs_sop as ns
+from objreg.experiments.base import Setting
+
+TINY_MODEL = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32}
+
+
+def test_balanced_accuracy_is_the_mean_recall_and_resamples_rows_whole():
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, size=(3, 20))
+    correct = rng.random((3, 20)) < 0.7
+    recalls = [np.mean([c for c, lab in zip(correct.ravel(), labels.ravel()) if lab == k]) for k in (0, 1)]
+    assert ns.balanced_accuracy(correct, labels) == pytest.approx(np.mean(recalls))
+    identity = np.arange(20)[None, :]
+    assert ns.balanced_accuracy(correct, labels, identity)[0] == pytest.approx(np.mean(recalls))
+    # A resample that takes row 4 twice counts all three of its draws twice.
+    labels[:, 4], labels[:, 7] = [0, 1, 0], [1, 1, 0]
+    picked = np.array([[4, 4, 7]])
+    c, lab = correct[:, [4, 4, 7]].ravel(), labels[:, [4, 4, 7]].ravel()
+    expected = np.mean([c[lab == k].mean() for k in (0, 1)])
+    assert ns.balanced_accuracy(correct, labels, picked)[0] == pytest.approx(expected)
+    # A predictor that ignores its input sits at 0.5 whatever the label shares.
+    skewed = np.array([[0, 0, 0, 1]])
+    assert ns.balanced_accuracy(skewed == 0, skewed) == 0.5
+
+
+def test_auc_counts_pairs_with_ties_as_half():
+    rng = np.random.default_rng(1)
+    scores = rng.integers(0, 5, size=30).astype(float)  # many ties
+    labels = rng.integers(0, 2, size=30)
+    pos, neg = scores[labels == 0], scores[labels == 1]
+    pairs = [1.0 if p > n else 0.5 if p == n else 0.0 for p, n in itertools.product(pos, neg)]
+    assert float(ns.auc(scores, labels)) == pytest.approx(np.mean(pairs))
+
+
+def test_segment_overlap_matches_sets_read_between_the_separators(tokenizer, texts):
+    registry = objreg.Registry.load(load_entrypoints=False)
+    nsp = registry.get("nsp", vocab=tokenizer.vocab)
+    rows = tokenizer.batch_from_texts(texts, 48)
+    batch = nsp.corrupt(rows, torch.Generator().manual_seed(0))
+    overlap = ns.segment_overlap(batch, tokenizer.vocab.special_ids)
+    v = tokenizer.vocab
+    for b, ids in enumerate(batch.input_ids.tolist()):
+        seps = [i for i, t in enumerate(ids) if t == v.sep_id]
+        first, second = set(ids[1:seps[0]]), set(ids[seps[0] + 1:seps[1]])
+        assert overlap[b] == pytest.approx(len(first & second) / len(first | second))
+
+
+def _figures(topic, nsp_own, nsp_order, difference):
+    def interval(lo_hi):
+        return {"value": sum(lo_hi) / 2, "ci95": list(lo_hi)}
+
+    return {
+        "probes": {"topic_mismatched": {"topic_auc": interval(topic)}},
+        "balanced_accuracy": {"nsp_model": {"topic_mismatched": interval(nsp_own),
+                                            "topic_matched_order": interval(nsp_order)},
+                              "sop_model": {"topic_matched_order": interval((0.6, 0.7))}},
+        "sop_minus_nsp_on_order_probe": interval(difference),
+    }
+
+
+@pytest.mark.parametrize(("topic", "nsp_own", "nsp_order", "difference", "expected"), [
+    ((0.7, 0.8), (0.6, 0.7), (0.47, 0.53), (0.05, 0.2), "confirmed"),
+    ((0.7, 0.8), (0.45, 0.55), (0.47, 0.53), (0.05, 0.2), "inconclusive"),  # NSP did not learn its task
+    ((0.7, 0.8), (0.6, 0.7), (0.42, 0.53), (0.05, 0.2), "inconclusive"),  # not clearly within the band
+    ((0.7, 0.8), (0.6, 0.7), (0.6, 0.7), (0.05, 0.2), "refuted"),  # NSP learned order
+    ((0.7, 0.8), (0.6, 0.7), (0.47, 0.53), (-0.2, -0.05), "refuted"),  # SOP worse on order
+    ((0.4, 0.48), (0.6, 0.7), (0.47, 0.53), (0.05, 0.2), "refuted"),  # topic says nothing
+])
+def test_verdict_rule(topic, nsp_own, nsp_order, difference, expected):
+    figures = _figures(topic, nsp_own, nsp_order, difference)
+    verdict, reason = ns.decide(figures)
+    assert verdict == expected
+    assert "chance band 0.5 +- 0.05" in reason
+
+
+@pytest.fixture(scope="module")
+def corpus_file(tmp_path_factory, texts):
+    # 20 documents (two held out by the corpus split, each with three sentences or more).
+    path = tmp_path_factory.mktemp("nsp") / "corpus.txt"
+    path.write_text("\n\n".join(f"{texts[i % len(texts)]} Note {i} ends here." for i in range(20)))
+    return path
+
+
+def test_a_tiny_run_is_deterministic(corpus_file, tmp_path):
+    registry = objreg.Registry.load(load_entrypoints=False)
+    corpus = registry.load_corpus(str(corpus_file), cache_dir())
+    tokenizer = registry.load_tokenizer("default", corpus, cache_dir())
+    rows = TokenizedCorpus(tokenizer, corpus, 40)
+    text = _support.DefaultText(registry, rows, rows)
+    config = ns.Config(steps=3, batch_size=4, seq_len=40, probe_draws=2, align_steps=2, align_batch_size=2,
+                       align_eval_size=2, align_head_warmup_steps=2, align_head_fit_size=2, resamples=200)
+    setting = Setting(quick=True, seed=0, out_dir=tmp_path, device="cpu")
+    result = ns._run(config, setting, text=text, model_config=TINY_MODEL, corpus=str(corpus_file))
+    json.dumps(result.to_dict(), allow_nan=False)
+    figures = result.figures
+    assert figures["probes"]["topic_mismatched"]["rows"] == len(rows.eligible(2))
+    for probe in ns.PROBES:
+        assert 0.0 <= figures["balanced_accuracy"]["nsp_model"][probe]["value"] <= 1.0
+    assert figures["alignment_with_ordering"]["probes"] == 2
+    assert (tmp_path / "nsp-vs-sop.png").is_file()
+    again = ns._run(config, Setting(quick=True, seed=0, device="cpu"), text=text, model_config=TINY_MODEL,
+                    corpus=str(corpus_file))
+    assert again.figures == figures
