@@ -16,10 +16,10 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
+from objreg import experiments
 from objreg.analysis.config import AnalysisConfig
 from objreg.analysis.report import AlignmentReport
 from objreg.analysis.run import analyze
-from objreg import experiments
 from objreg.core import heads, masking, masks, spans
 from objreg.core.cache import cache_dir
 from objreg.core.errors import (

@@ -11,8 +11,9 @@ from typing import Any
 import torch
 
 from objreg.analysis.curvature import HVP_METHODS
+from objreg.analysis.devices import resolve_device
 from objreg.analysis.schedules import parse_schedules, weights_at
-from objreg.core.errors import DeviceError, InvalidParameterError
+from objreg.core.errors import InvalidParameterError
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -140,20 +141,7 @@ class AnalysisConfig:
 
     def resolved_device(self) -> torch.device:
         """The device to run on; asking for CUDA where there is none is an error."""
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        try:
-            device = torch.device(self.device)
-        except RuntimeError:
-            raise InvalidParameterError(f"device must be auto, cpu or cuda[:N], got {self.device!r}") from None
-        if device.type == "cuda":
-            if not torch.cuda.is_available():
-                raise DeviceError(f"device {self.device!r} requested but CUDA is not available on this machine; use --device cpu")
-            if device.index is not None and device.index >= torch.cuda.device_count():
-                raise DeviceError(f"device {self.device!r} requested but only {torch.cuda.device_count()} CUDA device(s) exist")
-        elif device.type != "cpu":
-            raise InvalidParameterError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
-        return device
+        return resolve_device(self.device)
 
     def to_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from objreg.analysis.devices import resolve_device
 from objreg.core.errors import DeviceError, InvalidParameterError
 
 T = TypeVar("T")
@@ -142,18 +143,29 @@ class ProcessGroup(Group):
         nccl = "nccl" in backend and device is not None and device.type == "cuda"
         self.comm_device = device if nccl else torch.device("cpu")
 
+    def _collective_per_dtype(self, tensors: Sequence[torch.Tensor], collective: Callable[[torch.Tensor], Any]
+                              ) -> list[torch.Tensor]:
+        """Apply the in-place ``collective`` to one flat buffer per dtype (one call however many
+        tensors); returns each tensor's part of the result, shaped like it, on ``comm_device``."""
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for i, t in enumerate(tensors):
+            by_dtype.setdefault(t.dtype, []).append(i)
+        out: list[torch.Tensor] = [None] * len(tensors)  # type: ignore[list-item]
+        for indices in by_dtype.values():
+            buffer = torch.cat([tensors[i].detach().reshape(-1).to(self.comm_device) for i in indices])
+            collective(buffer)
+            for i, part in zip(indices, buffer.split([tensors[i].numel() for i in indices])):
+                out[i] = part.reshape(tensors[i].shape)
+        return out
+
     def all_reduce_sum(self, tree: T) -> T:
         leaves, spec = tree_flatten(tree)
+        indices = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        summed = self._collective_per_dtype([leaves[i] for i in indices],
+                                            lambda buffer: dist.all_reduce(buffer, op=dist.ReduceOp.SUM))
         out = list(leaves)
-        by_dtype: dict[torch.dtype, list[int]] = {}
-        for i, leaf in enumerate(leaves):
-            if isinstance(leaf, torch.Tensor):
-                by_dtype.setdefault(leaf.dtype, []).append(i)
-        for indices in by_dtype.values():
-            buffer = torch.cat([leaves[i].detach().reshape(-1).to(self.comm_device) for i in indices])
-            dist.all_reduce(buffer, op=dist.ReduceOp.SUM)
-            for i, part in zip(indices, buffer.split([leaves[i].numel() for i in indices])):
-                out[i] = part.reshape(leaves[i].shape).to(leaves[i].device)
+        for i, total in zip(indices, summed):
+            out[i] = total.to(leaves[i].device)
         return tree_unflatten(out, spec)
 
     def all_gather(self, arrays: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -194,14 +206,8 @@ class ProcessGroup(Group):
 
     @torch.no_grad()
     def sync_(self, tensors: Sequence[torch.Tensor]) -> None:
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for t in tensors:
-            by_dtype.setdefault(t.dtype, []).append(t)
-        for group in by_dtype.values():
-            buffer = torch.cat([t.detach().reshape(-1).to(self.comm_device) for t in group])
-            dist.broadcast(buffer, src=0)
-            for t, part in zip(group, buffer.split([t.numel() for t in group])):
-                t.copy_(part.reshape(t.shape))
+        for t, main in zip(tensors, self._collective_per_dtype(tensors, lambda buffer: dist.broadcast(buffer, src=0))):
+            t.copy_(main)
 
     def barrier(self) -> None:
         dist.barrier()
@@ -351,33 +357,19 @@ def device_and_backend(device: str, local_rank: int, local_world_size: int, back
         InvalidParameterError: ``cuda:N`` (one GPU) for several processes on this node, or a bad
             device string.
     """
-    setting = (device or "auto").strip()
-    if setting == "auto":
-        chosen = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        try:
-            chosen = torch.device(setting)
-        except RuntimeError:
-            raise InvalidParameterError(f"device must be auto, cpu or cuda[:N], got {device!r}") from None
+    chosen = resolve_device((device or "auto").strip())
     if chosen.type == "cpu":
         if backend == "nccl":
             raise DeviceError(f"{ENV_BACKEND}=nccl needs CUDA devices, and this run is on the CPU; use gloo "
                               f"(unset {ENV_BACKEND}) or run on GPUs")
         return chosen, "gloo"
-    if chosen.type != "cuda":
-        raise InvalidParameterError(f"device must be auto, cpu or cuda[:N], got {device!r}")
-    if not torch.cuda.is_available():
-        raise DeviceError(f"device {device!r} requested but CUDA is not available on this machine; use --device cpu")
-    count = torch.cuda.device_count()
-    if chosen.index is not None:
-        if local_world_size > 1:
-            raise InvalidParameterError(
-                f"device {device!r} names one GPU for the {local_world_size} processes torchrun started on this "
-                f"node; use --device cuda (process LOCAL_RANK computes on cuda:LOCAL_RANK)"
-            )
-        if chosen.index >= count:
-            raise DeviceError(f"device {device!r} requested but only {count} CUDA device(s) exist")
-    else:
+    if chosen.index is not None and local_world_size > 1:
+        raise InvalidParameterError(
+            f"device {device!r} names one GPU for the {local_world_size} processes torchrun started on this "
+            f"node; use --device cuda (process LOCAL_RANK computes on cuda:LOCAL_RANK)"
+        )
+    if chosen.index is None:
+        count = torch.cuda.device_count()
         if local_world_size > count or local_rank >= count:
             raise DeviceError(
                 f"torchrun started {max(local_world_size, local_rank + 1)} processes on this node but only {count} "
@@ -389,12 +381,6 @@ def device_and_backend(device: str, local_rank: int, local_world_size: int, back
     if backend == "nccl" and not dist.is_nccl_available():
         raise DeviceError(f"{ENV_BACKEND}=nccl but this PyTorch build has no NCCL; use gloo")
     return chosen, backend
-
-
-def launched(environ: Mapping[str, str] | None = None) -> bool:
-    """Whether the environment is that of a multi-process ``torchrun`` launch."""
-    environ = os.environ if environ is None else environ
-    return _integer(environ, "WORLD_SIZE", default=1) > 1
 
 
 def from_environment(device: str = "auto", environ: Mapping[str, str] | None = None) -> Group:
@@ -474,6 +460,5 @@ __all__ = [
     "check_batch",
     "device_and_backend",
     "from_environment",
-    "launched",
     "shard_bounds",
 ]

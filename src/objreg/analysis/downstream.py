@@ -135,13 +135,9 @@ class Downstream:
             mine = torch.stack(sums) if sums else torch.zeros(0, dtype=like.dtype, device=like.device)
             every = self.group.all_gather([mine])[0]
             world, count = self.group.world_size, len(self.chunks)
-            sums = [every[self._gathered_index(j, world, count)] for j in range(count)]
+            dealt = [j for rank in range(world) for j in range(rank, count, world)]  # the gather's chunk order
+            sums = [None] * count
+            for position, chunk in enumerate(dealt):
+                sums[chunk] = every[position]
         total = sum(sums)
         return float(total) / self.batch.batch_size
-
-    @staticmethod
-    def _gathered_index(chunk: int, world: int, count: int) -> int:
-        """Where chunk ``chunk`` sits in the rank-ordered gather of round-robin dealt chunks."""
-        rank, position = chunk % world, chunk // world
-        before = sum(len(range(r, count, world)) for r in range(rank))
-        return before + position

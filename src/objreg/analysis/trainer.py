@@ -191,12 +191,11 @@ class Trainer:
         gathered = _Gathered(tokens, batches, {}, {})
         for name, batch in batches.items():
             objective = self.objectives[name]
-            rows = self._rows(objective, batch.batch_size)
-            local = batch if rows is None else batch.select(rows)
+            local, sharded = self._share(objective, batch)
             # This process's share of the mean over the whole batch.
             loss = model_losses(self.model, objective, local, objective.attention_mask(local)).sum() / batch.batch_size
             grads = torch.autograd.grad(loss, list(self.trainable.values()), allow_unused=True)
-            if rows is not None:
+            if sharded:
                 loss, grads = self.group.all_reduce_sum((loss.detach(), list(grads)))
             # The whole batch's loss: every process takes the same decision.
             if not torch.isfinite(loss):
@@ -226,12 +225,12 @@ class Trainer:
             self.model.train()
         return record
 
-    def _rows(self, objective: Objective, batch_size: int) -> slice | None:
-        """This process's rows of a batch of ``objective``, None where it computes it whole (one
-        process, or a batch-coupled objective, whose per-example losses need every row)."""
+    def _share(self, objective: Objective, batch: CorruptedBatch) -> tuple[CorruptedBatch, bool]:
+        """This process's rows of ``batch`` and whether they are a share of it; the whole batch
+        in one process, or for a batch-coupled objective (its per-example losses need every row)."""
         if not self.group.distributed or objective.info.batch_coupled:
-            return None
-        return self.group.shard(batch_size)
+            return batch, False
+        return batch.select(self.group.shard(batch.batch_size)), True
 
     def _probe(self, step: int, weights: dict[str, float], data: _Gathered
                ) -> tuple[dict[str, Any], Callable[[dict[str, Any]], None]]:
@@ -269,15 +268,14 @@ class Trainer:
         scaled_downstream = split.apply(downstream_grad) if split.scale is None else None
         for name in names:
             batch = data.batches[name]
-            rows = self._rows(self.objectives[name], batch.batch_size)
-            local = batch if rows is None else batch.select(rows)
+            local, sharded = self._share(self.objectives[name], batch)
             function = ObjectiveFunction(self.model, self.objectives[name], local)
             dots, method = per_sample_dots(function, before, downstream_grad, self.per_sample_method)
             self.methods_used.add(method)
             per_example = [dots]
             if scaled_downstream is not None and weights[name] != 0:
                 per_example.append(per_sample_dots(function, before, scaled_downstream, self.per_sample_method)[0])
-            if rows is not None:  # every process's rows, in row order
+            if sharded:  # every process's rows, in row order
                 per_example = self.group.all_gather(per_example)
             dots_np = per_example[0].detach().double().cpu().numpy()
             record["alignment"][name] = alignment_stats(

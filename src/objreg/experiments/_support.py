@@ -1,5 +1,5 @@
 """Pieces shared by the statistical experiments (entropy masking, weight tying, ...): the default
-text, a briefly MLM-trained default model, the device, and the equivalence verdict.
+text, a briefly MLM-trained default model, and the equivalence verdict.
 
 Not an experiment itself (it has no ``NAME``); the leading underscore keeps it out of listings.
 """
@@ -14,18 +14,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from objreg.analysis.config import AnalysisConfig
 from objreg.analysis.functional import model_losses
 from objreg.core.cache import cache_dir
 from objreg.core.registry import Objective, Registry, merge_heads
 from objreg.core.tokenizer import TokenizedCorpus
-from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, Setting, verdict_from_interval
-
-
-def device_of(setting: Setting) -> torch.device:
-    """The device ``setting.device`` names (``auto``: CUDA where available), validated as
-    ``objreg analyze`` validates it."""
-    return AnalysisConfig(pretrain=("mlm",), device=setting.device).resolved_device()
+from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, verdict_from_interval
 
 
 def equivalence_verdict(low: float, high: float, lower: float, upper: float) -> str:

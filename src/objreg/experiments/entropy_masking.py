@@ -46,6 +46,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from objreg.analysis.devices import resolve_device
 from objreg.analysis.surprisal import token_surprisal
 from objreg.core.masking import inclusion_probabilities, maskable
 from objreg.core.types import IGNORE_INDEX, TokenBatch
@@ -84,7 +85,7 @@ def run(setting: Setting) -> ExperimentResult:
 
 def _run(config: Config, setting: Setting, text: _support.DefaultText | None = None,
          model_config: dict | None = None) -> ExperimentResult:
-    device = _support.device_of(setting)
+    device = resolve_device(setting.device)
     setting.status("loading the default corpus")
     text = text or _support.default_text(config.seq_len)
     registry, vocab = text.registry, text.train.vocab

@@ -52,6 +52,7 @@ import torch
 from scipy.stats import rankdata
 from torch import nn
 
+from objreg.analysis.devices import resolve_device
 from objreg.analysis.functional import model_losses
 from objreg.analysis.run import analyze
 from objreg.analysis.stats import mean_ci95, seed_for
@@ -100,7 +101,7 @@ def run(setting: Setting) -> ExperimentResult:
 
 def _run(config: Config, setting: Setting, text: _support.DefaultText | None = None,
          model_config: dict | None = None, corpus: str = "default") -> ExperimentResult:
-    device = _support.device_of(setting)
+    device = resolve_device(setting.device)
     setting.status("loading the default corpus")
     text = text or _support.default_text(config.seq_len)
     registry, vocab = text.registry, text.train.vocab

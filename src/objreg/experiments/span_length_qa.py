@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from objreg.analysis.devices import resolve_device
 from objreg.analysis.downstream import Downstream
 from objreg.analysis.functional import ObjectiveFunction, flat_dot, flat_norm, requiring_grad, shared_parameters
 from objreg.analysis.stats import bootstrap_ci95, mean_ci95, seed_for
@@ -88,7 +89,7 @@ def run(setting: Setting) -> ExperimentResult:
 
 def _run(config: Config, setting: Setting, text: _support.DefaultText | None = None,
          model_config: dict | None = None) -> ExperimentResult:
-    device = _support.device_of(setting)
+    device = resolve_device(setting.device)
     setting.status("loading the default corpus")
     text = text or _support.default_text(config.seq_len)
     registry, vocab, tokenizer = text.registry, text.train.vocab, text.train.tokenizer

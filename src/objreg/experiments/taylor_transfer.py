@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from objreg.analysis.devices import resolve_device
 from objreg.analysis.report import AlignmentReport
 from objreg.analysis.run import analyze
 from objreg.analysis.stats import bootstrap_ci95, mean_ci95, seed_for
@@ -88,7 +89,7 @@ def run(setting: Setting) -> ExperimentResult:
 
 
 def _run(config: Config, setting: Setting, registry: Registry | None = None) -> ExperimentResult:
-    device = _support.device_of(setting)
+    device = resolve_device(setting.device)
     registry = registry or Registry.load()
     reports = []
     for lr in config.lrs:

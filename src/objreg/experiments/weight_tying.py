@@ -43,6 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from objreg.analysis.devices import resolve_device
 from objreg.analysis.stats import mean_ci95
 from objreg.core.masking import gather_positions, ordinary_ids
 from objreg.core.registry import Objective
@@ -88,7 +89,7 @@ def run(setting: Setting) -> ExperimentResult:
 
 def _run(config: Config, setting: Setting, text: _support.DefaultText | None = None,
          model_config: dict | None = None) -> ExperimentResult:
-    device = _support.device_of(setting)
+    device = resolve_device(setting.device)
     setting.status("loading the default corpus")
     text = text or _support.default_text(config.seq_len)
     mlm = text.registry.get("mlm", vocab=text.train.vocab)
