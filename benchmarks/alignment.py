@@ -36,10 +36,10 @@ from benchmarks.common import (
     memory_method,
     peak_memory_here,
     peak_memory_in_subprocess,
-    resolve_device,
     rounded,
 )
 from objreg.analysis import per_sample
+from objreg.analysis.devices import resolve_device
 from objreg.analysis.functional import requiring_grad
 
 FAST = ("jvp", "ghost", "double_backward")

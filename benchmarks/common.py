@@ -21,8 +21,8 @@ from typing import Any
 import torch
 
 import objreg
-from objreg.analysis.functional import ObjectiveFunction, detached, shared_parameters
-from objreg.analysis.per_sample import mean_gradient
+from objreg.analysis.curvature import Curvature
+from objreg.analysis.functional import ObjectiveFunction, Params, detached, shared_parameters
 from objreg.core.registry import merge_heads
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,15 +61,6 @@ def machine(device: torch.device) -> dict[str, Any]:
         info["gpu"] = torch.cuda.get_device_name(device)
         info["cuda"] = torch.version.cuda
     return info
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit(f"--device {name}: CUDA is not available on this machine")
-    return device
 
 
 def synchronize(device: torch.device) -> None:
@@ -192,6 +183,12 @@ class Workload:
         return sum(t.numel() for t in self.shared.values())
 
 
+def mean_gradient(functions: Sequence[ObjectiveFunction], shared: Params) -> Params:
+    """The gradient of the mean loss over every example of ``functions`` (chunks of one set), as
+    :class:`Curvature` takes it for ``D`` (no Hessian-vector product)."""
+    return Curvature(list(functions), shared, "forward_over_reverse").gradient_and_products([])[0]
+
+
 def build_workload(
     objective: str,
     model_name: str,
@@ -225,7 +222,7 @@ def build_workload(
     function = ObjectiveFunction(model, main, batch.to(device))
     shared = detached(shared_parameters(model))
     downstream_functions = list(ObjectiveFunction(model, task, task_batch.to(device)).chunks(downstream_size))
-    direction, _ = mean_gradient(downstream_functions, shared)
+    direction = mean_gradient(downstream_functions, shared)
     return Workload(registry, tokenizer, model, function, shared, direction, downstream_functions, device)
 
 

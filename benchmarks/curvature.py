@@ -30,13 +30,13 @@ from benchmarks.common import (
     emit,
     interleaved,
     machine,
-    resolve_device,
+    mean_gradient,
     rounded,
     synchronize,
 )
 from objreg.analysis.curvature import Curvature
+from objreg.analysis.devices import resolve_device
 from objreg.analysis.functional import Params, flat_dot
-from objreg.analysis.per_sample import mean_gradient
 
 
 def s_from_products(directions: list[Params], products: list[Params]) -> torch.Tensor:
@@ -59,14 +59,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     sop = batch_for(workload, "sop", args.batch_size, args.seq_len)
     shared, downstream = workload.shared, workload.downstream
-    directions = [mean_gradient([workload.function], shared)[0], mean_gradient([sop], shared)[0]]
+    directions = [mean_gradient([workload.function], shared), mean_gradient([sop], shared)]
     total = sum(f.batch_size for f in downstream)
 
     def loss(params: Params) -> torch.Tensor:
         return sum(f(params).sum() for f in downstream) / total  # type: ignore[return-value]
 
     def gradient() -> Params:
-        return mean_gradient(downstream, shared)[0]
+        return mean_gradient(downstream, shared)
 
     def hvp() -> Params:
         return Curvature(downstream, shared, "forward_over_reverse").matvec(directions[0])

@@ -1,27 +1,26 @@
 """objreg: a plugin registry of Transformer pre-training objectives and a gradient-alignment
 analyzer for pre-training to downstream transfer.
 
-The public API. Plugin authors import from here alone::
+The public API. Plugin authors import from here (and from :mod:`objreg.toolkit`)::
 
     import objreg
 
     @objreg.hookimpl
     def objreg_objective_info():
         return objreg.ObjectiveInfo(name="myobjective", description="...")
+
+Importing objreg loads the contract and the toolkit only: the analyzer (``analyze``,
+``AnalysisConfig``, ``AlignmentReport``) and the experiments load on first use.
 """
 
 from __future__ import annotations
 
+import importlib
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from objreg import experiments
-from objreg.analysis.config import AnalysisConfig
-from objreg.analysis.report import AlignmentReport
-from objreg.analysis.run import analyze
-from objreg.core import heads, masking, masks, spans
-from objreg.core.cache import cache_dir
+from objreg.core import masks
 from objreg.core.errors import (
     DataError,
     DeviceError,
@@ -32,11 +31,13 @@ from objreg.core.errors import (
     UnknownNameError,
     UnknownObjectiveError,
 )
+from objreg.core.handles import Objective, Task
 from objreg.core.hookspecs import hookimpl, hookspec
 from objreg.core.manager import get_plugin_manager
-from objreg.core.randomness import uniform
-from objreg.core.registry import Objective, Registry
-from objreg.core.tokenizer import TokenizedCorpus, Tokenizer, split_sentences
+from objreg.core.masks import AttentionMask
+from objreg.core.model import Backbone, Model
+from objreg.core.providers import HeadKind, Provider
+from objreg.core.registry import Registry
 from objreg.core.types import (
     IGNORE_INDEX,
     Corpus,
@@ -45,26 +46,62 @@ from objreg.core.types import (
     ModelOutputs,
     ObjectiveInfo,
     Param,
-    ProviderInfo,
+    TaskData,
     TokenBatch,
     Vocabulary,
 )
+from objreg.toolkit.cache import cache_dir
+from objreg.toolkit.randomness import uniform
+from objreg.toolkit.tokenizer import TokenizedCorpus, Tokenizer, split_sentences
+
+if TYPE_CHECKING:
+    from objreg.analysis.config import AnalysisConfig
+    from objreg.analysis.report import AlignmentReport
+    from objreg.analysis.run import analyze
 
 try:
     __version__ = version("objreg")
 except PackageNotFoundError:  # an uninstalled checkout
     __version__ = "0+unknown"
 
+#: Loaded on first use, so that ``import objreg`` (and every plugin) stays light.
+_LAZY = {
+    "analyze": ("objreg.analysis.run", "analyze"),
+    "AnalysisConfig": ("objreg.analysis.config", "AnalysisConfig"),
+    "AlignmentReport": ("objreg.analysis.report", "AlignmentReport"),
+    "experiments": ("objreg.experiments", None),
+    "toolkit": ("objreg.toolkit", None),
+    # Transitional names of the restructure; removed when the plugins import objreg.toolkit.
+    "masking": ("objreg.core.masking", None),
+    "spans": ("objreg.core.spans", None),
+    "heads": ("objreg.toolkit.heads", None),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'objreg' has no attribute {name!r}")
+    module_name, attribute = _LAZY[name]
+    module = importlib.import_module(module_name)
+    value = module if attribute is None else getattr(module, attribute)
+    globals()[name] = value
+    return value
+
+
 __all__ = [
     "IGNORE_INDEX",
     "AlignmentReport",
     "AnalysisConfig",
+    "AttentionMask",
+    "Backbone",
     "Corpus",
     "CorruptedBatch",
     "DataError",
     "DeviceError",
+    "HeadKind",
     "HeadSpec",
     "InvalidParameterError",
+    "Model",
     "ModelOutputs",
     "NonFiniteLossError",
     "Objective",
@@ -72,8 +109,10 @@ __all__ = [
     "ObjregError",
     "Param",
     "PluginError",
-    "ProviderInfo",
+    "Provider",
     "Registry",
+    "Task",
+    "TaskData",
     "TokenBatch",
     "TokenizedCorpus",
     "Tokenizer",
@@ -87,16 +126,14 @@ __all__ = [
     "get_objective",
     "get_plugin_manager",
     "get_task",
-    "heads",
     "hookimpl",
     "hookspec",
     "list_objectives",
     "list_tasks",
-    "masking",
     "masks",
     "split_sentences",
-    "spans",
     "tokenize",
+    "toolkit",
     "uniform",
 ]
 
@@ -121,13 +158,13 @@ def get_objective(name: str, vocab: Vocabulary | None = None, registry: Registry
     return (registry or Registry.load()).get(name, vocab=vocab, **params)
 
 
-def get_task(name: str, registry: Registry | None = None, **params: Any) -> Objective:
+def get_task(name: str, registry: Registry | None = None, **params: Any) -> Task:
     """The downstream task ``name`` with ``params`` overriding its defaults."""
     return (registry or Registry.load()).get_task(name, **params)
 
 
 def default_tokenizer(registry: Registry | None = None, cache: Path | None = None) -> Tokenizer:
-    """The WordPiece tokenizer trained on the built-in default corpus (trained once, then cached)."""
+    """The WordPiece tokenizer of the built-in default corpus (shipped with objreg)."""
     registry = registry or Registry.load()
     directory = cache or cache_dir()
     corpus = registry.load_corpus("default", directory)

@@ -5,27 +5,43 @@
     def test_my_objective_keeps_the_contract():
         check_objective_contract("myobjective")
 
-It runs the objective on a tiny model in float64 and checks: corruption is deterministic for a
-generator seed and differs across seeds; shapes; the attention mask is bool ``[B, T, T]``, never
-attends to padding, and is causal where the objective says so; per-sample losses are finite and
-``[B]``; per-sample dots from one ``jvp`` equal a per-example reverse-mode loop; ``vmap(grad)``
-equals the loop (except for batch-coupled losses); forward-over-reverse HVPs equal double backward.
-Every failed check is reported, in one :class:`ContractError`.
+It runs the objective on a tiny model in float64 and checks what ``objreg analyze`` relies on:
+
+* corruption is deterministic for a generator seed, ignores the global RNG, and (when the hook
+  takes a generator) differs across seeds; shapes are ``[B, T]`` and extras have ``B`` first;
+* the attention mask never attends to padding and follows the declared pattern
+  (``ObjectiveInfo.attention``): causal masks never see the future, a prefix mask sees the
+  future only inside a prefix, a bidirectional one is symmetric;
+* per-sample losses are finite and ``[B]``, and a row's loss does not change when the other rows
+  are removed unless the objective declares ``batch_coupled``;
+* per-sample dots equal a per-example reverse-mode loop by every method the analyzer may use
+  (``jvp``, ``ghost``, ``vmap``, and whatever ``auto`` picks), and the HVPs of the analyzer's
+  curvature path equal double backward.
+
+Every failed check is reported, in one :class:`ContractError`, also when a hook raises.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 import objreg
-from objreg.analysis.curvature import hvp_double_backward, hvp_forward_over_reverse
+from objreg.analysis.curvature import Curvature, hvp_double_backward
 from objreg.analysis.functional import ObjectiveFunction, detached, shared_parameters
-from objreg.analysis.per_sample import dots_jvp, dots_loop, dots_vmap
+from objreg.analysis.per_sample import (
+    derivative_unsupported,
+    dots_ghost,
+    dots_jvp,
+    dots_loop,
+    dots_vmap,
+    per_sample_dots,
+)
+from objreg.core.masks import AttentionMask
 from objreg.core.registry import merge_heads
-from objreg.core.tokenizer import train_wordpiece
+from objreg.toolkit.wordpiece import train_wordpiece
 
 #: Sample documents: several sentences each, so sentence-level objectives have material.
 SAMPLE_TEXTS = (
@@ -57,6 +73,29 @@ def _same_batch(a: objreg.CorruptedBatch, b: objreg.CorruptedBatch) -> bool:
     return all(x.shape == y.shape and torch.equal(x, y) for x, y in pairs)
 
 
+def _difference(a: torch.Tensor, b: torch.Tensor) -> str:
+    return f"max abs difference {float((a - b).abs().max()):.3g}"
+
+
+class _Checks:
+    """Collects passed and failed checks; a check whose code raises fails with the error."""
+
+    def __init__(self) -> None:
+        self.passed: list[str] = []
+        self.problems: list[str] = []
+
+    def check(self, label: str, ok: bool, detail: str = "") -> None:
+        (self.passed.append(label) if ok else self.problems.append(f"{label}: {detail}" if detail else label))
+
+    def run(self, label: str, action: Callable[[], Any]) -> Any:
+        """``action()``, or None with a failed check naming the exception it raised."""
+        try:
+            return action()
+        except Exception as error:  # noqa: BLE001 - every failure is reported, not only the first
+            self.problems.append(f"{label}: raised {type(error).__name__}: {error}")
+            return None
+
+
 def check_objective_contract(
     name: str,
     registry: objreg.Registry | None = None,
@@ -81,14 +120,22 @@ def check_objective_contract(
     registry = registry or objreg.Registry.load()
     tokenizer = tokenizer or _sample_tokenizer(texts)
     objective = registry.get(name, vocab=tokenizer.vocab, **(params or {}))
-    where = f"objective {name!r} ({registry.origin(name)})"
-    problems: list[str] = []
-    passed: list[str] = []
-
-    def check(label: str, ok: bool, detail: str = "") -> None:
-        (passed.append(label) if ok else problems.append(f"{label}: {detail}" if detail else label))
-
+    checks = _Checks()
     tokens = tokenizer.batch_from_texts(list(texts), seq_len)
+    first = checks.run("corrupt", lambda: _check_corruption(objective, tokens, seed, checks))
+    if first is not None:
+        checks.run("attention", lambda: _check_attention(objective, first, checks))
+        checks.run("losses and gradients", lambda: _check_gradients(
+            registry, objective, tokenizer, first, model, model_config, seed, rtol, checks))
+    if checks.problems:
+        where = f"objective {name!r} ({registry.origin(name)})"
+        raise ContractError([f"{where} failed: {p}" for p in checks.problems])
+    return checks.passed
+
+
+def _check_corruption(
+    objective: objreg.Objective, tokens: objreg.TokenBatch, seed: int, checks: _Checks
+) -> objreg.CorruptedBatch:
     # Reseed the global RNG between the calls: output that follows it instead of the given
     # generator shows up as a difference.
     with torch.random.fork_rng():
@@ -96,49 +143,98 @@ def check_objective_contract(
         first = objective.corrupt(tokens, torch.Generator().manual_seed(seed))
         torch.manual_seed(seed + 2)
         again = objective.corrupt(tokens, torch.Generator().manual_seed(seed))
-    check("corrupt is deterministic for a generator seed and ignores the global RNG", _same_batch(first, again))
+    checks.check("corrupt is deterministic for a generator seed and ignores the global RNG", _same_batch(first, again))
+    if _takes_generator(objective):
+        others = [objective.corrupt(tokens, torch.Generator().manual_seed(seed + k)) for k in range(1, 4)]
+        checks.check("corrupt draws from its generator: other seeds give other corruptions",
+                     not all(_same_batch(first, other) for other in others),
+                     "four seeds gave the same batch although the hook takes a generator")
     B, T = first.input_ids.shape
     shapes_ok = all(t.shape == (B, T) for t in first[:5]) and all(t.shape[0] == B for t in first.extras.values())
-    check("corrupted fields are [B, T] and extras have B first", shapes_ok,
-          f"input_ids {tuple(first.input_ids.shape)}, fields {[tuple(t.shape) for t in first[:5]]}")
+    checks.check("corrupted fields are [B, T] and extras have B first", shapes_ok,
+                 f"input_ids {tuple(first.input_ids.shape)}, fields {[tuple(t.shape) for t in first[:5]]}")
+    return first
 
-    mask = objective.attention_mask(first)
-    padding_keys = first.is_padding[:, None, :].expand_as(mask)
-    check("the mask never attends to padding", not bool((mask & padding_keys).any()))
-    if objective.info.attention == "causal":
-        future = torch.ones(T, T, dtype=torch.bool).triu(1)
-        check("a causal mask never attends to the future", not bool((mask & future).any()))
 
-    heads = merge_heads([objective.info])
-    built = registry.load_model(model, tokenizer.vocab, heads, dict(model_config or TINY_MODEL),
-                                torch.Generator().manual_seed(seed))
-    built = built.to(torch.float64)
-    function = ObjectiveFunction(built, objective, first)
+def _takes_generator(objective: objreg.Objective) -> bool:
+    return any("generator" in impl.argnames for impl in objective._hooks["objreg_corrupt"].get_hookimpls())
+
+
+def _check_attention(objective: objreg.Objective, batch: objreg.CorruptedBatch, checks: _Checks) -> None:
+    described = objective.attention(batch)
+    pattern = objective.info.pattern
+    if isinstance(described, AttentionMask):
+        checks.check("a structured mask has the pattern the objective declares", described.pattern == pattern,
+                     f"ObjectiveInfo.attention is {objective.info.attention!r}, the mask is {described.pattern!r}")
+    mask = objective.attention_mask(batch)
+    B, T = batch.input_ids.shape
+    real = ~batch.is_padding
+    checks.check("the mask never attends to padding", not bool((mask & batch.is_padding[:, None, :]).any()))
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    if pattern == "causal":
+        checks.check("a causal mask never attends to the future", not bool((mask & future).any()))
+    elif pattern == "prefix":
+        # The prefix of a row is what its first query sees; beyond it, nothing of the future.
+        prefix = mask[:, 0, :].long().cumprod(dim=1).sum(dim=1)  # (B,)
+        outside = torch.arange(T)[None, :] >= prefix[:, None]  # (B, T) keys beyond the prefix
+        checks.check("a prefix mask sees the future only inside the prefix",
+                     not bool((mask & future & outside[:, None, :]).any()))
+    elif pattern == "bidirectional":
+        both_real = real[:, :, None] & real[:, None, :]
+        checks.check("a bidirectional mask is symmetric between real tokens",
+                     torch.equal(mask & both_real, mask.transpose(1, 2) & both_real))
+
+
+def _check_gradients(
+    registry: objreg.Registry, objective: objreg.Objective, tokenizer: objreg.Tokenizer,
+    batch: objreg.CorruptedBatch, model: str, model_config: dict[str, Any] | None, seed: int, rtol: float,
+    checks: _Checks,
+) -> None:
+    built = registry.load_model(model, tokenizer.vocab, merge_heads({objective.name: objective.info.heads}),
+                                dict(model_config or TINY_MODEL), torch.Generator().manual_seed(seed))
+    built = built.to(torch.float64).eval()
+    function = ObjectiveFunction(built, objective, batch)
     shared = detached(shared_parameters(built))
     losses = function(shared)
-    check("per-sample losses are finite and [B]", losses.shape == (B,) and bool(torch.isfinite(losses).all()),
-          f"shape {tuple(losses.shape)}, values {losses.tolist()}")
+    B = batch.batch_size
+    checks.check("per-sample losses are finite and [B]", losses.shape == (B,) and bool(torch.isfinite(losses).all()),
+                 f"shape {tuple(losses.shape)}, values {losses.tolist()}")
+    coupled = objective.info.batch_coupled
+    alone = torch.stack([function.losses(shared, batch.select([i]), function.mask[i : i + 1])[0] for i in range(B)])
+    if not coupled:
+        checks.check("a row's loss does not depend on the other rows of the batch", _close(alone, losses, rtol),
+                     f"rows interact ({_difference(alone, losses)} between each row alone and in the batch), but "
+                     f"ObjectiveInfo.batch_coupled is False: declare batch_coupled=True (per-example gradients "
+                     f"and ghost dots assume independent rows), or make each row's loss its own")
 
     generator = torch.Generator().manual_seed(seed)
     direction = {n: torch.randn(t.shape, generator=generator, dtype=t.dtype) for n, t in shared.items()}
     reference = dots_loop(function, shared, direction)
-    forward = dots_jvp(function, shared, direction)
-    check("per-sample dots from jvp equal the per-example loop", _close(forward, reference, rtol),
-          f"max abs difference {float((forward - reference).abs().max()):.3g}")
-    if not objective.info.batch_coupled:
-        mapped = dots_vmap(function, shared, direction)
-        check("vmap(grad) per-sample gradients equal the loop", _close(mapped, reference, rtol),
-              f"max abs difference {float((mapped - reference).abs().max()):.3g}")
-    fwd_rev = hvp_forward_over_reverse(function.mean, shared, direction)
-    rev_rev = hvp_double_backward(function.mean, shared, direction)
-    worst = max(float((fwd_rev[n] - rev_rev[n]).abs().max()) for n in shared)
-    scale = max(float(rev_rev[n].abs().max()) for n in shared)
-    check("forward-over-reverse HVP equals double backward", worst <= rtol * max(scale, 1.0),
-          f"max abs difference {worst:.3g} (scale {scale:.3g})")
+    methods = {"jvp": dots_jvp, **({} if coupled else {"ghost": dots_ghost, "vmap": dots_vmap})}
+    for method, compute in methods.items():
+        try:
+            dots = compute(function, shared, direction)
+        except (NotImplementedError, RuntimeError) as error:
+            if derivative_unsupported(error):  # this model lacks the method; auto moves on, as checked below
+                continue
+            checks.problems.append(f"per-sample dots by {method}: raised {type(error).__name__}: {error}")
+            continue
+        checks.check(f"per-sample dots by {method} equal the per-example loop", _close(dots, reference, rtol),
+                     _difference(dots, reference))
+    chosen = checks.run("per-sample dots by auto", lambda: per_sample_dots(function, shared, direction, "auto"))
+    if chosen is not None:
+        checks.check(f"per-sample dots as objreg analyze takes them ({chosen[1]}) equal the loop",
+                     _close(chosen[0], reference, rtol), _difference(chosen[0], reference))
 
-    if problems:
-        raise ContractError([f"{where} failed: {p}" for p in problems])
-    return passed
+    expected = hvp_double_backward(function.mean, shared, direction)
+    scale = max(max(float(t.abs().max()) for t in expected.values()), 1.0)
+    for method in ("forward_over_reverse", "auto"):
+        curvature = Curvature([function], shared, method)
+        got = checks.run(f"HVP by {method}", lambda curvature=curvature: curvature.gradient_and_products([direction]))
+        if got is not None:
+            worst = max(float((got[1][0][n] - expected[n]).abs().max()) for n in shared)
+            checks.check(f"HVPs by the analyzer's {method} path equal double backward", worst <= rtol * scale,
+                         f"max abs difference {worst:.3g} (scale {scale:.3g})")
 
 
 def _sample_tokenizer(texts: Sequence[str]) -> objreg.Tokenizer:

@@ -1,4 +1,5 @@
-"""A tiny float64 model with real objectives, shared by the analysis tests."""
+"""A tiny float64 model with real objectives, and a tiny trainer on an in-memory corpus, shared by
+the analysis tests."""
 
 from __future__ import annotations
 
@@ -6,10 +7,13 @@ import pytest
 import torch
 
 import objreg
+from objreg.analysis.downstream import Downstream
 from objreg.analysis.functional import ObjectiveFunction, detached, shared_parameters
+from objreg.analysis.loop import Trainer
 from objreg.core.registry import merge_heads
 
 TINY = {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size": 32}
+SEQ_LEN = 40
 
 
 @pytest.fixture(scope="session")
@@ -46,3 +50,23 @@ def _build(registry, tokenizer, texts, name, attention, seed):
 def random_direction(shared, seed=1):
     generator = torch.Generator().manual_seed(seed)
     return {n: torch.randn(t.shape, generator=generator, dtype=t.dtype) for n, t in shared.items()}
+
+
+@pytest.fixture
+def tiny_trainer(registry, tokenizer, texts):
+    """``tiny_trainer(optimizer="sgd", probe_every=1, ...)`` → a float64 :class:`Trainer` of
+    ``mlm`` and ``sop`` against ``qa`` on the tiny model and an in-memory corpus of ``texts``."""
+
+    def make(optimizer="sgd", lr=0.05, steps=3, probe_every=1, seed=0, objectives=("mlm", "sop"), **params):
+        corpus = objreg.Corpus("tiny", tuple(tuple(objreg.split_sentences(t)) for t in texts * 4))
+        tokenized = objreg.TokenizedCorpus(tokenizer, corpus, SEQ_LEN)
+        loaded = {n: registry.get(n, vocab=tokenized.vocab, **params.get(n, {})) for n in objectives}
+        task = registry.get_task("qa")
+        data = task.task_data(None, corpus.documents, tokenizer, SEQ_LEN, 8)
+        heads = merge_heads([o.info for o in loaded.values()] + [task.info])
+        model = registry.load_model("default", tokenizer.vocab, heads, TINY, torch.Generator().manual_seed(seed))
+        return Trainer(model.double(), loaded, dict.fromkeys(objectives, 1.0), tokenized, Downstream(task, data),
+                       optimizer=optimizer, lr=lr, batch_size=4, seed=seed, device=torch.device("cpu"), steps=steps,
+                       probe_every=probe_every)
+
+    return make

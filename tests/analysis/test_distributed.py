@@ -16,8 +16,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import objreg
-from objreg.analysis import distributed
-from objreg.analysis.distributed import Group, ProcessGroup, from_environment, shard_bounds
+from objreg.analysis import launch
+from objreg.analysis.group import Group, ProcessGroup, shard_bounds
+from objreg.analysis.launch import from_environment
+from objreg.analysis.writer import RunWriter
 from objreg.core.errors import DataError, DeviceError, InvalidParameterError, NonFiniteLossError, UnknownNameError
 from objreg.plugins.models import transformer
 
@@ -79,7 +81,6 @@ def test_one_process_group_is_the_identity_without_any_collective(monkeypatch):
     assert group.drive(lambda apply: apply({"w": torch.ones(2)})["w"].sum().item(), lambda v: {"w": 3 * v["w"]},
                        {"w": torch.zeros(2)}) == 6.0
     group.sync_([torch.ones(2)])
-    group.barrier()
 
 
 def _torchrun_env(**overrides):
@@ -104,7 +105,7 @@ def test_without_a_multi_process_launch_the_group_is_one_process(env, init_calls
 
 def test_a_torchrun_environment_initialises_gloo_on_the_cpu_once(init_calls, monkeypatch):
     at_exit = []
-    monkeypatch.setattr(distributed.atexit, "register", at_exit.append)
+    monkeypatch.setattr(launch.atexit, "register", at_exit.append)
     group = from_environment("cpu", environ=_torchrun_env(OBJREG_DISTRIBUTED_TIMEOUT="42"))
     assert isinstance(group, ProcessGroup)
     assert (group.rank, group.world_size, group.backend, group.device) == (1, 2, "gloo", torch.device("cpu"))
@@ -147,28 +148,28 @@ def test_impossible_launches_fail_before_connecting(device, env, error, message,
 def test_cuda_placement_one_gpu_per_process(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(DeviceError, match="CUDA is not available"):
-        distributed.device_and_backend("cuda", 1, 2, None)
+        launch.device_and_backend("cuda", 1, 2, None)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(DeviceError, match="2 processes on this node but only 1 CUDA device"):
-        distributed.device_and_backend("auto", 0, 2, None)  # every process fails alike, rank 0 too
+        launch.device_and_backend("auto", 0, 2, None)  # every process fails alike, rank 0 too
     with pytest.raises(InvalidParameterError, match="names one GPU for the 2 processes"):
-        distributed.device_and_backend("cuda:0", 0, 2, None)
+        launch.device_and_backend("cuda:0", 0, 2, None)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     monkeypatch.setattr(dist, "is_nccl_available", lambda: True)
-    assert distributed.device_and_backend("cuda", 1, 2, None) == (torch.device("cuda", 1), "nccl")
-    assert distributed.device_and_backend("auto", 1, 2, "gloo") == (torch.device("cuda", 1), "gloo")
+    assert launch.device_and_backend("cuda", 1, 2, None) == (torch.device("cuda", 1), "nccl")
+    assert launch.device_and_backend("auto", 1, 2, "gloo") == (torch.device("cuda", 1), "gloo")
     monkeypatch.setattr(dist, "is_nccl_available", lambda: False)
-    assert distributed.device_and_backend("cuda", 0, 2, None)[1] == "gloo"
+    assert launch.device_and_backend("cuda", 0, 2, None)[1] == "gloo"
     with pytest.raises(DeviceError, match="no NCCL"):
-        distributed.device_and_backend("cuda", 0, 2, "nccl")
+        launch.device_and_backend("cuda", 0, 2, "nccl")
 
 
 def test_a_batch_smaller_than_the_processes_is_refused():
     group = ProcessGroup(0, 3, "gloo", torch.device("cpu"))
     with pytest.raises(InvalidParameterError, match="batch_size 2 is smaller than the 3 processes"):
-        distributed.check_batch(2, group)
-    distributed.check_batch(3, group)
+        launch.check_batch(2, group)
+    launch.check_batch(3, group)
 
 
 # -- two processes ------------------------------------------------------------------------------------
@@ -243,11 +244,9 @@ def _worker(rank: int, port: int, out_dir: str, results: str) -> None:
         group = from_environment("cpu")
         assert isinstance(group, ProcessGroup)
         _group_checks(group)
-        if rank != 0:
-            import objreg.analysis.run as run
-
-            run.RunWriter = run.save_checkpoint = run.remove_checkpoint = _forbidden
-        report = objreg.analyze(PRETRAIN, "qa", registry=tiny_registry(), out_dir=out_dir, **RUN)
+        # Every file of the run goes through the writer, which only rank 0 may make.
+        writer = RunWriter if rank == 0 else _forbidden
+        report = objreg.analyze(PRETRAIN, "qa", registry=tiny_registry(), out_dir=out_dir, writer=writer, **RUN)
         with open(os.path.join(results, f"rank{rank}.json"), "w", encoding="utf-8") as f:
             f.write(report.to_json())
         # A diverging run stops on both processes at the same step (the check reads the summed loss).

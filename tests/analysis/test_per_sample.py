@@ -358,16 +358,3 @@ def test_projection_dimension_must_be_positive(build):
     fn, shared = build("sop")
     with pytest.raises(objreg.InvalidParameterError, match="positive integer"):
         per_sample.projected_per_sample_grads(fn, shared, 0, torch.Generator())
-
-
-# -- the downstream gradient ------------------------------------------------------------------------
-
-
-def test_mean_gradient_over_chunks_equals_the_whole_batch(build):
-    fn, shared = build("clm")
-    params = {n: t.clone().requires_grad_(True) for n, t in shared.items()}
-    expected = torch.autograd.grad(fn(params).mean(), list(params.values()))
-    gradient, loss = per_sample.mean_gradient(list(fn.chunks(2)), shared)
-    assert torch.allclose(loss, fn(shared).mean(), rtol=1e-12)
-    for g, e in zip(gradient.values(), expected):
-        assert torch.allclose(g, e, rtol=1e-9, atol=1e-14)

@@ -12,7 +12,7 @@ import torch
 
 import objreg
 from objreg.analysis.config import AnalysisConfig
-from objreg.analysis.run import prepare
+from objreg.analysis.prepare import prepare
 from objreg.core.cache import cache_dir
 from objreg.core.registry import merge_heads
 

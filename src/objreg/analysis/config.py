@@ -48,19 +48,18 @@ class AnalysisConfig:
         eval_size: Examples in the fixed downstream evaluation set defining ``D``.
         head_warmup_steps: Steps fitting the downstream head on its own split, backbone frozen,
             before training, so ``∇D`` reflects a fitted probe rather than a random head.
-        head_fit_size: Examples in that split, disjoint from the evaluation set. A small split
-            overfits the probe (64 examples raised the held-out loss from 3.08 to 3.90 on the
-            default job; 1,024 lowered it to 2.85).
-        per_sample_method: ``auto`` (forward-mode ``jvp``, double-backward fallback), ``jvp``,
-            ``double_backward``, ``vmap`` or ``loop``.
-        hvp_method: ``auto`` (forward-over-reverse, double-backward fallback),
+        head_fit_size: Examples in that split, disjoint from the evaluation set (a small split
+            overfits the probe: docs/analysis.md).
+        per_sample_method: ``auto`` (see :func:`objreg.analysis.per_sample.per_sample_dots`),
+            ``ghost``, ``jvp``, ``double_backward``, ``vmap`` or ``loop``.
+        hvp_method: ``auto`` (see :class:`objreg.analysis.curvature.Curvature`),
             ``forward_over_reverse`` or ``double_backward``: how Hessian-vector products of ``D``
             are taken.
         char_noise: Character noise rate (insert/delete/substitute) applied to the pre-training
             text before tokenising (``objreg.masking.char_noise``); 0 disables it.
         spectrum: Top eigenvalues of ``D``'s Hessian to compute (Lanczos) at the first and the last
-            step, with each objective's alignment to the eigenvectors; 0 skips it (it costs tens
-            of HVPs).
+            step, with each objective's alignment to the eigenvectors; 0 skips it (each costs
+            many HVPs).
         attribution_top: How many most helpful and most harmful pre-training examples the report
             lists (0: none).
         objective_params: Parameter overrides per objective or for the downstream task, e.g.

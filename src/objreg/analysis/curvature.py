@@ -16,8 +16,8 @@ from collections.abc import Callable
 import torch
 from torch.func import grad, jvp, vmap
 
-from objreg.analysis.distributed import Group
 from objreg.analysis.functional import ObjectiveFunction, Params, requiring_grad
+from objreg.analysis.group import Group
 from objreg.analysis.per_sample import derivative_unsupported
 from objreg.core.errors import InvalidParameterError
 
@@ -33,28 +33,6 @@ def hvp_double_backward(loss: Callable[[Params], torch.Tensor], shared: Params, 
     projected = sum((g * direction[n]).sum() for g, n in zip(grads, params))
     products = torch.autograd.grad(projected, list(params.values()), allow_unused=True)
     return {n: torch.zeros_like(t) if h is None else h for (n, t), h in zip(params.items(), products)}
-
-
-def hvp(loss: Callable[[Params], torch.Tensor], shared: Params, direction: Params) -> tuple[Params, str]:
-    """``H v`` for the Hessian ``H`` of ``loss`` at ``shared``, and the method used.
-
-    Raises:
-        InvalidParameterError: the model has neither derivative an exact HVP needs.
-    """
-    try:
-        return hvp_forward_over_reverse(loss, shared, direction), "forward_over_reverse"
-    except (NotImplementedError, RuntimeError) as error:
-        if not derivative_unsupported(error):
-            raise
-    try:
-        return hvp_double_backward(loss, shared, direction), "double_backward"
-    except (NotImplementedError, RuntimeError) as error:
-        if not derivative_unsupported(error):
-            raise
-        raise InvalidParameterError(
-            f"Hessian-vector products need forward-mode or double-backward derivatives, and this model has "
-            f"neither ({str(error).splitlines()[0]}); use the math attention path (config attention='math')"
-        ) from None
 
 
 HVP_METHODS = ("auto", "forward_over_reverse", "double_backward")
@@ -75,7 +53,7 @@ class Curvature:
         total: Examples of the whole evaluation set (default: those of ``functions``). With
             several processes each holds its share of the chunks and ``total`` counts them all.
         group: The processes whose chunks add up to ``D``: the gradient and the products are
-            summed over them (:mod:`objreg.analysis.distributed`; default: this process alone).
+            summed over them (:mod:`objreg.analysis.group`; default: this process alone).
     """
 
     def __init__(
@@ -102,8 +80,8 @@ class Curvature:
             InvalidParameterError: the model has neither derivative an exact HVP needs.
         """
         if self.method == "auto":
-            # On the CPU double backward took 20-35% less time than forward-over-reverse in the
-            # default job, and about half the memory (docs/performance.md); CUDA keeps the latter.
+            # On the CPU double backward is the faster and the lighter in memory (docs/performance.md);
+            # elsewhere forward-over-reverse is.
             on_cpu = all(t.device.type == "cpu" for t in self.shared.values())
             first, second = ("double_backward", "forward_over_reverse") if on_cpu else (
                 "forward_over_reverse", "double_backward")

@@ -1,10 +1,10 @@
 """The fixed downstream evaluation set that defines ``D(θ)``, in length-sorted, trimmed chunks.
 
 Every probe evaluates ``D`` twice and takes its gradient and Hessian-vector products, so ``D``
-is the analysis' hot loop. Task rows are padded to ``seq_len`` (58% of the default ``qa`` set's
-tokens are padding), and padding is excluded by position, so the set is sorted by length, cut
-into chunks, and each chunk is trimmed to its longest row: the same ``D`` for a fraction of the
-work (attention costs grow as the square of the row length).
+is the analysis' hot loop. Task rows are padded to ``seq_len`` (much of a short-answer set is
+padding: docs/analysis.md), and padding is excluded by position, so the set is sorted by length,
+cut into chunks, and each chunk is trimmed to its longest row: the same ``D`` for a fraction of
+the work (attention costs grow as the square of the row length).
 
 Trimming cuts every ``[B, T, ...]`` tensor of the batch (``extras`` included) along its second
 dimension. A task whose extras have a second dimension of size ``T`` that does not run along the
@@ -21,8 +21,8 @@ import torch
 from torch import nn
 
 from objreg.analysis.curvature import Curvature
-from objreg.analysis.distributed import Group
 from objreg.analysis.functional import ObjectiveFunction, Params, detached, shared_parameters
+from objreg.analysis.group import Group
 from objreg.core.registry import Objective
 from objreg.core.types import CorruptedBatch
 

@@ -2,8 +2,8 @@
 
 The Taylor prediction needs the update ``Δθ`` the optimizer actually takes, split per objective.
 :func:`decompose` computes that split *before* the step, from the accumulated gradient and the
-optimizer's state, without touching either; after the step the trainer checks that the parts add
-up to the ``Δθ`` it reads off the parameters (``decomposition_residual``).
+optimizer's state, without touching either; after the step the probe records how far the parts
+are from the ``Δθ`` it reads off the parameters (``decomposition_residual``).
 
 * **SGD** (no momentum, no weight decay): ``Δθ = −η Σ_k α_k g_k``; objective ``k``'s part is
   ``−η α_k g_k``.

@@ -243,7 +243,7 @@ def per_sample_grads(fn: ObjectiveFunction, shared: Params, chunk_size: int | No
     """Per-sample gradients ``{name: [B, *shape]}``; memory grows as B × P.
 
     Uncoupled losses: ``vmap(grad)`` over batches of one. Batch-coupled losses: the rows of the
-    Jacobian of ℓ on the whole batch (``jacrev``), the per-sample gradients of DESIGN §3.
+    Jacobian of ℓ on the whole batch (``jacrev``): ``∇ℓ_i`` with ℓ_i computed on the whole batch.
     ``chunk_size`` bounds the transient memory of either.
     """
     if fn.objective.info.batch_coupled:
@@ -378,20 +378,3 @@ def per_sample_dots(
             if not derivative_unsupported(error):
                 raise
     return dots_loop(fn, shared, direction), "loop"
-
-
-def mean_gradient(functions: list[ObjectiveFunction], shared: Params) -> tuple[Params, torch.Tensor]:
-    """Gradient of the mean loss over all examples of ``functions`` (chunks of one evaluation set),
-    and that mean loss. Chunks keep the activation memory of a large evaluation set bounded."""
-    total = sum(f.batch_size for f in functions)
-    gradient = {n: torch.zeros_like(t) for n, t in shared.items()}
-    loss = torch.zeros((), dtype=next(iter(shared.values())).dtype, device=next(iter(shared.values())).device)
-    for f in functions:
-        params = requiring_grad(shared)
-        part = f(params).sum() / total
-        grads = torch.autograd.grad(part, list(params.values()), allow_unused=True)
-        for n, g in zip(params, grads):
-            if g is not None:
-                gradient[n] += g
-        loss += part.detach()
-    return gradient, loss

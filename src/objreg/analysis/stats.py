@@ -46,8 +46,12 @@ def bootstrap_ci95(values: Sequence[float] | np.ndarray, seed: Sequence[int] | i
         mean = float(x.mean()) if x.size else 0.0
         return mean, mean
     rng = np.random.default_rng(seed)
-    means = x[rng.integers(0, x.size, size=(resamples, x.size))].mean(axis=1)
-    low, high = np.quantile(means, [0.025, 0.975])
+    return percentile_interval(x[rng.integers(0, x.size, size=(resamples, x.size))].mean(axis=1))
+
+
+def percentile_interval(replicates: Sequence[float] | np.ndarray) -> tuple[float, float]:
+    """The central 95% of bootstrap replicates: their 2.5% and 97.5% quantiles."""
+    low, high = np.quantile(np.asarray(replicates, dtype=np.float64), [0.025, 0.975])
     return float(low), float(high)
 
 

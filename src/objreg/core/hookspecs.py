@@ -1,17 +1,21 @@
 """The objreg hook specifications: the reference for plugin authors.
 
 A plugin is a module or an object with functions named after these hooks and marked with
-``@objreg.hookimpl``. It may accept any subset of a hook's arguments (pluggy passes only the ones
-it names), so hooks can gain arguments without breaking plugins.
+``@objreg.hookimpl``. A hook function may take any subset of its hook's arguments (pluggy passes
+only the ones it names), so hooks gain arguments without breaking plugins: an ``objreg_loss``
+written as ``(outputs, batch)`` keeps working beside one written as ``(outputs, batch, params,
+mask)``.
 
-Per-objective hooks (``objreg_objective_info``, ``objreg_corrupt``, ``objreg_attention_mask``,
-``objreg_loss``, ``objreg_task_data``) are dispatched by name: an objective plugin is registered
-under its objective name (its entry-point name), and a call for ``mlm`` reaches only the plugin
-registered as ``mlm``. Authors write plain hook functions with no "is this call for me?" guard.
-Non-objective plugins that wrap these hooks (``wrapper=True``) stay in every call chain.
+Per-objective hooks (``objreg_objective_info``, ``objreg_check_params``, ``objreg_prepare_batch``,
+``objreg_corrupt``, ``objreg_attention_mask``, ``objreg_loss``, ``objreg_task_data``) are
+dispatched by name: an objective plugin is registered under its objective name (its entry-point
+name), and a call for ``mlm`` reaches only the plugin registered as ``mlm``. Authors write plain
+hook functions with no "is this call for me?" guard. Non-objective plugins that wrap these hooks
+(``wrapper=True``) stay in every call chain.
 
-Provider hooks (``objreg_load_corpus``, ``objreg_load_tokenizer``, ``objreg_load_model``) go to
-every plugin; the first that recognises the requested name answers and the rest return ``None``.
+Registration hooks (``objreg_register_models``, ``..._corpora``, ``..._tokenizers``,
+``..._heads``, ``objreg_register_commands``) go to every plugin; each calls ``register(...)``
+once per thing it offers.
 
 Rules that ``torch.func`` depends on:
 
@@ -22,12 +26,14 @@ Rules that ``torch.func`` depends on:
   Python branching on tensor values, no data-dependent shapes (``nonzero``, boolean indexing), no
   in-place edits of their inputs, no global state, no randomness. The analysis runs them under
   ``vmap``, ``grad`` and ``jvp``.
+* A loss must not make one row's value depend on another row's unless the objective declares
+  ``ObjectiveInfo.batch_coupled`` (in-batch negatives): per-example gradients assume it, and the
+  contract suite checks it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pluggy
@@ -36,17 +42,11 @@ if TYPE_CHECKING:
     import click
     import torch
 
-    from objreg.core.tokenizer import Tokenizer
-    from objreg.core.types import (
-        Corpus,
-        CorruptedBatch,
-        HeadSpec,
-        ModelOutputs,
-        ObjectiveInfo,
-        ProviderInfo,
-        TokenBatch,
-        Vocabulary,
-    )
+    from objreg.core.masks import AttentionMask
+    from objreg.core.model import Model
+    from objreg.core.providers import HeadKind, Provider
+    from objreg.core.types import CorruptedBatch, ModelOutputs, ObjectiveInfo, TaskData, TokenBatch, Vocabulary
+    from objreg.toolkit.tokenizer import Tokenizer
 
 PROJECT = "objreg"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -57,7 +57,9 @@ PRETRAIN_HOOKS = ("objreg_corrupt", "objreg_attention_mask", "objreg_loss")
 #: Hooks every downstream task must implement.
 DOWNSTREAM_HOOKS = ("objreg_task_data", "objreg_attention_mask", "objreg_loss")
 #: Hooks dispatched by objective name.
-PER_OBJECTIVE_HOOKS = ("objreg_objective_info", "objreg_check_params", *PRETRAIN_HOOKS, "objreg_task_data")
+PER_OBJECTIVE_HOOKS = (
+    "objreg_objective_info", "objreg_check_params", "objreg_prepare_batch", *PRETRAIN_HOOKS, "objreg_task_data",
+)
 
 
 # -- objectives and tasks (dispatched by name) ---------------------------------------------------
@@ -70,7 +72,7 @@ def objreg_objective_info() -> ObjectiveInfo:
     :return: An :class:`objreg.ObjectiveInfo` whose ``name`` equals the name the plugin is
         registered under (its entry-point name). ``kind="pretrain"`` for objectives,
         ``kind="downstream"`` for tasks. ``params`` lists every parameter with its reference
-        default; ``heads`` the heads ``objreg_loss`` uses.
+        default; ``heads`` the heads ``objreg_loss`` uses; ``attention`` the pattern of its mask.
 
     Called once per plugin when the registry loads; must be cheap and side-effect free.
     """
@@ -90,6 +92,22 @@ def objreg_check_params(params: Mapping[str, Any]) -> None:
 
 
 @hookspec(firstresult=True)
+def objreg_prepare_batch(batch: TokenBatch, model: Model, params: Mapping[str, Any], vocab: Vocabulary) -> TokenBatch:
+    """Add what corruption needs from the current model to a batch (optional).
+
+    :param batch: The uncorrupted batch, on the model's device.
+    :param model: The model being trained, in eval mode, under ``torch.no_grad()``.
+    :param params: The objective's resolved parameters.
+    :param vocab: The vocabulary.
+    :return: The batch to corrupt (e.g. with ``surprisal`` filled in for the ``entropy`` masking
+        policy), or ``None`` to leave it as it is.
+
+    Called before every ``objreg_corrupt``, outside any transform. Deterministic: no randomness,
+    so the training trajectory does not depend on whether a step is probed.
+    """
+
+
+@hookspec(firstresult=True)
 def objreg_corrupt(
     batch: TokenBatch, generator: torch.Generator, params: Mapping[str, Any], vocab: Vocabulary
 ) -> CorruptedBatch:
@@ -104,41 +122,50 @@ def objreg_corrupt(
     :param vocab: Special-token ids and vocabulary size; never hard-code ids.
     :return: A :class:`objreg.CorruptedBatch` with batch size ``B``. Padding stays padding,
         special tokens are never corrupted unless the objective says so, and every tensor in
-        ``extras`` has ``B`` first.
+        ``extras`` has ``B`` first. ``extras`` holds data (positions, targets), not settings:
+        the loss reads its settings from ``params``.
 
     Runs outside any ``torch.func`` transform. Vectorise over the batch: no per-token Python loops.
-    Stops at the first non-None result.
     """
 
 
 @hookspec(firstresult=True)
-def objreg_attention_mask(batch: CorruptedBatch) -> torch.Tensor:
-    """Build the attention mask the backbone uses for this objective.
+def objreg_attention_mask(batch: CorruptedBatch, params: Mapping[str, Any]) -> AttentionMask | torch.Tensor:
+    """The attention the backbone uses for this objective.
 
     :param batch: The corrupted batch.
-    :return: Bool tensor ``[B, T, T]``; ``mask[b, i, j]`` True when position ``i`` may attend to
-        ``j``. Use the helpers in :mod:`objreg.masks` (``bidirectional``, ``causal``, ``prefix``,
-        ``same_document``).
+    :param params: The objective's resolved parameters.
+    :return: An :class:`objreg.AttentionMask` (``bidirectional``, ``causal`` or ``prefix``, with
+        padding and per-document blocks: ``O(B·T)``, densified only where a consumer needs it), or
+        for any other pattern a bool tensor ``[B, T, T]``, ``mask[b, i, j]`` True when position
+        ``i`` may attend to ``j`` (helpers in :mod:`objreg.masks`).
 
     Required, with no default: a causal objective must never silently get a bidirectional mask.
-    Pure and transform-safe. Stops at the first non-None result.
+    Pure and transform-safe.
     """
 
 
 @hookspec(firstresult=True)
-def objreg_loss(outputs: ModelOutputs, batch: CorruptedBatch) -> torch.Tensor:
+def objreg_loss(
+    outputs: ModelOutputs, batch: CorruptedBatch, params: Mapping[str, Any], mask: torch.Tensor, vocab: Vocabulary
+) -> torch.Tensor:
     """Compute the per-sample loss.
 
     :param outputs: :class:`objreg.ModelOutputs`: ``hidden`` ``[B, T, H]`` from the backbone under
-        this objective's mask, and ``model`` for its heads (``model.heads[name]``) and for a second
-        backbone pass (``model.encode(...)``).
+        this objective's mask (``None`` when the objective declares ``runs_backbone``), and
+        ``model`` (:class:`objreg.Model`) for its heads (``model.heads[name]``) and for a backbone
+        pass of its own (``model.encode(...)``).
     :param batch: The corrupted batch.
+    :param params: The objective's resolved parameters (loss options such as label smoothing,
+        weights or a temperature).
+    :param mask: The batch's attention mask as bool ``[B, T, T]``, for a backbone pass of its own.
+    :param vocab: The objective's vocabulary (special ids); ``None`` for a downstream task.
     :return: Per-sample losses, shape ``[B]``, **never reduced**. The analysis differentiates each
         ``ℓ_i``; the trainer averages them.
 
     Pure and transform-safe: it runs under ``vmap(grad)`` (per-example, batch of one), ``jvp`` and
     double backward. Use fixed shapes: gather at fixed-size position lists rather than boolean
-    indexing. Stops at the first non-None result.
+    indexing.
     """
 
 
@@ -150,7 +177,7 @@ def objreg_task_data(
     seq_len: int,
     limit: int,
     params: Mapping[str, Any],
-) -> CorruptedBatch:
+) -> TaskData | CorruptedBatch:
     """Load a downstream task's fixed evaluation set (downstream tasks only).
 
     :param source: A path the user gave with ``--downstream-data``, or ``None`` for the task's
@@ -161,57 +188,38 @@ def objreg_task_data(
     :param seq_len: Longest row allowed.
     :param limit: Maximum number of examples to return.
     :param params: The task's parameters.
-    :return: The whole evaluation set as one :class:`objreg.CorruptedBatch`, deterministic for
-        the same inputs. Raise :class:`objreg.DataError` for a missing or malformed source.
-
-    Stops at the first non-None result.
+    :return: A :class:`objreg.TaskData`: the whole set as one batch, deterministic for the same
+        inputs, and the task's heads sized from the data (a plain ``CorruptedBatch`` keeps the
+        heads of ``ObjectiveInfo``). Raise :class:`objreg.DataError` for a missing or malformed
+        source.
     """
 
 
-# -- providers (first plugin that recognises the name answers) ------------------------------------
-
-
-@hookspec(firstresult=True)
-def objreg_load_corpus(name: str, cache_dir: Path) -> Corpus | None:
-    """Load the corpus called ``name`` (``"default"``, a path, ...).
-
-    :param name: What the user passed to ``--corpus``.
-    :param cache_dir: A directory the plugin may cache derived files in.
-    :return: A :class:`objreg.Corpus`, or ``None`` when this plugin does not handle ``name``.
-        Raise :class:`objreg.DataError` when it does but the data is unusable.
-    """
-
-
-@hookspec(firstresult=True)
-def objreg_load_tokenizer(model: str, corpus: Corpus, cache_dir: Path) -> Tokenizer | None:
-    """Provide the tokenizer for ``model`` (its own tokenizer, or one trained on ``corpus``).
-
-    :return: An :class:`objreg.Tokenizer`, or ``None`` when this plugin does not handle ``model``.
-    """
-
-
-@hookspec(firstresult=True)
-def objreg_load_model(
-    model: str, vocab: Vocabulary, heads: Sequence[HeadSpec], config: Mapping[str, Any], generator: torch.Generator
-) -> torch.nn.Module | None:
-    """Build the model called ``model``: a shared backbone plus the requested heads.
-
-    :param model: What the user passed to ``--model``.
-    :param vocab: The tokenizer's vocabulary.
-    :param heads: Heads the selected objectives and task declared (deduplicated by name).
-    :param config: Model options from the user (e.g. ``{"num_layers": 4}``); the host moves the
-        returned model to its device and dtype.
-    :param generator: Initialise weights from this generator, so the same seed gives the same model.
-    :return: An ``nn.Module`` with ``backbone`` (the shared parameters), ``heads`` (an
-        ``nn.ModuleDict`` keyed by head name), ``hidden_size``, and
-        ``encode(input_ids, attention_mask, position_ids) -> [B, T, H]``; or ``None`` when this
-        plugin does not handle ``model``.
-    """
+# -- registration (every plugin; each calls register once per thing it offers) -------------------
 
 
 @hookspec
-def objreg_providers() -> list[ProviderInfo]:
-    """List the models, corpora and tokenizers this plugin can provide, for ``objreg list``."""
+def objreg_register_models(register: Callable[[Provider], None]) -> None:
+    """Offer models: ``register(objreg.Provider("model", name, description, load))`` where
+    ``load(name, vocab, config, generator)`` returns an :class:`objreg.Backbone`."""
+
+
+@hookspec
+def objreg_register_corpora(register: Callable[[Provider], None]) -> None:
+    """Offer corpora: ``register(objreg.Provider("corpus", name, description, load))`` where
+    ``load(name, cache_dir)`` returns an :class:`objreg.Corpus`."""
+
+
+@hookspec
+def objreg_register_tokenizers(register: Callable[[Provider], None]) -> None:
+    """Offer tokenizers: ``register(objreg.Provider("tokenizer", name, description, load))`` where
+    ``load(model, corpus, cache_dir)`` returns the :class:`objreg.Tokenizer` for model ``model``."""
+
+
+@hookspec
+def objreg_register_heads(register: Callable[[HeadKind], None]) -> None:
+    """Offer head kinds: ``register(objreg.HeadKind(name, description, build))`` where
+    ``build(spec, backbone)`` returns the head module for a :class:`objreg.HeadSpec` of that kind."""
 
 
 @hookspec

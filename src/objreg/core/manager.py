@@ -7,7 +7,7 @@ they load with entry-point loading switched off and in an uninstalled checkout.
 Environment switches:
     ``OBJREG_LOAD_PLUGINS``: comma-separated allow-list of entry-point names to load; empty loads
     none (the escape hatch when an installed plugin breaks the CLI).
-    ``OBJREG_TRACE_PLUGINS=1``: print every hook call to stderr.
+    ``OBJREG_TRACE_PLUGINS=1``: print every hook call and its result to stderr (pluggy's tracing).
 """
 
 from __future__ import annotations
@@ -46,11 +46,13 @@ BUILTIN_PLUGINS: tuple[tuple[str, str], ...] = (
     ("classification", "objreg.plugins.tasks.classification"),
     ("token_classification", "objreg.plugins.tasks.token_classification"),
     ("ordering", "objreg.plugins.tasks.ordering"),
+    ("objreg.heads", "objreg.plugins.heads"),
     ("objreg.models.transformer", "objreg.plugins.models.transformer"),
     ("objreg.models.hf", "objreg.plugins.models.hf"),
     ("objreg.corpora.default", "objreg.plugins.corpora.default"),
-    ("objreg.corpora.files", "objreg.plugins.corpora.files"),
+    # Before files: a save_to_disk directory is a directory too.
     ("objreg.corpora.hf_datasets", "objreg.plugins.corpora.hf_datasets"),
+    ("objreg.corpora.files", "objreg.plugins.corpora.files"),
 )
 
 
@@ -141,16 +143,6 @@ def get_plugin_manager(*, load_entrypoints: bool = True, builtins: bool = True) 
     if load_entrypoints:
         load_entry_points(pm)
     if os.environ.get("OBJREG_TRACE_PLUGINS", "") not in ("", "0"):
-        _trace(pm)
+        pm.trace.root.setwriter(sys.stderr.write)
+        pm.enable_tracing()
     return pm
-
-
-def _trace(pm: pluggy.PluginManager) -> None:
-    def before(hook_name: str, impls: list[pluggy.HookImpl], kwargs: dict[str, Any]) -> None:
-        names = ", ".join(i.plugin_name for i in impls)
-        print(f"[objreg] {hook_name} -> {names}", file=sys.stderr)
-
-    def after(outcome: Any, hook_name: str, impls: Any, kwargs: Any) -> None:
-        pass
-
-    pm.add_hookcall_monitoring(before, after)

@@ -1,9 +1,11 @@
-"""The registry: validated access to objectives, tasks and providers on a plugin manager.
+"""The registry: validated access to the objectives, tasks, providers and head kinds of one
+plugin manager.
 
 Validation covers what pluggy does not check: unknown hook names (``check_pending``), objectives
 that lack a compute hook, an info name that differs from the registration name, per-objective
-hooks in a plugin that declares no objective, and name clashes. All problems are reported in one
-:class:`objreg.PluginError`, each naming the plugin, the hook and the distribution.
+hooks in a plugin that declares no objective, and name clashes between objectives or providers.
+All problems are reported in one :class:`objreg.PluginError`, each naming the plugin, the hook
+and the distribution.
 """
 
 from __future__ import annotations
@@ -13,99 +15,28 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
-from objreg.core.errors import (
-    InvalidParameterError,
-    PluginError,
-    UnknownNameError,
-    UnknownObjectiveError,
-)
+from objreg.core.errors import InvalidParameterError, PluginError, UnknownNameError, UnknownObjectiveError
+from objreg.core.handles import Objective, Task
+from objreg.core.heads import build_heads
 from objreg.core.hookspecs import DOWNSTREAM_HOOKS, PER_OBJECTIVE_HOOKS, PRETRAIN_HOOKS
 from objreg.core.manager import ObjregPluginManager, get_plugin_manager
-from objreg.core.tokenizer import Tokenizer
-from objreg.core.types import (
-    Corpus,
-    CorruptedBatch,
-    HeadSpec,
-    ModelOutputs,
-    ObjectiveInfo,
-    ProviderInfo,
-    TokenBatch,
-    Vocabulary,
-)
+from objreg.core.model import ObjregModel
+from objreg.core.providers import HeadKind, Provider
+from objreg.core.types import Corpus, HeadSpec, ObjectiveInfo, Vocabulary
 
-
-class Objective:
-    """One objective (or downstream task) with its parameters resolved.
-
-    The hook callers reach only this objective's plugin (plus wrappers from non-objective
-    plugins). Results are checked, so a plugin that returns nothing or the wrong type is named.
-    """
-
-    def __init__(self, registry: Registry, info: ObjectiveInfo, params: Mapping[str, Any], vocab: Vocabulary | None):
-        self.info = info
-        self.name = info.name
-        self.params = params
-        self.vocab = vocab
-        self._registry = registry
-        self._hooks = registry._hooks_for(info.name)
-
-    def __repr__(self) -> str:
-        return f"Objective({self.name!r}, {dict(self.params)})"
-
-    @property
-    def origin(self) -> str:
-        return self._registry.origin(self.name)
-
-    def _problem(self, hook: str, what: str) -> PluginError:
-        return PluginError([f"objective {self.name!r} ({self.origin}) {what} from {hook}"])
-
-    def corrupt(self, batch: TokenBatch, generator: torch.Generator) -> CorruptedBatch:
-        if self.info.kind != "pretrain":
-            raise InvalidParameterError(f"{self.name!r} is a downstream task; it has no corruption")
-        if self.vocab is None:
-            raise InvalidParameterError(f"objective {self.name!r} needs a vocabulary to corrupt: pass vocab=")
-        result = self._hooks["objreg_corrupt"](batch=batch, generator=generator, params=self.params, vocab=self.vocab)
-        if not isinstance(result, CorruptedBatch):
-            raise self._problem("objreg_corrupt", f"returned {type(result).__name__} instead of a CorruptedBatch")
-        if result.input_ids.shape[0] != batch.input_ids.shape[0]:
-            raise self._problem(
-                "objreg_corrupt",
-                f"returned batch size {result.input_ids.shape[0]} for an input of {batch.input_ids.shape[0]}",
-            )
-        return result
-
-    def attention_mask(self, batch: CorruptedBatch) -> torch.Tensor:
-        mask = self._hooks["objreg_attention_mask"](batch=batch)
-        B, T = batch.input_ids.shape
-        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool or tuple(mask.shape) != (B, T, T):
-            got = f"{tuple(mask.shape)} {mask.dtype}" if isinstance(mask, torch.Tensor) else type(mask).__name__
-            raise self._problem("objreg_attention_mask", f"returned {got} instead of a bool [B, T, T] = [{B}, {T}, {T}] mask")
-        return mask
-
-    def loss(self, outputs: ModelOutputs, batch: CorruptedBatch) -> torch.Tensor:
-        loss = self._hooks["objreg_loss"](outputs=outputs, batch=batch)
-        B = batch.input_ids.shape[0]
-        if not isinstance(loss, torch.Tensor) or tuple(loss.shape) != (B,):
-            got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
-            raise self._problem("objreg_loss", f"returned {got} instead of per-sample losses of shape [{B}]")
-        return loss
-
-    def task_data(
-        self, source: str | None, documents: Sequence[Sequence[str]], tokenizer: Tokenizer, seq_len: int, limit: int
-    ) -> CorruptedBatch:
-        if self.info.kind != "downstream":
-            raise InvalidParameterError(f"{self.name!r} is a pre-training objective, not a downstream task")
-        result = self._hooks["objreg_task_data"](
-            source=source, documents=documents, tokenizer=tokenizer, seq_len=seq_len, limit=limit, params=self.params
-        )
-        if not isinstance(result, CorruptedBatch):
-            raise self._problem("objreg_task_data", f"returned {type(result).__name__} instead of a CorruptedBatch")
-        return result
+#: The registration hooks and the kind of thing each registers.
+_REGISTRATIONS = {
+    "objreg_register_models": "model",
+    "objreg_register_corpora": "corpus",
+    "objreg_register_tokenizers": "tokenizer",
+    "objreg_register_heads": "head",
+}
 
 
 class Registry:
-    """Objectives, tasks and providers of one plugin manager, validated on construction."""
+    """Objectives, tasks, providers and head kinds of one plugin manager, validated on construction."""
 
     def __init__(self, pm: ObjregPluginManager):
         self.pm = pm
@@ -114,6 +45,8 @@ class Registry:
         self._objective_plugins: dict[str, object] = {}
         self._collect_infos(problems)
         self._check_stray_hooks(problems)
+        self._registered: dict[str, list[tuple[Any, str]]] = {kind: [] for kind in _REGISTRATIONS.values()}
+        self._collect_registrations(problems)
         if problems:
             raise PluginError(problems)
         self._hook_cache: dict[str, dict[str, Any]] = {}
@@ -168,7 +101,33 @@ class Registry:
                     f"objreg_objective_info, so no objective name reaches it"
                 )
 
-    # -- lookup -------------------------------------------------------------------------------
+    def _collect_registrations(self, problems: list[str]) -> None:
+        """Call every plugin's registration hooks, remembering which plugin registered what."""
+        for hook, kind in _REGISTRATIONS.items():
+            expected = HeadKind if kind == "head" else Provider
+            seen: dict[str, str] = {}
+            # Registration order is plugin registration order (pluggy calls the reverse).
+            for impl in reversed(getattr(self.pm.hook, hook).get_hookimpls()):
+                origin = f"plugin {impl.plugin_name!r} ({self.pm.origin(impl.plugin_name)})"
+
+                def register(item: Any, origin: str = origin, hook: str = hook) -> None:
+                    if not isinstance(item, expected) or (kind != "head" and item.kind != kind):
+                        problems.append(f"{origin}: {hook} registered {item!r}; it takes {expected.__name__} "
+                                        f"objects{'' if kind == 'head' else f' of kind {kind!r}'}")
+                        return
+                    if not getattr(item, "fallback", False) and getattr(item, "accepts", None) is None:
+                        if item.name in seen:
+                            problems.append(f"{origin} and {seen[item.name]} both register the {kind} {item.name!r}")
+                            return
+                        seen[item.name] = origin
+                    self._registered[kind].append((item, origin))
+
+                try:
+                    impl.function(register)
+                except Exception as e:  # noqa: BLE001 - a broken plugin must not hide the others
+                    problems.append(f"{origin}: {hook} raised {type(e).__name__}: {e}")
+
+    # -- objectives and tasks -----------------------------------------------------------------------
 
     def _hooks_for(self, name: str) -> dict[str, Any]:
         if name not in self._hook_cache:
@@ -202,9 +161,9 @@ class Registry:
             )
         if name not in self._infos:
             raise UnknownObjectiveError(name, self.objectives())
-        return Objective(self, self._infos[name], self._resolve(name, params), vocab)
+        return Objective(self._infos[name], self._resolve(name, params), self._hooks_for(name), self.origin(name), vocab)
 
-    def get_task(self, name: str, **params: Any) -> Objective:
+    def get_task(self, name: str, **params: Any) -> Task:
         """The downstream task ``name`` with ``params`` overriding its defaults."""
         if name in self._infos and self._infos[name].kind != "downstream":
             raise InvalidParameterError(
@@ -212,32 +171,46 @@ class Registry:
             )
         if name not in self._infos:
             raise UnknownObjectiveError(name, self.tasks(), kind="downstream task")
-        return Objective(self, self._infos[name], self._resolve(name, params), None)
+        return Task(self._infos[name], self._resolve(name, params), self._hooks_for(name), self.origin(name))
 
     def _resolve(self, name: str, overrides: Mapping[str, Any]) -> Mapping[str, Any]:
         params = self._infos[name].resolve_params(overrides)
         self._hooks_for(name)["objreg_check_params"](params=params)
         return params
 
-    # -- providers ------------------------------------------------------------------------------
+    # -- providers and head kinds -------------------------------------------------------------------
 
-    def providers(self) -> list[ProviderInfo]:
-        return sorted((p for answer in self.pm.hook.objreg_providers() for p in answer), key=lambda p: (p.kind, p.name))
+    def providers(self, kind: str | None = None) -> list[Provider]:
+        """The registered models, corpora and tokenizers (of ``kind``), sorted by kind and name."""
+        found = [p for k in ("model", "corpus", "tokenizer") for p, _ in self._registered[k] if kind in (None, k)]
+        return sorted(found, key=lambda p: (p.kind, p.name))
 
-    def _provider_names(self, kind: str) -> list[str]:
-        return [p.name for p in self.providers() if p.kind == kind]
+    def provider_origin(self, provider: Provider | HeadKind) -> str:
+        """Which plugin registered ``provider``."""
+        kind = "head" if isinstance(provider, HeadKind) else provider.kind
+        return next(origin for item, origin in self._registered[kind] if item is provider)
+
+    def head_kinds(self) -> dict[str, HeadKind]:
+        return {kind.name: kind for kind, _ in self._registered["head"]}
+
+    def provider(self, kind: str, name: str) -> Provider:
+        """The provider of ``kind`` for ``name``: the one registered under that exact name, else the
+        first whose ``accepts`` takes it, fallbacks last. Raises :class:`UnknownNameError`."""
+        registered = [p for p, _ in self._registered[kind]]
+        for candidates in ([p for p in registered if p.accepts is None and not p.fallback],
+                           [p for p in registered if p.accepts is not None and not p.fallback],
+                           [p for p in registered if p.fallback]):
+            for provider in candidates:
+                if provider.handles(name):
+                    return provider
+        raise UnknownNameError(kind if kind != "tokenizer" else "tokenizer for model", name,
+                               [p.name for p in registered])
 
     def load_corpus(self, name: str, cache_dir: Path) -> Corpus:
-        corpus = self.pm.hook.objreg_load_corpus(name=name, cache_dir=cache_dir)
-        if corpus is None:
-            raise UnknownNameError("corpus", name, self._provider_names("corpus"))
-        return corpus
+        return self.provider("corpus", name).load(name, cache_dir)
 
-    def load_tokenizer(self, model: str, corpus: Corpus, cache_dir: Path) -> Tokenizer:
-        tokenizer = self.pm.hook.objreg_load_tokenizer(model=model, corpus=corpus, cache_dir=cache_dir)
-        if tokenizer is None:
-            raise UnknownNameError("tokenizer for model", model, self._provider_names("tokenizer"))
-        return tokenizer
+    def load_tokenizer(self, model: str, corpus: Corpus, cache_dir: Path) -> Any:
+        return self.provider("tokenizer", model).load(model, corpus, cache_dir)
 
     def load_model(
         self,
@@ -246,11 +219,17 @@ class Registry:
         heads: Sequence[HeadSpec],
         config: Mapping[str, Any],
         generator: torch.Generator,
-    ) -> torch.nn.Module:
-        module = self.pm.hook.objreg_load_model(model=model, vocab=vocab, heads=heads, config=config, generator=generator)
-        if module is None:
-            raise UnknownNameError("model", model, self._provider_names("model"))
-        return module
+    ) -> ObjregModel:
+        """The backbone ``model`` with the ``heads`` built on it; every weight drawn from
+        ``generator`` (the backbone's first, then the heads' in order)."""
+        kinds = self.head_kinds()
+        for spec in heads:  # before the backbone is built: a bad head fails in milliseconds
+            if spec.kind not in kinds:
+                raise InvalidParameterError(
+                    f"head {spec.name!r} has unknown kind {spec.kind!r}; registered kinds: {', '.join(sorted(kinds))}"
+                )
+        backbone: nn.Module = self.provider("model", model).load(model, vocab, dict(config or {}), generator)
+        return ObjregModel(backbone, build_heads(heads, backbone, kinds, generator))
 
 
 def _unknown_hooks(pm: ObjregPluginManager) -> list[str]:
@@ -269,17 +248,16 @@ def _unknown_hooks(pm: ObjregPluginManager) -> list[str]:
     return problems
 
 
-def merge_heads(infos: Sequence[ObjectiveInfo]) -> list[HeadSpec]:
-    """The heads a set of objectives needs, one per name; a name declared with two different
-    specs is an error naming both objectives."""
+def merge_heads(owners: Mapping[str, Sequence[HeadSpec]]) -> list[HeadSpec]:
+    """The heads a set of objectives and tasks needs (owner name → its heads), one per name; a name
+    declared with two different specs is an error naming both owners."""
     heads: dict[str, tuple[HeadSpec, str]] = {}
-    for info in infos:
-        for spec in info.heads:
+    for owner, specs in owners.items():
+        for spec in specs:
             if spec.name in heads and heads[spec.name][0] != spec:
                 other = heads[spec.name][1]
                 raise PluginError(
-                    [f"objectives {other!r} and {info.name!r} declare head {spec.name!r} differently: "
-                     f"{heads[spec.name][0]} vs {spec}"]
+                    [f"{other!r} and {owner!r} declare head {spec.name!r} differently: {heads[spec.name][0]} vs {spec}"]
                 )
-            heads.setdefault(spec.name, (spec, info.name))
+            heads.setdefault(spec.name, (spec, owner))
     return [spec for spec, _ in heads.values()]

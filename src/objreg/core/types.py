@@ -14,11 +14,14 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import torch
 
 from objreg.core.errors import InvalidParameterError, UnknownNameError
+
+if TYPE_CHECKING:
+    from objreg.core.model import Model
 
 #: Label value that the loss ignores (the PyTorch / Hugging Face convention).
 IGNORE_INDEX = -100
@@ -95,8 +98,9 @@ class TokenBatch(NamedTuple):
         document_ids: Shape ``[B, T]`` long. Document index, ``-1`` at padding. Constant along a row
             unless documents are packed.
         surprisal: Optional, shape ``[B, T]`` float. The model's surprisal of each token (nats),
-            for the ``entropy`` masking policy; ``objreg.analysis.surprisal.token_surprisal``
-            computes it. ``None`` when not computed.
+            for the ``entropy`` masking policy: the masking objectives fill it in their
+            ``objreg_prepare_batch`` hook (:func:`objreg.toolkit.surprisal.token_surprisal`).
+            ``None`` when not computed.
     """
 
     input_ids: torch.Tensor
@@ -162,43 +166,37 @@ class ModelOutputs(NamedTuple):
 
     Attributes:
         hidden: Shape ``[B, T, H]``. The backbone's final hidden states for the corrupted batch
-            under the objective's attention mask.
-        model: The model: ``model.heads[name]`` is the head the objective declared (a module
-            mapping ``[..., H]`` to the head's outputs); ``model.encode(input_ids, attention_mask,
-            position_ids)`` runs the backbone again, for objectives that need a second pass (e.g.
-            ELECTRA's discriminator). Calling them inside ``objreg_loss`` is transform-safe: the
-            analysis swaps the parameters functionally around the whole call.
+            under the objective's attention mask; ``None`` for an objective that declares
+            ``ObjectiveInfo.runs_backbone`` (the host then skips its pass).
+        model: The :class:`objreg.Model`: ``model.heads[name]`` is the head the objective declared;
+            ``model.encode(input_ids, attention_mask, position_ids)`` runs the backbone (again).
+            Calling them inside ``objreg_loss`` is transform-safe: the analysis swaps the
+            parameters functionally around the whole call.
     """
 
-    hidden: torch.Tensor
-    model: Any
-
-
-HeadKind = Literal["lm", "classifier", "span", "token_classifier", "projection", "generator"]
+    hidden: torch.Tensor | None
+    model: Model
 
 
 @dataclass(frozen=True)
 class HeadSpec:
     """A head an objective or task needs on top of the shared backbone.
 
-    Kinds:
-        ``lm``: tied language-model head, ``[..., H] -> [..., V]`` (output weights are the input
-        embeddings; only its transform and bias are head parameters).
-        ``classifier``: ``[B, T, H] -> [B, num_outputs]`` from the first token.
-        ``span``: ``[B, T, H] -> [B, T, 2]`` start/end logits (extractive QA).
-        ``token_classifier``: ``[..., H] -> [..., num_outputs]``.
-        ``projection``: ``[B, T, H] -> [B, num_outputs]`` pooled embedding (contrastive).
-        ``generator``: ELECTRA's small generator, a Transformer of its own on the backbone's shared
-        token and position embeddings, with an MLM output tied to the token embeddings:
-        ``(input_ids [B, T], attention_mask [B, T, T], position_ids [B, T], positions [B, K]) ->
-        [B, K, V]`` logits at ``positions``. ``num_outputs`` is the backbone's width divided by the
-        generator's (ELECTRA-small: 4).
+    Attributes:
+        name: The key in ``model.heads``; non-empty, without ``.``.
+        kind: A registered head kind (``objreg list`` shows them): built-in ``lm`` (tied LM head,
+            ``[..., H] -> [..., V]``), ``classifier`` (``[B, T, H] -> [B, num_outputs]`` from the
+            first token), ``span`` (``[B, T, H] -> [B, T, 2]``), ``token_classifier``
+            (``[..., H] -> [..., num_outputs]``), ``projection`` (``[B, T, H] -> [B, num_outputs]``);
+            plugins add kinds with ``objreg_register_heads`` (rtd's ``generator``).
+        num_outputs: Outputs for kinds that need a size. A task may leave it 0 in its
+            ``ObjectiveInfo`` and size the head from its data (:class:`TaskData`).
 
-    Two objectives that declare the same name and kind share the head.
+    Two objectives that declare the same name and spec share the head.
     """
 
     name: str
-    kind: HeadKind
+    kind: str
     num_outputs: int = 0
 
 
@@ -266,8 +264,9 @@ class ObjectiveInfo:
             (entry-point) name.
         description: One line for ``objreg list``.
         kind: ``"pretrain"`` for objectives, ``"downstream"`` for tasks.
-        attention: The attention pattern, for display: ``"bidirectional"``, ``"causal"``,
-            ``"prefix"``, ``"fim"`` or ``"custom"``.
+        attention: The attention pattern its mask follows: ``"bidirectional"``, ``"causal"``,
+            ``"prefix"`` (bidirectional over a prefix, causal after it) or ``"custom"``; the
+            contract suite checks the mask against it. Any other value counts as ``"custom"``.
         heads: Heads the loss uses.
         params: Every parameter, with its reference default.
         references: Papers and reference implementations.
@@ -275,6 +274,8 @@ class ObjectiveInfo:
             negatives); per-sample quantities are then derivatives of ``ℓ_i`` on the whole batch.
         min_seq_len: Shortest sequence length the objective can work with.
         min_sentences: Sentences a row needs (SOP/NSP need 2).
+        runs_backbone: True when ``objreg_loss`` runs the backbone itself (``model.encode``) and
+            never reads ``outputs.hidden``: the host then skips its own pass and hands ``None``.
     """
 
     name: str
@@ -287,6 +288,7 @@ class ObjectiveInfo:
     batch_coupled: bool = False
     min_seq_len: int = 4
     min_sentences: int = 1
+    runs_backbone: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in ("pretrain", "downstream"):
@@ -297,6 +299,11 @@ class ObjectiveInfo:
 
     def defaults(self) -> dict[str, Any]:
         return {p.name: p.default for p in self.params}
+
+    @property
+    def pattern(self) -> str:
+        """``attention`` as one of ``bidirectional``, ``causal``, ``prefix``, ``custom``."""
+        return self.attention if self.attention in ("bidirectional", "causal", "prefix") else "custom"
 
     def resolve_params(self, overrides: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
         """Defaults updated with ``overrides``; every override is checked and coerced.
@@ -351,10 +358,14 @@ class Corpus:
         )
 
 
-@dataclass(frozen=True)
-class ProviderInfo:
-    """A model, corpus or tokenizer a plugin can provide, for ``objreg list``."""
+class TaskData(NamedTuple):
+    """A downstream task's evaluation data, as ``objreg_task_data`` returns it.
 
-    kind: Literal["model", "corpus", "tokenizer"]
-    name: str
-    description: str
+    Attributes:
+        batch: The whole set as one :class:`CorruptedBatch`.
+        heads: The task's heads sized from this data (e.g. a classifier with as many outputs as
+            the data has labels); they replace the ``ObjectiveInfo.heads`` of the same name.
+    """
+
+    batch: CorruptedBatch
+    heads: tuple[HeadSpec, ...] = ()

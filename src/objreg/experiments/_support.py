@@ -34,12 +34,6 @@ def equivalence_verdict(low: float, high: float, lower: float, upper: float) -> 
     return INCONCLUSIVE
 
 
-def percentile_interval(values: np.ndarray) -> list[float]:
-    """The central 95% of bootstrap replicates."""
-    low, high = np.quantile(np.asarray(values, dtype=np.float64), [0.025, 0.975])
-    return [float(low), float(high)]
-
-
 def finite(value: float) -> float:
     """``value`` as a plain float, refusing NaN or infinity (figures must be valid JSON)."""
     value = float(value)
@@ -85,19 +79,21 @@ def untie_lm_head(model: nn.Module, generator: torch.Generator, head: str = "lm"
     decoder.weight = nn.Parameter(fresh)
 
 
-def train_mlm(
+def train(
     model: nn.Module, objective: Objective, corpus: TokenizedCorpus, *, steps: int, batch_size: int, lr: float,
     seed: int, device: torch.device,
 ) -> list[float]:
-    """``steps`` AdamW steps of ``objective`` (a masking objective) on batches of ``corpus``; data
-    and corruption from their own generators seeded by ``seed``. Returns the loss of each step."""
+    """``steps`` AdamW steps (weight decay 0.01) of ``objective`` alone on batches of ``corpus``;
+    data and corruption from their own generators seeded by ``seed`` only, so two objectives
+    trained with one seed see the same rows in the same order. Returns the loss of each step."""
     data = torch.Generator().manual_seed(seed * 7919 + 1)
     corruption = torch.Generator().manual_seed(seed * 7919 + 2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     model.train()
     losses = []
     for _ in range(steps):
-        batch = objective.corrupt(corpus.sample(batch_size, data), corruption).to(device)
+        rows = corpus.sample(batch_size, data, min_sentences=objective.info.min_sentences, what=objective.name)
+        batch = objective.corrupt(rows, corruption).to(device)
         loss = model_losses(model, objective, batch, objective.attention_mask(batch)).mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

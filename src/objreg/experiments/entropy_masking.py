@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from objreg.analysis.devices import resolve_device
+from objreg.analysis.stats import percentile_interval
 from objreg.analysis.surprisal import token_surprisal
 from objreg.core.masking import inclusion_probabilities, maskable
 from objreg.core.types import IGNORE_INDEX, TokenBatch
@@ -92,7 +93,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     mlm = registry.get("mlm", vocab=vocab, mask_prob=config.mask_prob)
     model = _support.mlm_model(registry, mlm, setting.seed, model_config).to(device)
     setting.status(f"training the default model with mlm for {config.train_steps} steps")
-    losses = _support.train_mlm(model, mlm, text.train, steps=config.train_steps, batch_size=config.batch_size,
+    losses = _support.train(model, mlm, text.train, steps=config.train_steps, batch_size=config.batch_size,
                                 lr=config.lr, seed=setting.seed, device=device)
     setting.status(f"scoring the surprisal of {config.rows} held-out rows")
     batch = text.heldout.sample(config.rows, torch.Generator().manual_seed(setting.seed * 7919 + 3))
@@ -178,18 +179,18 @@ def measure(batch: TokenBatch, draws: dict[str, np.ndarray], rate: float, resamp
     for policy in ("uniform", "entropy"):
         figures[policy] = {
             "masked_mean": _support.finite(means[policy]),
-            "ci95": _support.percentile_interval(boot[policy]),
+            "ci95": list(percentile_interval(boot[policy])),
             "masked_per_draw": _support.finite(draws[policy][:, 1].mean()),
             "exact": exact[policy],
             # How many bootstrap standard errors the Monte Carlo mean lies from the exact expectation.
             "z_vs_exact": _support.finite((means[policy] - exact[policy]) / max(float(boot[policy].std()), 1e-12)),
         }
     ratio = means["entropy"] / means["uniform"]
-    figures["ratio"] = {"measured": _support.finite(ratio), "ci95": _support.percentile_interval(ratio_boot),
+    figures["ratio"] = {"measured": _support.finite(ratio), "ci95": list(percentile_interval(ratio_boot)),
                         "closed_form": 1 + gain, "exact": exact["entropy"] / exact["uniform"],
                         "per_row_closed_form": figures["per_row_closed_form"] / figures["mu"]}
     figures["gain_deviation"] = {"measured": _support.finite((ratio - 1) / gain - 1),
-                                 "ci95": _support.percentile_interval(deviation_boot), "tolerance": TOLERANCE}
+                                 "ci95": list(percentile_interval(deviation_boot)), "tolerance": TOLERANCE}
     return figures
 
 

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 from scipy import stats
 
+from objreg.analysis.stats import percentile_interval
 from objreg.core.registry import Registry
 from objreg.core.types import IGNORE_INDEX, TokenBatch, Vocabulary
 from objreg.experiments import _support
@@ -175,7 +176,7 @@ def measure(counts: dict[str, np.ndarray], config: Config, seed: int) -> dict:
                                       np.random.default_rng([seed, 11, k]))
         figures[policy] = {
             "relative_rate_per_bin": [_support.finite(r) for r in result["rate"]],
-            "slope": result["slope"], "slope_ci95": _support.percentile_interval(replicates),
+            "slope": result["slope"], "slope_ci95": list(percentile_interval(replicates)),
             "chi2": result["chi2"], "dof": result["dof"], "p_value": result["p_value"],
             "max_bin_deviation": _support.finite(np.abs(result["rate"] - 1).max()),
             "masked_tokens": int(total.sum()), "types_never_masked": int((total == 0).sum()),

@@ -53,9 +53,8 @@ from scipy.stats import rankdata
 from torch import nn
 
 from objreg.analysis.devices import resolve_device
-from objreg.analysis.functional import model_losses
 from objreg.analysis.run import analyze
-from objreg.analysis.stats import mean_ci95, seed_for
+from objreg.analysis.stats import mean_ci95, percentile_interval, seed_for
 from objreg.core.registry import Objective, merge_heads
 from objreg.core.tokenizer import TokenizedCorpus
 from objreg.core.types import CorruptedBatch
@@ -133,7 +132,8 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
         model.load_state_dict(start)
         model.to(device)
         setting.status(f"training the default model with {name} alone for {config.steps} steps")
-        losses = train(model, objective, text.train, config, setting.seed, device)
+        losses = _support.train(model, objective, text.train, steps=config.steps, batch_size=config.batch_size,
+                                lr=config.lr, seed=setting.seed, device=device)
         figures["training_loss"][name] = {"first_10": float(np.mean(losses[:10])), "last_10": float(np.mean(losses[-10:]))}
         figures["balanced_accuracy"][f"{name}_model"] = {}
         for probe, draws in probes.items():
@@ -149,7 +149,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
                   - balanced_accuracy(correct[("nsp", order)], labels[order], resample))
     point = (balanced_accuracy(correct[("sop", order)], labels[order])
              - balanced_accuracy(correct[("nsp", order)], labels[order]))
-    figures["sop_minus_nsp_on_order_probe"] = {"value": float(point), "ci95": _support.percentile_interval(difference)}
+    figures["sop_minus_nsp_on_order_probe"] = {"value": float(point), "ci95": list(percentile_interval(difference))}
 
     setting.status(f"measuring alignment with ordering for {config.align_steps} steps")
     figures["alignment_with_ordering"] = alignment_with_ordering(config, setting, registry, device, corpus)
@@ -165,27 +165,6 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
 
 
 # -- training and probes -------------------------------------------------------------------------
-
-
-def train(model: nn.Module, objective: Objective, corpus: TokenizedCorpus, config: Config, seed: int,
-          device: torch.device) -> list[float]:
-    """``config.steps`` AdamW steps of ``objective`` alone; the data and corruption streams depend on
-    ``seed`` only, so both objectives see the same rows in the same order."""
-    data = torch.Generator().manual_seed(seed * 7919 + 1)
-    corruption = torch.Generator().manual_seed(seed * 7919 + 2)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01)
-    model.train()
-    losses = []
-    for _ in range(config.steps):
-        rows = corpus.sample(config.batch_size, data, min_sentences=objective.info.min_sentences, what=objective.name)
-        batch = objective.corrupt(rows, corruption).to(device)
-        loss = model_losses(model, objective, batch, objective.attention_mask(batch)).mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    model.eval()
-    return losses
 
 
 def build_probes(heldout: TokenizedCorpus, objectives: dict[str, Objective], draws: int,
@@ -257,12 +236,12 @@ def _auc_figures(overlap: np.ndarray, labels: np.ndarray, resample: np.ndarray) 
     point = float(auc(overlap.reshape(-1), labels.reshape(-1)))
     replicates = auc(overlap[:, resample].transpose(1, 0, 2).reshape(len(resample), -1),
                      labels[:, resample].transpose(1, 0, 2).reshape(len(resample), -1))
-    return {"value": point, "ci95": _support.percentile_interval(replicates)}
+    return {"value": point, "ci95": list(percentile_interval(replicates))}
 
 
 def _accuracy_figures(correct: np.ndarray, labels: np.ndarray, resample: np.ndarray) -> dict[str, Any]:
     return {"value": balanced_accuracy(correct, labels), "accuracy": float(correct.mean()),
-            "ci95": _support.percentile_interval(balanced_accuracy(correct, labels, resample))}
+            "ci95": list(percentile_interval(balanced_accuracy(correct, labels, resample)))}
 
 
 # -- alignment with ordering ---------------------------------------------------------------------

@@ -42,9 +42,11 @@ import torch
 
 from objreg.analysis.devices import resolve_device
 from objreg.analysis.downstream import Downstream
-from objreg.analysis.functional import ObjectiveFunction, flat_dot, flat_norm, requiring_grad, shared_parameters
+from objreg.analysis.functional import detached, flat_dot, flat_norm, shared_parameters
+from objreg.analysis.gradients import mean_loss_gradient, shared_part
+from objreg.analysis.headfit import fit_downstream_head
+from objreg.analysis.prepare import split_evaluation
 from objreg.analysis.stats import bootstrap_ci95, mean_ci95, seed_for
-from objreg.analysis.trainer import fit_downstream_head
 from objreg.core import masking
 from objreg.core.errors import DataError
 from objreg.core.registry import Objective, merge_heads
@@ -104,10 +106,10 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     model = registry.load_model("default", vocab, heads, dict(model_config or {}),
                                 torch.Generator().manual_seed(setting.seed)).to(device)
     setting.status(f"training the default model with mlm for {config.pretrain_steps} steps")
-    losses = _support.train_mlm(model, mlm, text.train, steps=config.pretrain_steps,
+    losses = _support.train(model, mlm, text.train, steps=config.pretrain_steps,
                                 batch_size=config.pretrain_batch_size, lr=config.lr, seed=setting.seed, device=device)
     setting.status("fitting the qa probe")
-    evaluation, fit = split_evaluation(data, config.eval_size)
+    evaluation, fit = split_evaluation(data, config.eval_size, with_fit=True)
     fit_downstream_head(model, task, fit.to(device), config.head_warmup_steps)
     downstream = Downstream(task, evaluation.to(device))
     downstream.check(model)
@@ -183,33 +185,20 @@ def total_variation(p: dict[int, float], q: dict[int, float]) -> float:
     return 0.5 * sum(abs(p.get(n, 0.0) - q.get(n, 0.0)) for n in set(p) | set(q))
 
 
-def split_evaluation(data: CorruptedBatch, eval_size: int) -> tuple[CorruptedBatch, CorruptedBatch]:
-    """Evenly spaced rows define ``D`` (at most half the set); the rest fit the probe, disjoint
-    (as ``objreg analyze`` splits them)."""
-    total = data.batch_size
-    size = min(eval_size, total // 2)
-    chosen = torch.linspace(0, total - 1, size).round().long()
-    rest = torch.ones(total, dtype=torch.bool)
-    rest[chosen] = False
-    return data.select(chosen), data.select(torch.nonzero(rest).flatten())
-
-
 # -- the measurement ------------------------------------------------------------------------------
 
 
 def downstream_gradient(model: torch.nn.Module, downstream: Downstream) -> dict[str, torch.Tensor]:
     """``∇D`` on the shared parameters."""
-    shared = requiring_grad(dict(shared_parameters(model)))
-    loss = sum(f(shared).sum() for f in downstream.functions(model)) / downstream.batch.batch_size
-    return dict(zip(shared, torch.autograd.grad(loss, list(shared.values()))))
+    shared = detached(shared_parameters(model))
+    return downstream.curvature(model, shared, "forward_over_reverse").gradient_and_products([])[0]
 
 
 def objective_gradient(model: torch.nn.Module, objective: Objective, batch: CorruptedBatch) -> dict[str, torch.Tensor]:
     """The gradient of ``objective``'s mean loss over ``batch`` on the shared parameters."""
-    shared = requiring_grad(dict(shared_parameters(model)))
-    loss = ObjectiveFunction(model, objective, batch)(shared).mean()
-    grads = torch.autograd.grad(loss, list(shared.values()), allow_unused=True)
-    return {n: torch.zeros_like(p) if g is None else g for (n, p), g in zip(shared.items(), grads)}
+    shared = shared_parameters(model)
+    _, grads = mean_loss_gradient(model, objective, batch, list(shared.values()))
+    return shared_part(shared, grads)
 
 
 def paired_alignment(model: torch.nn.Module, downstream: Downstream, objectives: dict[str, Objective], corpus,

@@ -47,6 +47,7 @@ from objreg.analysis.devices import resolve_device
 from objreg.analysis.report import AlignmentReport
 from objreg.analysis.run import analyze
 from objreg.analysis.stats import bootstrap_ci95, mean_ci95, seed_for
+from objreg.analysis.transfer import relative_error
 from objreg.core.registry import Registry
 from objreg.experiments import _support
 from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, ExperimentResult, Setting, save_figure
@@ -160,8 +161,8 @@ def measure(lrs: Sequence[float], runs: Sequence[dict[str, list[float]]], seed: 
     predicted = -(first + second).sum(axis=1)
     figures["actual_improvement"] = improvement.tolist()
     figures["predicted_improvement"] = predicted.tolist()
-    figures["relative_error"] = [_support.finite(abs(p - a) / abs(a)) if a != 0 else None
-                                 for p, a in zip(predicted, improvement)]
+    errors_of_runs = [relative_error(float(p), float(a)) for p, a in zip(predicted, improvement)]
+    figures["relative_error"] = [None if e is None else _support.finite(e) for e in errors_of_runs]
     smallest = int(np.argmin(lrs))
     figures["relative_error_at_smallest_lr"] = figures["relative_error"][smallest]
     figures["smallest_error_in_rounding_units"] = _support.finite(min(e.min() for e in errors.values()) / unit)

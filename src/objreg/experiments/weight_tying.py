@@ -106,7 +106,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
         for stage in STAGES:
             if stage == "trained":
                 setting.status(f"training the {tying} model for {config.train_steps} steps")
-                losses = _support.train_mlm(model, mlm, text.train, steps=config.train_steps,
+                losses = _support.train(model, mlm, text.train, steps=config.train_steps,
                                             batch_size=config.batch_size, lr=config.lr, seed=setting.seed,
                                             device=device)
                 figures[tying]["training_loss"] = _support.loss_summary(losses)

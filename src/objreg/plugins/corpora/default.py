@@ -30,11 +30,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import objreg
-from objreg.core.tokenizer import (
-    train_wordpiece,
-    wordpiece_from_vocab,
-    wordpiece_tokenizer,
-)
+from objreg.toolkit.wordpiece import train_wordpiece, wordpiece_from_vocab, wordpiece_tokenizer
 
 NAME = "default"
 #: Bump when the extraction rules change, so old caches are rebuilt rather than reused.
@@ -80,15 +76,28 @@ _COMMENT_MARK = re.compile(r"^#+:?")
 # -- the hooks ------------------------------------------------------------------------------------
 
 
-@objreg.hookimpl(tryfirst=True)
-def objreg_load_corpus(name: str, cache_dir: Path) -> objreg.Corpus | None:
-    """The standard-library docstring corpus for ``name == "default"``.
+@objreg.hookimpl
+def objreg_register_corpora(register: Callable[[objreg.Provider], None]) -> None:
+    # An exact name wins over path-like names: a file called ``default`` is reached as ``./default``.
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    register(objreg.Provider(
+        "corpus", NAME, f"prose of the Python {version} standard library's docstrings and comments (built in)",
+        load_corpus,
+    ))
 
-    ``tryfirst``: the built-in name wins over a file or directory called ``default`` in the
-    working directory (``./default`` still reaches that one).
-    """
-    if name != NAME:
-        return None
+
+@objreg.hookimpl
+def objreg_register_tokenizers(register: Callable[[objreg.Provider], None]) -> None:
+    register(objreg.Provider(
+        "tokenizer", NAME,
+        f"lower-cased WordPiece, {VOCAB_SIZE} tokens: shipped for the default corpus, else trained on the corpus "
+        f"and cached (for every model without a tokenizer of its own)",
+        load_tokenizer, fallback=True,
+    ))
+
+
+def load_corpus(name: str, cache_dir: Path) -> objreg.Corpus:
+    """The standard-library docstring corpus."""
     path = Path(cache_dir) / f"default-corpus-py{sys.version_info.major}{sys.version_info.minor}-v{CORPUS_FORMAT}.json"
     corpus = _read_cached_corpus(path)
     if corpus is None:
@@ -98,10 +107,9 @@ def objreg_load_corpus(name: str, cache_dir: Path) -> objreg.Corpus | None:
     return corpus
 
 
-@objreg.hookimpl(trylast=True)
-def objreg_load_tokenizer(corpus: objreg.Corpus, cache_dir: Path) -> objreg.Tokenizer:
+def load_tokenizer(model: str, corpus: objreg.Corpus, cache_dir: Path) -> objreg.Tokenizer:
     """A lower-cased WordPiece tokenizer of ``VOCAB_SIZE`` tokens, for every model that brings no
-    tokenizer of its own (``trylast``: a model plugin with its own tokenizer answers first).
+    tokenizer of its own (a fallback: a model's own tokenizer provider answers first).
 
     On the default corpus it is the vocabulary shipped with objreg (trained once on this corpus),
     identical on every machine: WordPiece training is not bit-reproducible (tokenizers#1794), so
@@ -126,20 +134,6 @@ def objreg_load_tokenizer(corpus: objreg.Corpus, cache_dir: Path) -> objreg.Toke
     tokenizer = train_wordpiece(sentences, vocab_size=VOCAB_SIZE, name=name)
     _write_cache(path, lambda tmp: tokenizer.backend.save(str(tmp)))
     return tokenizer
-
-
-@objreg.hookimpl
-def objreg_providers() -> list[objreg.ProviderInfo]:
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    return [
-        objreg.ProviderInfo(
-            "corpus", NAME, f"prose of the Python {version} standard library's docstrings and comments (built in)"
-        ),
-        objreg.ProviderInfo(
-            "tokenizer", NAME,
-            f"lower-cased WordPiece, {VOCAB_SIZE} tokens: shipped for the default corpus, else trained on the corpus and cached",
-        ),
-    ]
 
 
 # -- building the corpus --------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import json
 import os
 import re
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import objreg
@@ -30,12 +30,17 @@ _JSONL_SHAPE = 'one JSON object per line with a string "text" field, like {"text
 
 
 @objreg.hookimpl
-def objreg_load_corpus(name: str, cache_dir: Path) -> objreg.Corpus | None:
-    """A corpus read from the file or directory ``name``; ``None`` when ``name`` is not a path."""
+def objreg_register_corpora(register: Callable[[objreg.Provider], None]) -> None:
+    register(objreg.Provider(
+        "corpus", "PATH", "plain text (blank-line-separated documents), JSONL with a text field, or a directory of them",
+        load_corpus, accepts=lambda name: _exists(Path(name).expanduser()) or _looks_like_path(name),
+    ))
+
+
+def load_corpus(name: str, cache_dir: Path) -> objreg.Corpus:
+    """A corpus read from the file or directory ``name``."""
     path = Path(name).expanduser()
     if not _exists(path):
-        if not _looks_like_path(name):
-            return None  # the registry then lists the corpus names it knows
         raise objreg.DataError(
             f"corpus file {name!r} does not exist; give a plain-text (.txt) or JSONL (.jsonl) file, "
             f"or a directory of them"
@@ -55,17 +60,6 @@ def objreg_load_corpus(name: str, cache_dir: Path) -> objreg.Corpus | None:
         documents=tuple(documents),
         description=f"{what}: {len(documents)} documents, {n_sentences} sentences",
     )
-
-
-@objreg.hookimpl
-def objreg_providers() -> list[objreg.ProviderInfo]:
-    return [
-        objreg.ProviderInfo(
-            "corpus",
-            "PATH",
-            "plain text (blank-line-separated documents), JSONL with a text field, or a directory of them",
-        )
-    ]
 
 
 def _exists(path: Path) -> bool:

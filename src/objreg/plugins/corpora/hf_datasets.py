@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -103,26 +103,23 @@ def _load_saved(path: Path) -> tuple[Iterator[dict[str, Any]], str, str]:
     return iter(dataset), column, f"saved dataset {path}"
 
 
-@objreg.hookimpl(tryfirst=True)
-def objreg_load_corpus(name: str, cache_dir: Path) -> objreg.Corpus | None:
+@objreg.hookimpl
+def objreg_register_corpora(register: Callable[[objreg.Provider], None]) -> None:
+    register(objreg.Provider("corpus", "hf:NAME[:CONFIG[:SPLIT]]",
+                             "a Hugging Face datasets corpus, streamed (needs objreg[hf])",
+                             load_corpus, accepts=lambda name: name.startswith(PREFIX)))
+    register(objreg.Provider("corpus", "DIR (save_to_disk)", "a dataset saved with Dataset.save_to_disk",
+                             load_corpus, accepts=lambda name: is_saved_dataset(Path(name).expanduser())))
+
+
+def load_corpus(name: str, cache_dir: Path) -> objreg.Corpus:
     if name.startswith(PREFIX):
         records, column, what = _load_named(name)
-    elif is_saved_dataset(Path(name).expanduser()):
-        records, column, what = _load_saved(Path(name).expanduser())
     else:
-        return None
+        records, column, what = _load_saved(Path(name).expanduser())
     documents = documents_from_records(records, column, MAX_DOCUMENTS)
     if not documents:
         raise objreg.DataError(f"corpus {name!r} is empty: its {column!r} column holds no text")
     n_sentences = sum(len(d) for d in documents)
     return objreg.Corpus(name=name, documents=tuple(documents),
                          description=f"{what}: {len(documents)} documents, {n_sentences} sentences")
-
-
-@objreg.hookimpl
-def objreg_providers() -> list[objreg.ProviderInfo]:
-    return [
-        objreg.ProviderInfo("corpus", "hf:NAME[:CONFIG[:SPLIT]]",
-                            "a Hugging Face datasets corpus, streamed (needs objreg[hf])"),
-        objreg.ProviderInfo("corpus", "DIR (save_to_disk)", "a dataset saved with Dataset.save_to_disk"),
-    ]

@@ -1,10 +1,10 @@
 """Hugging Face models: ``--model DIR`` loads a local transformers model directory, offline.
 
 The directory's encoder becomes the shared backbone (``backbone.*``, its pooler left out: the
-objectives' heads pool for themselves), its ``tokenizer.json`` the tokenizer, and the heads the
-objectives and the task declare are added on top (:mod:`objreg.heads`; an ``lm`` head decodes
-with the checkpoint's input embeddings, one Parameter counted once, whether or not the
-checkpoint has an MLM head). Needs the ``hf`` extra (``pip install 'objreg[hf]'``).
+objectives' heads pool for themselves) and its ``tokenizer.json`` the tokenizer; the host adds the
+heads the objectives and the task declare (an ``lm`` head decodes with the checkpoint's input
+embeddings, one Parameter counted once, whether or not the checkpoint has an MLM head). Needs the
+``hf`` extra (``pip install 'objreg[hf]'``).
 
 Three traps, handled here:
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 import objreg
-from objreg import HeadSpec, ProviderInfo, Vocabulary, heads
+from objreg import Vocabulary
 
 #: objreg's named markers, in the order they take the [unusedN] tokens after the sentinels.
 NAMED_MARKERS = ("[EOS]", "[NLU]", "[NLG]", "[S2S]", "[FIM_PREFIX]", "[FIM_MIDDLE]", "[FIM_SUFFIX]", "[FIM_PAD]")
@@ -162,48 +162,51 @@ def load_tokenizer(model: str) -> objreg.Tokenizer:
 # -- model ------------------------------------------------------------------------------------------
 
 
-class HFModel(nn.Module):
-    """A transformers encoder as the shared backbone, plus the declared heads.
+class HFBackbone(nn.Module):
+    """A transformers encoder as an :class:`objreg.Backbone`.
 
     Attributes:
-        backbone: The transformers model (``AutoModel``, no pooler): the shared parameters.
-        heads: ``nn.ModuleDict`` keyed by head name (see :mod:`objreg.heads`).
-        hidden_size: ``H``.
+        model: The transformers model (``AutoModel``, no pooler): the shared parameters.
     """
 
-    def __init__(self, backbone: nn.Module, specs: Sequence[HeadSpec], generator: torch.Generator):
+    def __init__(self, model: nn.Module):
         super().__init__()
-        config = backbone.config
-        self.backbone = backbone
+        config = model.config
+        self.model = model
         self.hidden_size = int(config.hidden_size)
+        self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
+        self.num_layers = int(getattr(config, "num_hidden_layers", 1) or 1)
         self.max_positions = int(getattr(config, "max_position_embeddings", 0) or 0)
-        eps = float(getattr(config, "layer_norm_eps", 1e-12))
-        embedding = backbone.get_input_embeddings().weight
-        self.heads = heads.build_heads(specs, self.hidden_size, embedding.shape[0], eps)
-        heads.init_weights(self.heads, generator)
-        heads.tie_lm_heads(self.heads, embedding)
+        self.layer_norm_eps = float(getattr(config, "layer_norm_eps", 1e-12))
+
+    def input_embeddings(self) -> nn.Parameter:
+        return self.model.get_input_embeddings().weight
+
+    def position_embeddings(self) -> nn.Parameter | None:
+        table = getattr(getattr(self.model, "embeddings", None), "position_embeddings", None)
+        return table.weight if isinstance(table, nn.Embedding) else None
 
     def encode(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | objreg.AttentionMask, position_ids: torch.Tensor
     ) -> torch.Tensor:
-        """Hidden states ``[B, T, H]``; ``attention_mask`` is bool ``[B, T, T]`` (True: query ``i``
-        may attend key ``j``), handed to transformers as a 4-D additive mask."""
+        """Hidden states ``[B, T, H]``; ``attention_mask`` (bool ``[B, T, T]``, True: query ``i``
+        may attend key ``j``, or structured) is handed to transformers as a 4-D additive mask."""
         if self.max_positions and input_ids.shape[-1] > self.max_positions:
             raise objreg.InvalidParameterError(
                 f"sequence length {input_ids.shape[-1]} exceeds the model's max_position_embeddings="
                 f"{self.max_positions}; use a smaller --seq-len"
             )
-        dtype = self.backbone.get_input_embeddings().weight.dtype
+        attention_mask = objreg.masks.dense(attention_mask)
+        dtype = self.input_embeddings().dtype
         # finfo.min, not -inf: a padding query with no allowed key gets a uniform row, not NaN.
         additive = torch.where(attention_mask, 0.0, torch.finfo(dtype).min).to(dtype)[:, None]  # (B, 1, T, T)
-        out = self.backbone(input_ids=input_ids, attention_mask=additive, position_ids=position_ids)
+        out = self.model(input_ids=input_ids, attention_mask=additive, position_ids=position_ids)
         return out.last_hidden_state  # (B, T, H)
 
     forward = encode
 
 
-def load_model(model: str, vocab: Vocabulary, specs: Sequence[HeadSpec], config: Mapping[str, Any],
-               generator: torch.Generator) -> HFModel:
+def load_model(model: str, vocab: Vocabulary, config: Mapping[str, Any], generator: torch.Generator) -> HFBackbone:
     if config:
         raise objreg.InvalidParameterError(
             f"a Hugging Face model directory takes no model config overrides, got {', '.join(sorted(config))}"
@@ -231,32 +234,23 @@ def load_model(model: str, vocab: Vocabulary, specs: Sequence[HeadSpec], config:
             f"model directory {model!r}: its tokenizer has {vocab.size} tokens but the model only {embedding_rows} "
             f"embeddings"
         )
-    return HFModel(backbone.float(), specs, generator)
+    return HFBackbone(backbone.float())
 
 
 # -- hooks ------------------------------------------------------------------------------------------
 
 
-@objreg.hookimpl(tryfirst=True)
-def objreg_load_tokenizer(model: str, corpus: objreg.Corpus, cache_dir: Path) -> objreg.Tokenizer | None:
-    return load_tokenizer(model) if _claims(model) else None
+@objreg.hookimpl
+def objreg_register_models(register: Callable[[objreg.Provider], None]) -> None:
+    register(objreg.Provider(
+        "model", "DIR", "a local Hugging Face transformers model directory (BERT-style encoders; needs objreg[hf])",
+        load_model, accepts=_claims,
+    ))
 
 
 @objreg.hookimpl
-def objreg_load_model(
-    model: str, vocab: Vocabulary, heads: Sequence[HeadSpec], config: Mapping[str, Any], generator: torch.Generator
-) -> nn.Module | None:
-    if not _claims(model):
-        return None
-    return load_model(model, vocab, heads, config, generator)
-
-
-@objreg.hookimpl
-def objreg_providers() -> list[ProviderInfo]:
-    return [
-        ProviderInfo(
-            kind="model",
-            name="DIR",
-            description="a local Hugging Face transformers model directory (BERT-style encoders; needs objreg[hf])",
-        )
-    ]
+def objreg_register_tokenizers(register: Callable[[objreg.Provider], None]) -> None:
+    register(objreg.Provider(
+        "tokenizer", "DIR", "the model directory's own tokenizer.json", lambda model, corpus, cache_dir: load_tokenizer(model),
+        accepts=_claims,
+    ))

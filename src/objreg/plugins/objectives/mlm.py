@@ -12,11 +12,11 @@ The loss runs the LM head only at the selected positions, gathered into fixed-si
 15% of the head's work, with shapes that do not depend on the data inside the transforms.
 
 Selection, replacement, loss and the modifiers (``masking_policy``, ``label_smoothing``,
-``consistency_weight``) are the shared pieces of ``objreg.masking``, which ``wwm`` and ``span`` use
+``consistency_weight``) are the shared pieces of ``objreg.toolkit``, which ``wwm`` and ``span`` use
 too. With a weighted policy a token is selected with probability ``min(1, c · w)``, ``c`` chosen so
 the expected count stays ``mask_prob · n``.
 
-Written exactly like a third-party plugin: it imports only ``objreg`` and ``torch``.
+Written exactly like a third-party plugin: it imports only ``objreg``, its toolkit and ``torch``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 import objreg
-from objreg import masking
+from objreg.toolkit import masked_lm, modifiers, replacement, selection
 
 
 @objreg.hookimpl
@@ -43,8 +43,8 @@ def objreg_objective_info() -> objreg.ObjectiveInfo:
                 "mask_prob", 0.15, "Probability that each ordinary (non-special, non-padding) token is "
                 "selected for prediction; a row with none selected still predicts one.", float, 0.0, 1.0,
             ),
-            *masking.replacement_params(),
-            *masking.MODIFIER_PARAMS,
+            *replacement.replacement_params(),
+            *modifiers.MODIFIER_PARAMS,
         ),
         references=(
             "Devlin et al. 2019, BERT: Pre-training of Deep Bidirectional Transformers for Language Understanding",
@@ -61,33 +61,42 @@ def objreg_objective_info() -> objreg.ObjectiveInfo:
 def objreg_corrupt(
     batch: objreg.TokenBatch, generator: torch.Generator, params: Mapping[str, Any], vocab: objreg.Vocabulary
 ) -> objreg.CorruptedBatch:
-    weights = masking.policy_weights(batch, params["masking_policy"], vocab, "mlm")  # (B, T)
+    weights = selection.policy_weights(batch, params["masking_policy"], vocab, "mlm")  # (B, T)
     view = _view(batch, weights, generator, params, vocab)
     second = _view(batch, weights, generator, params, vocab) if params["consistency_weight"] > 0 else None
-    return masking.masked_lm_batch(batch, view, params, second)
+    return masked_lm.masked_lm_batch(batch, view, second)
 
 
 @objreg.hookimpl
-def objreg_attention_mask(batch: objreg.CorruptedBatch) -> torch.Tensor:
-    return masking.attention_mask(batch)  # (B, T, T): bidirectional within each document
+def objreg_prepare_batch(
+    batch: objreg.TokenBatch, model: objreg.Model, params: Mapping[str, Any], vocab: objreg.Vocabulary
+) -> objreg.TokenBatch | None:
+    return masked_lm.prepare(batch, model, params, vocab)  # the model's surprisal, for masking_policy=entropy
 
 
 @objreg.hookimpl
-def objreg_loss(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> torch.Tensor:
-    return masking.masked_lm_loss(outputs, batch)
+def objreg_attention_mask(batch: objreg.CorruptedBatch) -> objreg.AttentionMask:
+    return masked_lm.attention(batch)  # bidirectional within each document
+
+
+@objreg.hookimpl
+def objreg_loss(
+    outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch, params: Mapping[str, Any], mask: torch.Tensor
+) -> torch.Tensor:
+    return masked_lm.masked_lm_loss(outputs, batch, params, mask)
 
 
 @objreg.hookimpl
 def objreg_check_params(params: Mapping[str, Any]) -> None:
-    masking.check_replacement(params, "mlm")
+    replacement.check_replacement(params, "mlm")
 
 
 def _view(
     batch: objreg.TokenBatch, weights: torch.Tensor, generator: torch.Generator, params: Mapping[str, Any],
     vocab: objreg.Vocabulary,
-) -> masking.MaskedView:
+) -> masked_lm.MaskedView:
     """One dynamic mask: Bernoulli selection with BERT's max(1, ·), then 80/10/10 per token."""
-    selected = masking.bernoulli_select(weights, masking.maskable(batch), params["mask_prob"], generator)
+    selected = selection.bernoulli_select(weights, selection.maskable(batch), params["mask_prob"], generator)
     fate = objreg.uniform(tuple(batch.input_ids.shape), generator, batch.input_ids.device)  # (B, T)
-    corrupted = masking.replace_selected(batch.input_ids, selected, fate, generator, params, vocab)
-    return masking.MaskedView(corrupted, selected)
+    corrupted = replacement.replace_selected(batch.input_ids, selected, fate, generator, params, vocab)
+    return masked_lm.MaskedView(corrupted, selected)

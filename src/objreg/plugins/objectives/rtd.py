@@ -6,11 +6,13 @@ mask_prob))`` of a row's ``n`` ordinary tokens are selected uniformly without re
 tokens and padding never are); ``mask_replace_prob`` (ELECTRA: 85%) of them become ``[MASK]`` in
 the generator's input, the rest stay as they are.
 
-Loss, per row: the generator (a ``generator`` head: a Transformer 1/4 the backbone's width on the
-backbone's shared token and position embeddings, ELECTRA-small's ``generator_hidden_size=0.25``)
-predicts the selected tokens (MLM, mean over the row's selected positions). A token is sampled
-from its softmax at every selected position; the backbone encodes the row with the samples in
-place (a second pass, ``outputs.model.encode``) and a ``token_classifier`` head scores every real
+Loss, per row: the generator (a ``generator`` head, a kind this plugin registers: a Transformer
+1/4 the backbone's width on the backbone's shared token and position embeddings, ELECTRA-small's
+``generator_hidden_size=0.25``, built the same way on every backbone) predicts the selected
+tokens (MLM, mean over the row's selected positions). A token is sampled from its softmax at every
+selected position; the backbone encodes the row with the samples in place (the objective runs the
+backbone itself, ``runs_backbone``: the host's pass on the masked input would be unused) and a
+``token_classifier`` head scores every real
 token, ``[CLS]``/``[SEP]`` included as in ELECTRA (its ``input_mask``), as replaced or original
 (sigmoid cross-entropy, mean over the row). A sample equal to the original token counts as
 original (ELECTRA's ``is_fake = masked & (sampled != original)``). The loss is
@@ -39,14 +41,17 @@ Written exactly like a third-party plugin: it imports only ``objreg`` and ``torc
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import objreg
 from objreg import IGNORE_INDEX, masks
+from objreg.toolkit.layers import Block, TransformerConfig, attention_bias, check_inputs
+from objreg.toolkit.selection import maskable, selection_lists
 
 #: The backbone's width divided by the generator's: ELECTRA-small's generator_hidden_size=0.25.
 GENERATOR_DIVISOR = 4
@@ -97,7 +102,17 @@ def objreg_objective_info() -> objreg.ObjectiveInfo:
             "Robinson et al. 2021, Contrastive Learning with Hard Negative Samples (q_β ∝ exp(β·s)·p)",
         ),
         min_seq_len=3,
+        runs_backbone=True,
     )
+
+
+@objreg.hookimpl
+def objreg_register_heads(register: Callable[[objreg.HeadKind], None]) -> None:
+    register(objreg.HeadKind(
+        "generator", "ELECTRA's generator: a small Transformer (width H / num_outputs) on the backbone's "
+        "embeddings with a tied MLM output: (input_ids, mask, position_ids, positions [B, K]) -> [B, K, V]",
+        lambda spec, backbone: GeneratorHead(backbone, spec.num_outputs), needs_outputs=True,
+    ))
 
 
 @objreg.hookimpl
@@ -105,21 +120,12 @@ def objreg_corrupt(
     batch: objreg.TokenBatch, generator: torch.Generator, params: Mapping[str, Any], vocab: objreg.Vocabulary
 ) -> objreg.CorruptedBatch:
     ids, device = batch.input_ids, batch.input_ids.device
-    B = ids.shape[0]
     selected = _select(batch, generator, params["mask_prob"])  # (B, T) bool
     to_mask = selected & (objreg.uniform(tuple(ids.shape), generator, device) < params["mask_replace_prob"])
-    positions, weights = _selection_lists(selected)  # (B, K), (B, K)
+    positions, weights = selection_lists(selected)  # (B, K), (B, K)
     noise = objreg.uniform(tuple(positions.shape), generator, device)  # (B, K): one draw per sample
-    hard = bool(params["hard_negatives"])
-    if hard and int(vocab.normal_token_weights().sum()) < 2:
+    if params["hard_negatives"] and int(vocab.normal_token_weights().sum()) < 2:
         raise objreg.DataError("rtd: hard_negatives needs at least 2 ordinary tokens in the vocabulary")
-    scale = (1.0 + params["hard_negative_beta"] if hard else 1.0) / params["temperature"]
-
-    def per_row(value: float, dtype: torch.dtype = torch.float64) -> torch.Tensor:
-        # Settings travel to the loss as per-row tensors (the loss hook sees only outputs and batch);
-        # float64, cast to the model's dtype there.
-        return torch.full((B,), value, dtype=dtype, device=device)
-
     return objreg.CorruptedBatch(
         input_ids=torch.where(to_mask, vocab.mask_id, ids),
         labels=torch.where(selected, ids, IGNORE_INDEX),
@@ -130,33 +136,31 @@ def objreg_corrupt(
             "masked_positions": positions,
             "masked_weights": weights,
             "sample_noise": noise,
-            "special_ids": vocab.special_id_tensor(device).expand(B, -1).clone(),  # never sampled
-            "sampling_scale": per_row(scale),
-            "exclude_original": per_row(hard, torch.bool),
-            "generator_weight": per_row(params["generator_weight"]),
-            "discriminator_weight": per_row(params["discriminator_weight"]),
         },
     )
 
 
 @objreg.hookimpl
-def objreg_attention_mask(batch: objreg.CorruptedBatch) -> torch.Tensor:
-    return masks.bidirectional(batch.is_padding) & masks.same_document(batch.document_ids)  # (B, T, T)
+def objreg_attention_mask(batch: objreg.CorruptedBatch) -> objreg.AttentionMask:
+    return objreg.AttentionMask.bidirectional(batch.is_padding, batch.document_ids)
 
 
 @objreg.hookimpl
-def objreg_loss(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> torch.Tensor:
-    parts = loss_parts(outputs, batch)
-    dtype = parts["generator"].dtype
-    return (batch.extras["generator_weight"].to(dtype) * parts["generator"]
-            + batch.extras["discriminator_weight"].to(dtype) * parts["discriminator"])  # (B,)
+def objreg_loss(
+    outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch, params: Mapping[str, Any], mask: torch.Tensor,
+    vocab: objreg.Vocabulary,
+) -> torch.Tensor:
+    parts = loss_parts(outputs.model, batch, params, mask, vocab)
+    return params["generator_weight"] * parts["generator"] + params["discriminator_weight"] * parts["discriminator"]
 
 
-def loss_parts(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> dict[str, torch.Tensor]:
+def loss_parts(
+    model: objreg.Model, batch: objreg.CorruptedBatch, params: Mapping[str, Any], mask: torch.Tensor,
+    vocab: objreg.Vocabulary,
+) -> dict[str, torch.Tensor]:
     """The two per-row losses ``generator`` and ``discriminator`` ``[B]``, and the ``replaced``
     input ``[B, T]`` and ``is_replaced`` targets ``[B, T]`` the discriminator saw. Pure."""
-    model, extras = outputs.model, batch.extras
-    mask = objreg_attention_mask(batch)  # (B, T, T); the loss hook is not handed the mask
+    extras = batch.extras
     positions = extras["masked_positions"]  # (B, K)
     real = extras["masked_weights"] > 0  # (B, K): False at list padding
     targets = batch.labels.gather(1, positions).clamp(min=0)  # (B, K); list padding -> 0, weight 0
@@ -166,7 +170,7 @@ def loss_parts(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> di
     nll = -torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, K)
     generator_loss = (nll * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)  # (B,)
 
-    sampled = sample_replacements(logits.detach(), targets, extras)  # (B, K): no gradient path
+    sampled = sample_replacements(logits.detach(), targets, extras["sample_noise"], params, vocab)  # (B, K)
     current = batch.input_ids.gather(1, positions)  # (B, K)
     # List padding points at position 0 ([CLS]) and writes back what is there.
     replaced = batch.input_ids.scatter(1, positions, torch.where(real, sampled, current))  # (B, T)
@@ -183,23 +187,26 @@ def loss_parts(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> di
 
 
 def sample_replacements(
-    logits: torch.Tensor, targets: torch.Tensor, extras: Mapping[str, torch.Tensor]
+    logits: torch.Tensor, targets: torch.Tensor, noise: torch.Tensor, params: Mapping[str, Any],
+    vocab: objreg.Vocabulary,
 ) -> torch.Tensor:
     """One token per selected position, ``[B, K]`` long, from the generator's ``logits``
-    ``[B, K, V]``: ``softmax(logits × sampling_scale)`` without special tokens (and without the
-    original ``targets`` token when ``exclude_original``), drawn by inverting its CDF at
-    ``sample_noise``. Deterministic and pure."""
+    ``[B, K, V]``: ``softmax(logits × scale)`` without special tokens (and without the original
+    ``targets`` token with ``hard_negatives``), drawn by inverting its CDF at ``noise`` ``[B, K]``;
+    ``scale = (1 + hard_negative_beta if hard_negatives else 1) / temperature``. Deterministic
+    and pure."""
+    hard = bool(params["hard_negatives"])
+    scale = (1.0 + params["hard_negative_beta"] if hard else 1.0) / params["temperature"]
     B, K, V = logits.shape
     vocabulary = torch.arange(V, device=logits.device)
-    allowed = torch.ones(B, V, dtype=torch.bool, device=logits.device).scatter(
-        1, extras["special_ids"], torch.zeros_like(extras["special_ids"], dtype=torch.bool))  # (B, V)
-    original = (vocabulary == targets.unsqueeze(-1)) & extras["exclude_original"][:, None, None]  # (B, K, V)
-    scaled = logits * extras["sampling_scale"].to(logits.dtype)[:, None, None]
-    scaled = torch.where(allowed[:, None, :] & ~original, scaled, float("-inf"))
+    allowed = vocab.normal_token_weights(logits.device) > 0  # (V,): never a special token
+    original = (vocabulary == targets.unsqueeze(-1)) & hard  # (B, K, V)
+    scaled = logits * scale
+    scaled = torch.where(allowed & ~original, scaled, float("-inf"))
     cdf = torch.softmax(scaled, dim=-1).cumsum(dim=-1)  # (B, K, V)
     # Scaling by the last entry keeps u below it, so the index lands on a token of non-zero
     # probability even when rounding leaves the CDF short of 1.
-    u = extras["sample_noise"].to(logits.dtype) * cdf[..., -1]  # (B, K)
+    u = noise.to(logits.dtype) * cdf[..., -1]  # (B, K)
     return (cdf <= u.unsqueeze(-1)).sum(dim=-1)  # (B, K): first index whose CDF exceeds u
 
 
@@ -211,21 +218,72 @@ def _select(batch: objreg.TokenBatch, generator: torch.Generator, mask_prob: flo
     uniformly without replacement as the smallest of random keys."""
     B, T = batch.input_ids.shape
     device = batch.input_ids.device
-    maskable = ~(batch.is_special | batch.is_padding)  # (B, T)
-    n = maskable.sum(dim=1)  # (B,)
+    can = maskable(batch)  # (B, T)
+    n = can.sum(dim=1)  # (B,)
     count = torch.where(n > 0, torch.round(n * mask_prob).long().clamp(min=1), 0)  # (B,)
-    keys = torch.where(maskable, objreg.uniform((B, T), generator, device), 2.0)  # (B, T)
+    keys = torch.where(can, objreg.uniform((B, T), generator, device), 2.0)  # (B, T)
     rank = keys.argsort(dim=1).argsort(dim=1)  # (B, T): rank of each key within its row
-    return (rank < count[:, None]) & maskable
+    return (rank < count[:, None]) & can
 
 
-def _selection_lists(selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Selected positions as fixed-size lists: ``positions`` [B, K] long (ascending, padded with
-    0) and ``weights`` [B, K] float (1.0 real, 0.0 padding), K = most selections in a row (>= 1)."""
-    B, T = selected.shape
-    count = selected.sum(dim=1)  # (B,)
-    K = max(1, int(count.max())) if B else 1
-    index = torch.arange(T, device=selected.device).expand(B, T)
-    order = torch.where(selected, index, index + T).argsort(dim=1)[:, :K]  # (B, K): selected first, in order
-    real = torch.arange(K, device=selected.device)[None, :] < count[:, None]  # (B, K)
-    return torch.where(real, order, 0), real.float()
+# -- the generator head -------------------------------------------------------------------------
+
+
+class GeneratorHead(nn.Module):
+    """ELECTRA's generator: a small Transformer on the backbone's token (and, where it has them,
+    position) embeddings with an MLM output tied to the token embeddings; the same on every backbone.
+
+    Sized as ``get_generator_config`` in google-research/electra: width ``hidden_size // divisor``
+    (ELECTRA-small 1/4, base 1/3), as many layers as the backbone, ``max(1, width // 64)`` heads,
+    FFN ``4 × width``. The shared ``H``-wide embeddings are projected to the width (ELECTRA's
+    ``embeddings_project``) and the output goes back to ``H`` before the tied decoder (its
+    ``dense`` to ``embedding_size``). :meth:`tie` shares the backbone's Parameters, so only the
+    projection, blocks, norms and biases belong to the head (and the position embedding, for a
+    backbone without learned positions).
+
+    ``forward(input_ids [B, T], attention_mask [B, T, T], position_ids [B, T], positions [B, K])``
+    returns MLM logits ``[B, K, V]`` at ``positions`` only.
+    """
+
+    def __init__(self, backbone: objreg.Backbone, divisor: int):
+        super().__init__()
+        H, V = backbone.hidden_size, backbone.vocab_size
+        width = max(1, H // divisor)
+        num_heads = max(1, width // 64)
+        width -= width % num_heads  # the heads must divide the width
+        self.max_positions = backbone.max_positions or 512
+        small = TransformerConfig(
+            vocab_size=V, hidden_size=width, num_layers=backbone.num_layers, num_heads=num_heads,
+            intermediate_size=4 * width, max_positions=self.max_positions, layer_norm_eps=backbone.layer_norm_eps,
+        )
+        self.token_embedding = nn.Embedding(V, H)
+        self.position_embedding = nn.Embedding(self.max_positions, H)
+        self.project_in = nn.Linear(H, width)
+        self.blocks = nn.ModuleList(Block(small) for _ in range(backbone.num_layers))
+        self.final_norm = nn.LayerNorm(width, eps=backbone.layer_norm_eps)
+        self.dense = nn.Linear(width, H)
+        self.norm = nn.LayerNorm(H, eps=backbone.layer_norm_eps)
+        self.decoder = nn.Linear(H, V)
+
+    def tie(self, backbone: objreg.Backbone) -> None:
+        """Share the backbone's token and position embeddings (input and tied output), as ELECTRA does."""
+        self.token_embedding.weight = backbone.input_embeddings()
+        self.decoder.weight = backbone.input_embeddings()
+        positions = backbone.position_embeddings()
+        if positions is not None and positions.shape[1] == self.position_embedding.weight.shape[1]:
+            self.position_embedding.weight = positions
+            self.max_positions = positions.shape[0]
+
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> torch.Tensor:
+        check_inputs(input_ids, attention_mask, position_ids, self.max_positions)
+        x = self.token_embedding(input_ids) + self.position_embedding(position_ids)  # (B, T, H)
+        x = self.project_in(x)  # (B, T, h)
+        bias = attention_bias(attention_mask, x.dtype)  # once, not once per layer
+        for block in self.blocks:
+            x = block(x, bias)  # (B, T, h)
+        x = self.final_norm(x)
+        picked = x.gather(1, positions.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # (B, K, h)
+        return self.decoder(self.norm(F.gelu(self.dense(picked))))  # (B, K, V)

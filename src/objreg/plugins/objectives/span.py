@@ -28,13 +28,13 @@ candidate; both merge overlaps).
 The span length distribution is pluggable: ``geometric`` (default, ``P(ℓ) ∝ p(1-p)^(ℓ-lower)``
 on ``lower..upper``, mean 3.797 words for 0.2 on 1..10) or ``empirical`` from a
 ``"length:weight,..."`` string, e.g. the answer lengths of a QA set
-(``objreg.masking.format_lengths(objreg.masking.answer_length_distribution(path, tokenizer))``).
+(``lengths.format_lengths(lengths.answer_length_distribution(path, tokenizer))``).
 
 Not included: SpanBERT's span boundary objective (SBO). Its head (boundary states + a learned
 relative-position embedding + a two-layer MLP over the tied embeddings) is not one of the head
 kinds a plugin can declare, and an approximation would not be SpanBERT's objective.
 
-Written exactly like a third-party plugin: it imports only ``objreg`` and ``torch``.
+Written exactly like a third-party plugin: it imports only ``objreg``, its toolkit and ``torch``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from typing import Any, NamedTuple
 import torch
 
 import objreg
-from objreg import masking
+from objreg.toolkit import lengths, masked_lm, modifiers, replacement, selection
 
 
 @objreg.hookimpl
@@ -63,7 +63,7 @@ def objreg_objective_info() -> objreg.ObjectiveInfo:
                 "per row (randomly rounded, at least 1), filled with spans of whole words (SpanBERT's mask_ratio).",
                 float, 0.0, 1.0,
             ),
-            *masking.replacement_params(),
+            *replacement.replacement_params(),
             objreg.Param(
                 "length_distribution", "geometric", "Span lengths in words: geometric (P(l) ~ p(1-p)^(l-lower) "
                 "on span_lower..span_upper) or empirical (from empirical_lengths).", str,
@@ -75,10 +75,10 @@ def objreg_objective_info() -> objreg.ObjectiveInfo:
             objreg.Param("span_upper", 10, "Longest span in words (geometric).", int, 1),
             objreg.Param(
                 "empirical_lengths", "", "Empirical length distribution as length:weight pairs, e.g. "
-                "\"1:0.4,2:0.3,3:0.3\" (weights are normalised); see objreg.masking.answer_length_distribution.",
+                "\"1:0.4,2:0.3,3:0.3\" (weights are normalised); see objreg.toolkit.lengths.answer_length_distribution.",
                 str,
             ),
-            *masking.MODIFIER_PARAMS,
+            *modifiers.MODIFIER_PARAMS,
         ),
         references=(
             "Joshi et al. 2020, SpanBERT: Improving Pre-training by Representing and Predicting Spans",
@@ -93,29 +93,38 @@ def objreg_objective_info() -> objreg.ObjectiveInfo:
 def objreg_corrupt(
     batch: objreg.TokenBatch, generator: torch.Generator, params: Mapping[str, Any], vocab: objreg.Vocabulary
 ) -> objreg.CorruptedBatch:
-    words = masking.words(batch)
-    weights = masking.per_word(masking.policy_weights(batch, params["masking_policy"], vocab, "span"), words)
+    words = selection.words(batch)
+    weights = selection.per_word(selection.policy_weights(batch, params["masking_policy"], vocab, "span"), words)
     distribution = length_distribution(params)
     view = _view(batch, words, weights, distribution, generator, params, vocab)
     second = None
     if params["consistency_weight"] > 0:
         second = _view(batch, words, weights, distribution, generator, params, vocab)
-    return masking.masked_lm_batch(batch, view, params, second)
+    return masked_lm.masked_lm_batch(batch, view, second)
 
 
 @objreg.hookimpl
-def objreg_attention_mask(batch: objreg.CorruptedBatch) -> torch.Tensor:
-    return masking.attention_mask(batch)  # (B, T, T): bidirectional within each document
+def objreg_prepare_batch(
+    batch: objreg.TokenBatch, model: objreg.Model, params: Mapping[str, Any], vocab: objreg.Vocabulary
+) -> objreg.TokenBatch | None:
+    return masked_lm.prepare(batch, model, params, vocab)  # the model's surprisal, for masking_policy=entropy
 
 
 @objreg.hookimpl
-def objreg_loss(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> torch.Tensor:
-    return masking.masked_lm_loss(outputs, batch)
+def objreg_attention_mask(batch: objreg.CorruptedBatch) -> objreg.AttentionMask:
+    return masked_lm.attention(batch)  # bidirectional within each document
+
+
+@objreg.hookimpl
+def objreg_loss(
+    outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch, params: Mapping[str, Any], mask: torch.Tensor
+) -> torch.Tensor:
+    return masked_lm.masked_lm_loss(outputs, batch, params, mask)
 
 
 @objreg.hookimpl
 def objreg_check_params(params: Mapping[str, Any]) -> None:
-    masking.check_replacement(params, "span")
+    replacement.check_replacement(params, "span")
     if params["span_lower"] > params["span_upper"]:
         raise objreg.InvalidParameterError(
             f"span: span_lower ({params['span_lower']}) must be at most span_upper ({params['span_upper']})"
@@ -129,11 +138,11 @@ def objreg_check_params(params: Mapping[str, Any]) -> None:
     length_distribution(params)  # a malformed empirical_lengths fails here, before any data
 
 
-def length_distribution(params: Mapping[str, Any]) -> masking.LengthDistribution:
+def length_distribution(params: Mapping[str, Any]) -> lengths.LengthDistribution:
     """The span length distribution the parameters describe."""
     if params["length_distribution"] == "empirical":
-        return masking.parse_lengths(params["empirical_lengths"])
-    return masking.geometric_lengths(params["geometric_p"], params["span_lower"], params["span_upper"])
+        return lengths.parse_lengths(params["empirical_lengths"])
+    return lengths.geometric_lengths(params["geometric_p"], params["span_lower"], params["span_upper"])
 
 
 class Spans(NamedTuple):
@@ -153,7 +162,7 @@ class Spans(NamedTuple):
 
 
 def select_spans(
-    words: masking.Words, weights: torch.Tensor, distribution: masking.LengthDistribution, budget: torch.Tensor,
+    words: selection.Words, weights: torch.Tensor, distribution: lengths.LengthDistribution, budget: torch.Tensor,
     generator: torch.Generator,
 ) -> Spans:
     """Spans of whole words until ``budget`` ``[B]`` tokens are covered (see the module docstring)."""
@@ -166,7 +175,7 @@ def select_spans(
     end = (torch.arange(W, device=device)[None, :] + reach).minimum(words.count[:, None].clamp(min=1))  # (B, W)
     cumulative = torch.cat([torch.zeros_like(weights[:, :1]), weights.cumsum(dim=1)], dim=1)  # (B, W + 1)
     span_weight = (cumulative.gather(1, end) - cumulative[:, :W]) / (end - torch.arange(W, device=device)).clamp(min=1)
-    keys = masking.sampling_keys(span_weight, valid, generator)  # (B, W)
+    keys = selection.sampling_keys(span_weight, valid, generator)  # (B, W)
     anchors = keys.argsort(dim=1, descending=True)  # (B, W): candidate of rank c starts at word anchors[:, c]
     is_candidate = keys.gather(1, anchors) > -torch.inf  # (B, W)
     lengths = reach.gather(1, anchors)  # (B, W): in rank order
@@ -193,11 +202,11 @@ def select_spans(
 
 
 def _view(
-    batch: objreg.TokenBatch, words: masking.Words, weights: torch.Tensor, distribution: masking.LengthDistribution,
+    batch: objreg.TokenBatch, words: selection.Words, weights: torch.Tensor, distribution: lengths.LengthDistribution,
     generator: torch.Generator, params: Mapping[str, Any], vocab: objreg.Vocabulary,
-) -> masking.MaskedView:
+) -> masked_lm.MaskedView:
     """One span mask with its per-span 80/10/10."""
-    n = masking.maskable(batch).sum(dim=1)  # (B,)
+    n = selection.maskable(batch).sum(dim=1)  # (B,)
     rounding = objreg.uniform(tuple(n.shape), generator, n.device).double()  # (B,): E[budget] = n * mask_prob
     budget = (n.double() * params["mask_prob"] + rounding).floor().long().clamp(min=1)
     budget = torch.where(n > 0, budget, 0)  # (B,)
@@ -205,7 +214,7 @@ def _view(
     B, W = words.size.shape
     span_fate = objreg.uniform((B, W), generator, n.device)  # (B, W): one draw per candidate span
     word_fate = span_fate.gather(1, spans.owner.clamp(max=W - 1))  # (B, W): the fate of each word's span
-    selected = masking.per_token(spans.chosen, words, fill=False)  # (B, T)
-    fate = masking.per_token(word_fate, words, fill=1.0)  # (B, T)
-    corrupted = masking.replace_selected(batch.input_ids, selected, fate, generator, params, vocab)
-    return masking.MaskedView(corrupted, selected)
+    selected = selection.per_token(spans.chosen, words, fill=False)  # (B, T)
+    fate = selection.per_token(word_fate, words, fill=1.0)  # (B, T)
+    corrupted = replacement.replace_selected(batch.input_ids, selected, fate, generator, params, vocab)
+    return masked_lm.MaskedView(corrupted, selected)

@@ -19,7 +19,7 @@ The 80/10/10 replacement is decided **per token**, as the reference does (its dr
 loop over a word's pieces): a selected word can end up partly ``[MASK]``, partly random, partly kept.
 Random replacements are ordinary tokens only (the reference draws from the whole vocabulary).
 
-Written exactly like a third-party plugin: it imports only ``objreg`` and ``torch``.
+Written exactly like a third-party plugin: it imports only ``objreg``, its toolkit and ``torch``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 import objreg
-from objreg import masking
+from objreg.toolkit import masked_lm, modifiers, replacement, selection
 
 
 @objreg.hookimpl
@@ -46,8 +46,8 @@ def objreg_objective_info() -> objreg.ObjectiveInfo:
                 "mask_prob", 0.15, "Share of the ordinary tokens to predict: a budget of max(1, round(n * "
                 "mask_prob)) tokens per row, filled with whole words.", float, 0.0, 1.0,
             ),
-            *masking.replacement_params(),
-            *masking.MODIFIER_PARAMS,
+            *replacement.replacement_params(),
+            *modifiers.MODIFIER_PARAMS,
         ),
         references=(
             "Devlin et al. 2019, BERT (whole word masking release, google-research/bert README, 2019-05-31)",
@@ -63,41 +63,50 @@ def objreg_objective_info() -> objreg.ObjectiveInfo:
 def objreg_corrupt(
     batch: objreg.TokenBatch, generator: torch.Generator, params: Mapping[str, Any], vocab: objreg.Vocabulary
 ) -> objreg.CorruptedBatch:
-    words = masking.words(batch)
-    weights = masking.per_word(masking.policy_weights(batch, params["masking_policy"], vocab, "wwm"), words)  # (B, W)
+    words = selection.words(batch)
+    weights = selection.per_word(selection.policy_weights(batch, params["masking_policy"], vocab, "wwm"), words)  # (B, W)
     view = _view(batch, words, weights, generator, params, vocab)
     second = _view(batch, words, weights, generator, params, vocab) if params["consistency_weight"] > 0 else None
-    return masking.masked_lm_batch(batch, view, params, second)
+    return masked_lm.masked_lm_batch(batch, view, second)
 
 
 @objreg.hookimpl
-def objreg_attention_mask(batch: objreg.CorruptedBatch) -> torch.Tensor:
-    return masking.attention_mask(batch)  # (B, T, T): bidirectional within each document
+def objreg_prepare_batch(
+    batch: objreg.TokenBatch, model: objreg.Model, params: Mapping[str, Any], vocab: objreg.Vocabulary
+) -> objreg.TokenBatch | None:
+    return masked_lm.prepare(batch, model, params, vocab)  # the model's surprisal, for masking_policy=entropy
 
 
 @objreg.hookimpl
-def objreg_loss(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> torch.Tensor:
-    return masking.masked_lm_loss(outputs, batch)
+def objreg_attention_mask(batch: objreg.CorruptedBatch) -> objreg.AttentionMask:
+    return masked_lm.attention(batch)  # bidirectional within each document
+
+
+@objreg.hookimpl
+def objreg_loss(
+    outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch, params: Mapping[str, Any], mask: torch.Tensor
+) -> torch.Tensor:
+    return masked_lm.masked_lm_loss(outputs, batch, params, mask)
 
 
 @objreg.hookimpl
 def objreg_check_params(params: Mapping[str, Any]) -> None:
-    masking.check_replacement(params, "wwm")
+    replacement.check_replacement(params, "wwm")
 
 
 def _view(
-    batch: objreg.TokenBatch, words: masking.Words, weights: torch.Tensor, generator: torch.Generator,
+    batch: objreg.TokenBatch, words: selection.Words, weights: torch.Tensor, generator: torch.Generator,
     params: Mapping[str, Any], vocab: objreg.Vocabulary,
-) -> masking.MaskedView:
+) -> masked_lm.MaskedView:
     """One whole-word mask: words in weighted random order, greedily into the token budget."""
-    n = masking.maskable(batch).sum(dim=1)  # (B,)
+    n = selection.maskable(batch).sum(dim=1)  # (B,)
     budget = torch.where(n > 0, (n.double() * params["mask_prob"]).round().long().clamp(min=1), 0)  # (B,)
     valid = torch.arange(words.size.shape[1], device=n.device)[None, :] < words.count[:, None]  # (B, W)
     # Each word with probability about min(1, c * weight), c spending the budget in expectation.
-    target = masking.inclusion_probabilities(torch.where(valid, weights, 0.0), budget[:, None], words.size)
-    keys = masking.pareto_keys(target, valid, generator)  # (B, W)
-    chosen = masking.greedy_fill(words.size, keys, budget)  # (B, W)
-    selected = masking.per_token(chosen, words, fill=False)  # (B, T)
+    target = selection.inclusion_probabilities(torch.where(valid, weights, 0.0), budget[:, None], words.size)
+    keys = selection.pareto_keys(target, valid, generator)  # (B, W)
+    chosen = selection.greedy_fill(words.size, keys, budget)  # (B, W)
+    selected = selection.per_token(chosen, words, fill=False)  # (B, T)
     fate = objreg.uniform(tuple(batch.input_ids.shape), generator, batch.input_ids.device)  # per token, as BERT
-    corrupted = masking.replace_selected(batch.input_ids, selected, fate, generator, params, vocab)
-    return masking.MaskedView(corrupted, selected)
+    corrupted = replacement.replace_selected(batch.input_ids, selected, fate, generator, params, vocab)
+    return masked_lm.MaskedView(corrupted, selected)

@@ -1,0 +1,146 @@
+"""Everything a run needs before its first step, loaded through the registry: the corpus, the
+tokenizer, the objectives, the downstream data, the model with its fitted downstream head, and
+the trainer; plus the report's ``config`` section, which records what was loaded.
+
+Names and parameters are checked first (:func:`check`), so an unknown objective fails in
+milliseconds, before anything heavy is loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from objreg.analysis.config import AnalysisConfig
+from objreg.analysis.downstream import Downstream
+from objreg.analysis.functional import count_parameters, shared_parameters
+from objreg.analysis.group import Group
+from objreg.analysis.headfit import fit_downstream_head
+from objreg.analysis.launch import check_batch
+from objreg.analysis.loop import Trainer
+from objreg.core import masking
+from objreg.core.errors import DataError, InvalidParameterError
+from objreg.core.registry import Registry, merge_heads
+from objreg.core.tokenizer import TokenizedCorpus
+from objreg.core.types import CorruptedBatch
+
+
+def check(config: AnalysisConfig, registry: Registry) -> torch.device:
+    """Fail on a bad device, name or parameter in milliseconds, before anything heavy is loaded;
+    returns the device."""
+    device = config.resolved_device()
+    registry.get_task(config.downstream, **config.objective_params.get(config.downstream, {}))
+    for name in config.pretrain:
+        _check_fits(registry.get(name, **config.objective_params.get(name, {})).info, config)
+    return device
+
+
+def prepare(
+    config: AnalysisConfig, registry: Registry, cache: Path, status: Callable[[str], None] = lambda _: None,
+    group: Group | None = None,
+) -> tuple[Trainer, dict[str, Any]]:
+    """Load everything ``config`` names and build the trainer; returns it with the report's
+    ``config`` section. ``group``: the processes sharing the work (default: this one alone);
+    each runs ``prepare`` alike."""
+    group = group if group is not None else Group()
+    device = check(config, registry)
+    if group.device is not None:  # several processes: each on its own device (cuda:LOCAL_RANK)
+        device = group.device
+    check_batch(config.batch_size, group)
+    task = registry.get_task(config.downstream, **config.objective_params.get(config.downstream, {}))
+
+    status(f"loading corpus {config.corpus!r}")
+    corpus = registry.load_corpus(config.corpus, cache)
+    status(f"loading tokenizer for model {config.model!r}")
+    tokenizer = registry.load_tokenizer(config.model, corpus, cache)
+    pretrain_corpus, heldout = corpus.split()
+    if config.char_noise > 0:
+        # Pre-training text only (the held-out set defines D), from its own seeded stream.
+        noise = torch.Generator().manual_seed(config.seed * 7919 + 3)
+        pretrain_corpus = masking.noisy_corpus(pretrain_corpus, config.char_noise, noise)
+    tokenized = TokenizedCorpus(tokenizer, pretrain_corpus, config.seq_len)
+    # The corpus vocabulary carries token counts (the inverse_frequency masking policy).
+    objectives = {
+        name: registry.get(name, vocab=tokenized.vocab, **config.objective_params.get(name, {}))
+        for name in config.pretrain
+    }
+
+    status(f"loading downstream data for {config.downstream!r}")
+    fit_size = config.head_fit_size if config.head_warmup_steps else 0
+    data = task.task_data(
+        config.downstream_data, heldout.documents, tokenizer, config.seq_len, config.eval_size + fit_size
+    )
+    eval_batch, fit_batch = split_evaluation(data, config.eval_size, with_fit=fit_size > 0)
+
+    status(f"building model {config.model!r}")
+    heads = merge_heads([o.info for o in objectives.values()] + [task.info])
+    model_generator = torch.Generator().manual_seed(config.seed)
+    model = registry.load_model(config.model, tokenizer.vocab, heads, {}, model_generator)
+    model.to(device=device, dtype=config.torch_dtype)
+
+    # Each process encodes its share of the fit rows; the head's gradient is summed at every step.
+    warmup = fit_downstream_head(model, task, fit_batch.to(device), config.head_warmup_steps, group=group)
+    # The main process's parameters everywhere, so rounding differences between machines cannot
+    # start the processes apart (as DistributedDataParallel does).
+    group.sync_([*model.parameters(), *model.buffers()])
+    downstream = Downstream(task, eval_batch.to(device), group=group)
+    downstream.check(model)
+    trainer = Trainer(
+        model, objectives, config.weights, tokenized, downstream,
+        optimizer=config.optimizer, lr=config.lr, batch_size=config.batch_size, seed=config.seed,
+        device=device, steps=config.steps, probe_every=config.probe_every, schedules=config.schedule,
+        per_sample_method=config.per_sample_method, hvp_method=config.hvp_method, spectrum=config.spectrum,
+        decode=tokenizer.decode,
+    )
+    report_config = {
+        **config.to_dict(),
+        "device": str(device),
+        "world_size": group.world_size,
+        "backend": group.backend,
+        "shared_parameters": count_parameters(shared_parameters(model)),
+        "model_parameters": sum(p.numel() for p in model.parameters()),
+        "vocab_size": tokenizer.vocab.size,
+        "corpus_description": corpus.description,
+        "pretrain_chunks": len(tokenized),
+        "downstream_examples": eval_batch.batch_size,
+        "downstream_evaluation": {
+            "chunks": len(downstream.chunks), "length_sorted_and_trimmed": downstream.compact,
+            "tokens": downstream.tokens, "padded_tokens": eval_batch.input_ids.numel(),
+        },
+        "head_warmup": {"examples": fit_batch.batch_size, "loss_before": warmup[0] if warmup else None,
+                        "loss_after": warmup[-1] if warmup else None},
+        "objective_params": {n: dict(o.params) for n, o in objectives.items()},
+        "optimizer_hyperparameters": {
+            k: list(v) if isinstance(v, tuple) else v
+            for k, v in trainer.optimizer.param_groups[0].items()
+            if k in ("lr", "betas", "eps", "weight_decay")
+        },
+    }
+    return trainer, report_config
+
+
+def split_evaluation(data: CorruptedBatch, eval_size: int, with_fit: bool) -> tuple[CorruptedBatch, CorruptedBatch]:
+    """Evenly spaced rows define D; the rest fit the downstream head. Disjoint, so the probe is
+    not fitted on the examples it is evaluated on. With a fit split, at most half goes to D.
+
+    Raises:
+        DataError: a fit split asked of fewer than two examples.
+    """
+    total = data.batch_size
+    if with_fit and total < 2:
+        raise DataError(f"the downstream set has {total} example(s); fitting its head needs at least 2")
+    size = min(eval_size, total // 2 if with_fit else total)
+    chosen = torch.linspace(0, total - 1, size).round().long()
+    rest = torch.ones(total, dtype=torch.bool)
+    rest[chosen] = False
+    return data.select(chosen), data.select(torch.nonzero(rest).flatten())
+
+
+def _check_fits(info: Any, config: AnalysisConfig) -> None:
+    if config.seq_len < info.min_seq_len:
+        raise InvalidParameterError(
+            f"--seq-len {config.seq_len} is too short for {info.name!r}, which needs at least {info.min_seq_len} tokens"
+        )

@@ -1,0 +1,245 @@
+"""What a probe step measures: how each objective's gradient aligns with the downstream loss
+``D``, and how well the Taylor expansion of ``D`` predicts the change the step causes.
+
+Between the gradients and the optimizer step, :meth:`Probe.measure` reads, on the shared
+parameters:
+
+* per objective, the per-sample dots ``⟨∇ℓ_i, ∇D⟩`` (alignment, cosine, conflict fraction);
+* ``∇D`` and the Hessian-vector products ``H_D g_k`` (one batched pass), hence
+  ``S_ij = g_iᵀ H_D g_j``;
+* the split of the step the optimizer is about to take (:mod:`objreg.analysis.optimizers`) and
+  the first- and second-order prediction of ``D``'s change for it (:mod:`objreg.analysis.transfer`);
+* each pre-training example's share of the first-order term (:mod:`objreg.analysis.attribution`);
+* on the first and the last step, on request, the top of ``H_D``'s spectrum.
+
+It returns a :class:`Pending` measurement; after the step :meth:`Probe.finish` reads ``Δθ`` off
+the parameters, evaluates ``D`` again (the actual change) and completes the record.
+
+A probe changes nothing the trajectory depends on: it reads the optimizer's state without
+changing it and draws no random numbers. It runs with ``model.eval()`` (set by the loop), so a
+model with dropout still gives a deterministic ``D``, ``∇D`` and ``H_D``.
+
+With several processes, per-sample dots are gathered in row order, ``D``, ``∇D`` and the HVPs
+are summed over the processes' chunks (:class:`~objreg.analysis.downstream.Downstream`), and
+the spectrum's Lanczos runs on the main process with every HVP computed together
+(:meth:`Group.drive`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from objreg.analysis.attribution import ExampleScores
+from objreg.analysis.curvature import Curvature
+from objreg.analysis.downstream import Downstream
+from objreg.analysis.functional import ObjectiveFunction, Params, detached, flat_dot, flat_norm, shared_parameters
+from objreg.analysis.gradients import local_rows
+from objreg.analysis.optimizers import StepDecomposition, decompose
+from objreg.analysis.per_sample import per_sample_dots
+from objreg.analysis.spectrum import eigenvector_alignment, orient, top_eigenpairs
+from objreg.analysis.stats import alignment_stats, seed_for
+from objreg.analysis.transfer import asymmetry, gram, quadratic_by_pair, relative_error, upper_pairs, weighted_sum
+from objreg.core.registry import Objective
+from objreg.core.types import CorruptedBatch, TokenBatch
+
+
+@dataclass
+class Pending:
+    """A probe measured before the step, waiting for the step to be taken."""
+
+    record: dict[str, Any]
+    before: Params  # the shared parameters before the step (copies: the optimizer updates in place)
+    downstream_before: float
+    downstream_grad: Params
+    parts: dict[str, Params]  # the step's displacement per part (objective, momentum, weight decay)
+    first_by_part: dict[str, float]
+    second_by_pair: dict[str, float]
+
+
+class Probe:
+    """Measures probe steps; keeps what the report needs across them (the attribution scores,
+    the per-sample and HVP methods used, the update rule).
+
+    Args:
+        seed: Seeds the bootstrap intervals and the spectrum's starting vector.
+        steps: Length of the run (the spectrum is taken on its first and last step).
+        hvp_method: How HVPs of ``D`` are taken (``auto`` picks on the first probe).
+        spectrum: Top eigenvalues of ``H_D`` to compute on the first and the last step (0: none).
+        decode: Token ids to text, for the attribution report.
+    """
+
+    def __init__(
+        self, model: nn.Module, objectives: Mapping[str, Objective], downstream: Downstream, *, seed: int, steps: int,
+        per_sample_method: str = "auto", hvp_method: str = "auto", spectrum: int = 0,
+        decode: Callable[[Sequence[int]], str] | None = None,
+    ):
+        self.model = model
+        self.objectives = dict(objectives)
+        self.downstream = downstream
+        self.group = downstream.group
+        self.seed = seed
+        self.steps = steps
+        self.per_sample_method = per_sample_method
+        self.hvp_method = hvp_method
+        self.spectrum = spectrum
+        self.decode = decode
+        self.attribution = ExampleScores()
+        self.methods_used: set[str] = set()
+        self.update_rule = ""
+
+    def measure(
+        self, step: int, weights: dict[str, float], optimizer: torch.optim.Optimizer, tokens: dict[str, TokenBatch],
+        batches: dict[str, CorruptedBatch], losses: dict[str, float], gradients: dict[str, Params],
+    ) -> Pending:
+        """Everything measured before the step. ``gradients``: each objective's mean-loss
+        gradient on the shared parameters, as accumulated into the optimizer's ``.grad``."""
+        shared = shared_parameters(self.model)
+        before = {n: p.detach().clone() for n, p in shared.items()}
+        names = list(self.objectives)
+        downstream_before = self.downstream.loss(self.model)
+        split = decompose(optimizer, shared)
+        self.update_rule = self.update_rule or split.rule
+
+        # HVP directions: the raw gradients (for S) and, where the step is not a multiple of them
+        # (Adam), the preconditioned gradients and the optimizer's own parts.
+        preconditioned = [n for n in names if split.scale is None and weights[n] != 0]
+        directions = [gradients[n] for n in names]
+        directions += [split.apply(gradients[n]) for n in preconditioned]
+        directions += list(split.extras.values())
+        curvature = self.downstream.curvature(self.model, before, self.hvp_method)
+        downstream_grad, products = curvature.gradient_and_products(directions)
+        self.hvp_method = curvature.method
+        raw_products = dict(zip(names, products[: len(names)]))
+        pre_products = dict(zip(preconditioned, products[len(names): len(names) + len(preconditioned)]))
+        extra_products = dict(zip(split.extras, products[len(names) + len(preconditioned):]))
+        downstream_norm = float(flat_norm(downstream_grad))
+
+        record: dict[str, Any] = {
+            "step": step,
+            "weights": dict(weights),
+            "losses": dict(losses),
+            "downstream_loss": downstream_before,
+            "downstream_grad_norm": downstream_norm,
+            "alignment": {},
+        }
+        # Per-sample dots, alignment statistics and each example's first-order score.
+        scaled_downstream = split.apply(downstream_grad) if split.scale is None else None
+        for name in names:
+            dots, scores = self._per_sample(name, batches[name], before, downstream_grad, scaled_downstream,
+                                            split, weights[name])
+            record["alignment"][name] = alignment_stats(
+                dots, float(flat_norm(gradients[name])), downstream_norm, seed_for(self.seed, step, name)
+            )
+            ids = [row[~special].tolist() for row, special in zip(tokens[name].input_ids, tokens[name].is_special)]
+            self.attribution.add(name, step, ids, weights[name] / len(ids) * scores)
+
+        # Second order: S on the raw gradients; the split of the step and its Taylor terms.
+        s_matrix = gram([gradients[n] for n in names], [raw_products[n] for n in names])
+        record["second_order"] = upper_pairs(names, s_matrix)
+        record["second_order_asymmetry"] = asymmetry(s_matrix)
+        parts, part_products = step_parts(split, weights, gradients, raw_products, pre_products, extra_products)
+        part_names = list(parts)
+        first_by_part = {c: float(flat_dot(downstream_grad, parts[c])) for c in part_names}
+        quadratic = gram([parts[c] for c in part_names], [part_products[c] for c in part_names])
+
+        if self.spectrum and step in (0, self.steps - 1):
+            record["spectrum"] = self._spectrum(curvature, before, downstream_grad, gradients)
+        return Pending(record, before, downstream_before, downstream_grad, parts, first_by_part,
+                       quadratic_by_pair(part_names, quadratic))
+
+    def finish(self, pending: Pending) -> dict[str, Any]:
+        """The record, completed with what the step did: ``Δθ``, the new ``D`` and the prediction's error."""
+        before = pending.before
+        after = detached(shared_parameters(self.model))
+        delta = {n: after[n] - before[n] for n in before}
+        residual = {n: delta[n] - t for n, t in weighted_sum(pending.parts, before).items()}
+        delta_norm = float(flat_norm(delta))
+        downstream_after = self.downstream.loss(self.model)
+        first, second = float(flat_dot(pending.downstream_grad, delta)), sum(pending.second_by_pair.values())
+        actual = downstream_after - pending.downstream_before
+        record = pending.record
+        record["predicted_delta"] = {"first_order": first, "second_order": second}
+        record["downstream_loss_after"] = downstream_after
+        record["actual_delta"] = actual
+        record["relative_error"] = {
+            "first_order": relative_error(first, actual),
+            "first_plus_second_order": relative_error(first + second, actual),
+        }
+        record["update"] = {
+            "norm": delta_norm,
+            "decomposition_residual": float(flat_norm(residual)) / delta_norm if delta_norm > 0 else 0.0,
+            "first_order": pending.first_by_part,
+            "second_order": pending.second_by_pair,
+        }
+        return record
+
+    def attribution_report(self, top: int) -> dict[str, Any]:
+        return self.attribution.top(top, self.decode)
+
+    def _per_sample(
+        self, name: str, batch: CorruptedBatch, shared: Params, downstream_grad: Params,
+        scaled_downstream: Params | None, split: StepDecomposition, weight: float,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Every example's ``⟨∇ℓ_i, ∇D⟩`` and its first-order score ``⟨∇ℓ_i, A ∇D⟩`` before the
+        weight (``A`` the step's preconditioner), over the whole batch in row order."""
+        local, sharded = local_rows(self.group, self.objectives[name], batch)
+        function = ObjectiveFunction(self.model, self.objectives[name], local)
+        dots, method = per_sample_dots(function, shared, downstream_grad, self.per_sample_method)
+        self.methods_used.add(method)
+        per_example = [dots]
+        if scaled_downstream is not None and weight != 0:
+            per_example.append(per_sample_dots(function, shared, scaled_downstream, self.per_sample_method)[0])
+        if sharded:  # every process's rows, in row order
+            per_example = self.group.all_gather(per_example)
+        dots_np = per_example[0].detach().double().cpu().numpy()
+        if scaled_downstream is None:
+            scores = split.scale * dots_np
+        elif weight != 0:
+            scores = per_example[1].detach().double().cpu().numpy()
+        else:
+            scores = np.zeros_like(dots_np)
+        return dots_np, scores
+
+    def _spectrum(self, curvature: Curvature, shared: Params, downstream_grad: Params,
+                  gradients: dict[str, Params]) -> dict[str, Any]:
+        """The top of ``H_D``'s spectrum and each gradient's cosines with its eigenvectors."""
+        before = curvature.matvecs
+
+        def lanczos(matvec: Callable[[Params], Params]) -> dict[str, Any]:
+            values, vectors, _ = top_eigenpairs(matvec, shared, self.spectrum, seed=self.seed)
+            vectors = orient(vectors, downstream_grad)
+            return {
+                "eigenvalues": [float(v) for v in values],
+                "alignment": eigenvector_alignment(vectors, gradients),
+                "downstream_alignment": eigenvector_alignment(vectors, {"D": downstream_grad})["D"],
+                "matvecs": curvature.matvecs - before,
+            }
+
+        # Lanczos on the main process; every process computes each HVP with it.
+        return self.group.drive(lanczos, curvature.matvec, shared)
+
+
+def step_parts(
+    split: StepDecomposition, weights: dict[str, float], gradients: dict[str, Params],
+    raw_products: dict[str, Params], pre_products: dict[str, Params], extra_products: dict[str, Params],
+) -> tuple[dict[str, Params], dict[str, Params]]:
+    """The displacement ``d_c`` of each part of the step and ``H_D d_c``."""
+    parts: dict[str, Params] = {}
+    products: dict[str, Params] = {}
+    for name, gradient in gradients.items():
+        parts[name] = split.objective_part(weights[name], gradient)
+        if split.scale is not None:  # d = −η α g, so H d = −η α H g: no new HVP
+            products[name] = {n: -split.scale * weights[name] * t for n, t in raw_products[name].items()}
+        elif name in pre_products:
+            products[name] = {n: -weights[name] * t for n, t in pre_products[name].items()}
+        else:  # weight 0: no displacement
+            products[name] = {n: torch.zeros_like(t) for n, t in gradient.items()}
+    parts.update(split.extras)
+    products.update(extra_products)
+    return parts, products

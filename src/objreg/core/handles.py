@@ -1,0 +1,150 @@
+"""Handles on one objective or one downstream task with its parameters resolved.
+
+The hook callers reach only that plugin (plus wrappers from non-objective plugins). Results are
+checked, so a plugin that returns nothing or the wrong type is named with its hook and origin.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from objreg.core.errors import InvalidParameterError, PluginError
+from objreg.core.masks import AttentionMask, dense
+from objreg.core.types import CorruptedBatch, HeadSpec, ModelOutputs, ObjectiveInfo, TaskData, TokenBatch, Vocabulary
+
+if TYPE_CHECKING:
+    from objreg.core.model import Model
+    from objreg.toolkit.tokenizer import Tokenizer
+
+
+class _Handle:
+    """What objectives and tasks share: the attention and the loss."""
+
+    def __init__(self, info: ObjectiveInfo, params: Mapping[str, Any], hooks: Mapping[str, Any], origin: str):
+        self.info = info
+        self.name = info.name
+        self.params = params
+        self.origin = origin
+        self._hooks = hooks
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r}, {dict(self.params)})"
+
+    def _problem(self, hook: str, what: str) -> PluginError:
+        return PluginError([f"{self.info.kind} {self.name!r} ({self.origin}) {what} from {hook}"])
+
+    def attention(self, batch: CorruptedBatch) -> AttentionMask | torch.Tensor:
+        """The attention as the plugin describes it: an :class:`AttentionMask` or a dense bool
+        ``[B, T, T]`` tensor (checked)."""
+        mask = self._hooks["objreg_attention_mask"](batch=batch, params=self.params)
+        B, T = batch.input_ids.shape
+        if isinstance(mask, AttentionMask) and mask.shape == (B, T, T):
+            return mask
+        if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and tuple(mask.shape) == (B, T, T):
+            return mask
+        got = f"{tuple(mask.shape)} {getattr(mask, 'dtype', mask.__class__.__name__)}" if hasattr(mask, "shape") \
+            else type(mask).__name__
+        raise self._problem("objreg_attention_mask",
+                            f"returned {got} instead of an AttentionMask or a bool [B, T, T] = [{B}, {T}, {T}] mask")
+
+    def attention_mask(self, batch: CorruptedBatch) -> torch.Tensor:
+        """The attention as a dense bool ``[B, T, T]`` mask."""
+        return dense(self.attention(batch))
+
+    def loss(self, outputs: ModelOutputs, batch: CorruptedBatch, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Per-sample losses ``[B]`` from ``outputs``; ``mask`` is the dense attention mask (built
+        from ``batch`` when not given)."""
+        if mask is None:
+            mask = self.attention_mask(batch)
+        loss = self._hooks["objreg_loss"](outputs=outputs, batch=batch, params=self.params, mask=mask,
+                                          vocab=getattr(self, "vocab", None))
+        B = batch.input_ids.shape[0]
+        if not isinstance(loss, torch.Tensor) or tuple(loss.shape) != (B,):
+            got = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+            raise self._problem("objreg_loss", f"returned {got} instead of per-sample losses of shape [{B}]")
+        return loss
+
+    def losses(self, model: Model, batch: CorruptedBatch, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The backbone pass and the loss: per-sample losses ``[B]`` of ``model`` on ``batch``.
+        The pass is skipped for an objective that runs the backbone itself."""
+        if mask is None:
+            mask = self.attention_mask(batch)
+        hidden = None if self.info.runs_backbone else model.encode(batch.input_ids, mask, batch.position_ids)
+        return self.loss(ModelOutputs(hidden, model), batch, mask)
+
+
+class Objective(_Handle):
+    """A pre-training objective: prepare, corrupt, attend, lose."""
+
+    def __init__(self, info: ObjectiveInfo, params: Mapping[str, Any], hooks: Mapping[str, Any], origin: str,
+                 vocab: Vocabulary | None):
+        super().__init__(info, params, hooks, origin)
+        self.vocab = vocab
+
+    def _need_vocab(self) -> Vocabulary:
+        if self.vocab is None:
+            raise InvalidParameterError(f"objective {self.name!r} needs a vocabulary to corrupt: pass vocab=")
+        return self.vocab
+
+    @torch.no_grad()
+    def prepare(self, batch: TokenBatch, model: Model) -> TokenBatch:
+        """``batch`` with what corruption needs from the current ``model`` (the plugin's
+        ``objreg_prepare_batch``; most objectives need nothing). ``model`` is put in eval mode for
+        the call and given back in the mode it was in."""
+        vocab = self._need_vocab()
+        if not self._hooks["objreg_prepare_batch"].get_hookimpls():
+            return batch
+        training = getattr(model, "training", False)
+        if training:
+            model.eval()
+        try:
+            result = self._hooks["objreg_prepare_batch"](batch=batch, model=model, params=self.params, vocab=vocab)
+        finally:
+            if training:
+                model.train()
+        if result is None:
+            return batch
+        if not isinstance(result, TokenBatch):
+            raise self._problem("objreg_prepare_batch", f"returned {type(result).__name__} instead of a TokenBatch")
+        return result
+
+    def corrupt(self, batch: TokenBatch, generator: torch.Generator) -> CorruptedBatch:
+        vocab = self._need_vocab()
+        result = self._hooks["objreg_corrupt"](batch=batch, generator=generator, params=self.params, vocab=vocab)
+        if not isinstance(result, CorruptedBatch):
+            raise self._problem("objreg_corrupt", f"returned {type(result).__name__} instead of a CorruptedBatch")
+        if result.input_ids.shape[0] != batch.input_ids.shape[0]:
+            raise self._problem(
+                "objreg_corrupt",
+                f"returned batch size {result.input_ids.shape[0]} for an input of {batch.input_ids.shape[0]}",
+            )
+        return result
+
+
+class Task(_Handle):
+    """A downstream task: its fixed evaluation data, attention and loss."""
+
+    def task_data(
+        self, source: str | None, documents: Sequence[Sequence[str]], tokenizer: Tokenizer, seq_len: int, limit: int
+    ) -> TaskData:
+        """The evaluation set and the task's heads, sized from it."""
+        result = self._hooks["objreg_task_data"](
+            source=source, documents=documents, tokenizer=tokenizer, seq_len=seq_len, limit=limit, params=self.params
+        )
+        if isinstance(result, CorruptedBatch):
+            result = TaskData(result)
+        if not isinstance(result, TaskData) or not isinstance(result.batch, CorruptedBatch):
+            raise self._problem("objreg_task_data", f"returned {type(result).__name__} instead of a TaskData")
+        return TaskData(result.batch, self._sized_heads(result.heads))
+
+    def _sized_heads(self, sized: Sequence[HeadSpec]) -> tuple[HeadSpec, ...]:
+        declared = {spec.name: spec for spec in self.info.heads}
+        stray = [spec.name for spec in sized if spec.name not in declared]
+        if stray:
+            raise self._problem("objreg_task_data", f"sized heads {stray} its ObjectiveInfo does not declare")
+        by_name = {spec.name: spec for spec in sized}
+        return tuple(by_name.get(name, spec) for name, spec in declared.items())
+

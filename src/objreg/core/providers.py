@@ -1,0 +1,68 @@
+"""Models, corpora, tokenizers and head kinds that plugins register, in the manner of
+simonw/llm's ``register(...)`` hooks: a plugin's ``objreg_register_models(register)`` calls
+``register(Provider(...))`` once per model it offers. The registry owns every name: listings,
+lookups and "unknown model" errors come from one place.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+ProviderKind = Literal["model", "corpus", "tokenizer"]
+
+
+@dataclass(frozen=True)
+class Provider:
+    """A model, corpus or tokenizer a plugin offers.
+
+    Attributes:
+        kind: ``model``, ``corpus`` or ``tokenizer``.
+        name: The name users give (``--model default``), or a label for a family of names that
+            ``accepts`` recognises (``DIR``, ``PATH``, ``hf:NAME``).
+        description: One line for ``objreg list``.
+        load: Builds the thing. Its arguments by kind:
+            ``model``: ``(name, vocab, config, generator) -> Backbone`` (weights drawn from
+            ``generator`` only; ``config`` the user's model options);
+            ``corpus``: ``(name, cache_dir) -> Corpus``;
+            ``tokenizer``: ``(model, corpus, cache_dir) -> Tokenizer`` (the tokenizer for model
+            ``model``, e.g. the checkpoint's own, or one trained on ``corpus``).
+        accepts: For a family of names: ``accepts(name)`` says whether ``load`` handles ``name``.
+            None: the provider answers to ``name`` exactly.
+        fallback: Tried after every other provider of its kind (e.g. a tokenizer trained on the
+            corpus, for any model without one of its own).
+    """
+
+    kind: ProviderKind
+    name: str
+    description: str
+    load: Callable[..., Any]
+    accepts: Callable[[str], bool] | None = None
+    fallback: bool = False
+
+    def handles(self, name: str) -> bool:
+        return self.accepts(name) if self.accepts is not None else name == self.name
+
+
+@dataclass(frozen=True)
+class HeadKind:
+    """A kind of head (``HeadSpec.kind``) and how to build it on any backbone.
+
+    Attributes:
+        name: The kind, e.g. ``lm`` or ``generator``.
+        description: One line: the head's input and output shapes.
+        build: ``build(spec, backbone) -> nn.Module``: a head for ``spec`` (a
+            :class:`objreg.HeadSpec` of this kind) on ``backbone`` (a :class:`objreg.Backbone`:
+            ``hidden_size``, ``vocab_size``, ``num_layers``, ``layer_norm_eps``, its embeddings).
+            The host builds it on the meta device, materialises it, calls its ``tie(backbone)``
+            method if it has one (to share backbone Parameters, e.g. a tied LM decoder), then
+            initialises every Parameter the head does not share with the backbone from the run's
+            generator.
+        needs_outputs: The spec must give ``num_outputs >= 1`` (classifiers, projections).
+    """
+
+    name: str
+    description: str
+    build: Callable[..., Any]
+    needs_outputs: bool = False

@@ -1,0 +1,194 @@
+"""The ``[source ; target]`` layout of encoder-decoder objectives on one shared stack.
+
+An encoder-decoder objective runs on the shared backbone as a prefix LM over ``source ; target``
+(:func:`seq2seq_batch`): the source (corrupted input) is attended to bidirectionally, the target
+causally, as UL2 and seqio's ``PrefixLMFeatureConverter`` do for decoder-only models. Position
+``t`` predicts token ``t + 1``; the labelled positions run from the last source token (which
+predicts the first target token, seqio's "inputs + 1" bidirectional region) to the second-to-last
+target token. Position ids continue from the source into the target, as in a decoder-only
+sequence. The row becomes ``len(source) + len(target)`` tokens wide.
+
+Sources and targets are built as :data:`Parts`: compact, left-aligned, right-padded token rows and
+their lengths (:func:`sentinel_parts` for T5's sentinel format, :func:`prefix_parts` for a plain
+split).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from objreg.core import masks
+from objreg.core.errors import DataError
+from objreg.core.types import IGNORE_INDEX, CorruptedBatch, ModelOutputs, TokenBatch, Vocabulary
+from objreg.toolkit.losses import gather_positions, weighted_mean
+from objreg.toolkit.spans import span_starts
+
+#: (source, source lengths, target, target lengths): compact, left-aligned, right-padded token rows.
+Parts = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+def named_id(vocab: Vocabulary, token: str, objective: str) -> int:
+    """The id of the named special token ``token`` (e.g. ``"[NLU]"``), or a :class:`DataError`."""
+    if token not in vocab.named_ids:
+        have = ", ".join(sorted(vocab.named_ids)) or "none"
+        raise DataError(f"{objective} needs the special token {token} in the vocabulary's named_ids (it has: {have})")
+    return vocab.named_ids[token]
+
+
+def end_of_text_id(vocab: Vocabulary) -> int:
+    """``[EOS]`` where the vocabulary names one, else ``[SEP]`` (BERT-style vocabularies end text with it)."""
+    return vocab.named_ids.get("[EOS]", vocab.sep_id)
+
+
+def sentinel_tensor(vocab: Vocabulary, needed: int, objective: str, device: torch.device) -> torch.Tensor:
+    """``vocab.sentinel_ids`` as a long tensor, or a :class:`DataError` when there are fewer than
+    ``needed`` (one per corrupted span of the longest row)."""
+    have = len(vocab.sentinel_ids)
+    if needed > have:
+        raise DataError(
+            f"{objective} needs {needed} span sentinels for this batch but the vocabulary has {have}; "
+            f"use shorter rows (--seq-len), a lower noise density or longer spans"
+        )
+    return torch.tensor(vocab.sentinel_ids or (0,), dtype=torch.long, device=device)
+
+
+def compact(tokens: torch.Tensor, keep: torch.Tensor, fill: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kept tokens of each row moved to the left, in order, right-filled with ``fill``.
+
+    ``tokens``, ``keep``: ``[B, N]``. Returns ``([B, W], [B])``: rows and their lengths,
+    ``W = max(1, longest row)``.
+    """
+    B, N = tokens.shape
+    lengths = keep.sum(dim=1)
+    W = max(int(lengths.max()) if B else 0, 1)
+    index = torch.where(keep, keep.long().cumsum(dim=1) - 1, N)  # dropped tokens go to a spare column
+    out = torch.full((B, max(N, W) + 1), fill, dtype=tokens.dtype, device=tokens.device)
+    out.scatter_(1, index, tokens)
+    return out[:, :W], lengths
+
+
+def gather_rows(rows: torch.Tensor, lengths: torch.Tensor, index: torch.Tensor, fill: int) -> torch.Tensor:
+    """``rows[b, index[b, j]]`` where ``0 <= index < lengths[b]``, else ``fill``."""
+    inside = (index >= 0) & (index < lengths[:, None])
+    picked = rows.gather(1, index.clamp(0, rows.shape[1] - 1))
+    return torch.where(inside, picked, fill)
+
+
+def append_token(rows: torch.Tensor, lengths: torch.Tensor, token: int, fill: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``token`` appended after each row's last token (rows get one column wider)."""
+    wider = torch.nn.functional.pad(rows, (0, 1), value=fill)
+    wider = wider.scatter(1, lengths[:, None], torch.full_like(lengths[:, None], token))
+    return wider, lengths + 1
+
+
+def prepend_tokens(
+    rows: torch.Tensor, lengths: torch.Tensor, tokens: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``tokens`` (``[B]``) put in front of each row."""
+    return torch.cat([tokens[:, None], rows], dim=1), lengths + 1
+
+
+def sentinel_parts(
+    ids: torch.Tensor, real: torch.Tensor, noise: torch.Tensor, sentinels: torch.Tensor, eos_id: int, pad_id: int
+) -> Parts:
+    """T5's ``noise_span_to_unique_sentinel`` / ``nonnoise_span_to_unique_sentinel``.
+
+    Source: the real tokens with each noise span replaced by one sentinel. Target: for each span,
+    its sentinel followed by its tokens, then ``eos_id``. Span ``k`` (counted along the row) gets
+    ``sentinels[k]`` in both, so the first span gets the first sentinel. ``sentinels`` must hold at
+    least as many ids as the longest row has spans (:func:`count_spans`, :func:`sentinel_tensor`).
+    """
+    starts = span_starts(noise)  # (B, T)
+    span = (starts.long().cumsum(dim=1) - 1).clamp(0, sentinels.shape[0] - 1)  # (B, T)
+    sentinel = sentinels[span]  # (B, T)
+    source, source_len = compact(torch.where(starts, sentinel, ids), real & ~(noise & ~starts), pad_id)
+    B, T = ids.shape
+    # Each position emits (sentinel if a span starts here, token if noise), in that order.
+    pairs = torch.stack([sentinel, ids], dim=2).reshape(B, 2 * T)
+    emit = torch.stack([starts, noise], dim=2).reshape(B, 2 * T)
+    target, target_len = compact(pairs, emit, pad_id)
+    target, target_len = append_token(target, target_len, eos_id, pad_id)
+    return source, source_len, target, target_len
+
+
+def prefix_parts(ids: torch.Tensor, real: torch.Tensor, split: torch.Tensor, pad_id: int) -> Parts:
+    """Source = the real tokens before position ``split[b]``, target = the real tokens from it on."""
+    before = torch.arange(ids.shape[1], device=ids.device)[None, :] < split[:, None]
+    source, source_len = compact(ids, real & before, pad_id)
+    target, target_len = compact(ids, real & ~before, pad_id)
+    return source, source_len, target, target_len
+
+
+def choose_parts(use_first: torch.Tensor, first: Parts, second: Parts, pad_id: int) -> Parts:
+    """Row ``b`` from ``first`` where ``use_first[b]``, else from ``second``."""
+    out = []
+    for a, b in ((first[0], second[0]), (first[2], second[2])):
+        W = max(a.shape[1], b.shape[1])
+        a = torch.nn.functional.pad(a, (0, W - a.shape[1]), value=pad_id)
+        b = torch.nn.functional.pad(b, (0, W - b.shape[1]), value=pad_id)
+        out.append(torch.where(use_first[:, None], a, b))
+    return (out[0], torch.where(use_first, first[1], second[1]), out[1], torch.where(use_first, first[3], second[3]))
+
+
+def seq2seq_batch(parts: Parts, document: torch.Tensor, pad_id: int, extras: dict | None = None) -> CorruptedBatch:
+    """``[source ; target]`` rows as a :class:`CorruptedBatch` (layout in the module docstring).
+
+    ``document``: ``[B]`` document id of each row. Extras added: ``prefix_length`` ``[B]`` (the
+    bidirectional source), ``target_positions`` ``[B, K]`` (the positions that predict a target
+    token, ``K`` = longest target) and ``target_weights`` ``[B, K]`` (1.0 real, 0.0 list padding).
+    """
+    source, source_len, target, target_len = parts
+    B, device = source.shape[0], source.device
+    total = source_len + target_len  # (B,)
+    W = max(int(total.max()) if B else 0, 1)
+    j = torch.arange(W, device=device)[None, :]  # (1, W)
+    in_target = j >= source_len[:, None]
+    ids = torch.where(in_target, gather_rows(target, target_len, j - source_len[:, None], pad_id),
+                      gather_rows(source, source_len, j.expand(B, W), pad_id))  # (B, W)
+    is_padding = j >= total[:, None]  # (B, W)
+    # Position t predicts t + 1 from the last source token to the second-to-last target token.
+    predicts = (j >= (source_len - 1)[:, None]) & (j < (total - 1)[:, None])  # (B, W)
+    next_ids = torch.nn.functional.pad(ids[:, 1:], (0, 1), value=pad_id)
+    labels = torch.where(predicts, next_ids, IGNORE_INDEX)
+    K = max(int(target_len.max()) if B else 0, 1)
+    k = torch.arange(K, device=device)[None, :]  # (1, K)
+    weights = k < target_len[:, None]  # (B, K)
+    positions = torch.where(weights, (source_len - 1).clamp(min=0)[:, None] + k, 0)  # (B, K)
+    return CorruptedBatch(
+        input_ids=ids,
+        labels=labels,
+        is_padding=is_padding,
+        position_ids=j.expand(B, W).clone(),
+        document_ids=torch.where(is_padding, -1, document[:, None]),
+        extras={
+            **(extras or {}),
+            "prefix_length": source_len.clone(),
+            "target_positions": positions,
+            "target_weights": weights.float(),
+        },
+    )
+
+
+def row_document(batch: TokenBatch) -> torch.Tensor:
+    """``[B]``: the document of each row's first token (a rebuilt row is one sequence)."""
+    return batch.document_ids[:, 0]
+
+
+def attention(batch: CorruptedBatch) -> masks.AttentionMask:
+    """Bidirectional over the source (``prefix_length``), causal over the target, no padding."""
+    return masks.AttentionMask.prefix(batch.is_padding, batch.extras["prefix_length"], batch.document_ids)
+
+
+def seq2seq_loss(
+    outputs: ModelOutputs, batch: CorruptedBatch, params: Mapping[str, Any] | None = None, head: str = "lm"
+) -> torch.Tensor:
+    """Mean negative log-likelihood of each row's target tokens, ``[B]``. The LM head runs only at
+    the ``target_positions`` (fixed-size lists, so shapes do not depend on the data)."""
+    positions = batch.extras["target_positions"]  # (B, K)
+    log_probs = torch.log_softmax(outputs.model.heads[head](gather_positions(outputs.hidden, positions)), dim=-1)
+    targets = batch.labels.gather(1, positions).clamp(min=0)  # (B, K); list padding is weighted out
+    nll = -log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, K)
+    return weighted_mean(nll, batch.extras["target_weights"])

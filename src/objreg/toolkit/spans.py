@@ -1,0 +1,140 @@
+"""T5's span noise: how many tokens and spans a row gets, random segmentations, the noise mask,
+and random prefix lengths (shared by ``t5``, ``ul2``, ``bart`` and ``prefix_lm``).
+
+Everything is vectorised over the batch; rows may have different lengths and every count is
+computed from each row's own length. Positions are found from masks (``is_padding``,
+``is_special``), never by comparing token ids, so a literal pad or 0 id inside the text is just
+text (huggingface/transformers#15443).
+
+:func:`random_spans_noise_mask` follows T5's ``random_spans_noise_mask``: exactly
+``clip(round(n · density), 1, n - 1)`` noise tokens in exactly ``max(1, round(noise / mean_span))``
+spans, segment lengths drawn uniformly at random. T5 interleaves the segments "non-noise first,
+noise last", so every row ends with a noise span (t5#905); its ``random_roll`` fix rolls the mask,
+which can cut a span in two. Here the two outer non-noise gaps may be empty instead: every mask
+with that many noise tokens in that many spans is equally likely, counts stay exact, and the last
+token is noise with probability ``spans / (non-noise + 1)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from objreg.toolkit.randomness import uniform
+
+
+def noise_counts(
+    length: torch.Tensor, noise_density: float | torch.Tensor, mean_span_length: float | torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """T5's counts per row: ``num_noise = clip(round(n · density), 1, n - 1)`` and
+    ``num_spans = max(1, round(num_noise / mean_span_length))`` (half to even, like ``np.round``).
+
+    ``length``: ``[B]`` long (``n``). Density and mean span length are floats or ``[B]`` tensors.
+    Degenerate rows: density 0 or ``n = 0`` give no noise; ``n = 1`` gives one noise token. Spans
+    are capped at ``non-noise + 1``, the most that separated spans can number.
+    """
+    n = length.long()
+    density = torch.as_tensor(noise_density, dtype=torch.float64, device=n.device)
+    mean = torch.as_tensor(mean_span_length, dtype=torch.float64, device=n.device)
+    num_noise = torch.round(n.double() * density).long().clamp(min=1)
+    num_noise = torch.minimum(num_noise, (n - 1).clamp(min=1))
+    num_noise = torch.where(density > 0, torch.minimum(num_noise, n), 0)
+    num_spans = torch.round(num_noise.double() / mean).long().clamp(min=1)
+    num_spans = torch.minimum(torch.minimum(num_spans, num_noise), n - num_noise + 1)
+    return num_noise, torch.where(num_noise > 0, num_spans, 0)
+
+
+def random_segmentation(
+    num_items: torch.Tensor, num_segments: torch.Tensor, generator: torch.Generator
+) -> torch.Tensor:
+    """Split ``num_items[b]`` items into ``num_segments[b]`` non-empty segments, uniformly over all
+    such splits (T5's ``_random_segmentation``): ``num_segments - 1`` distinct cut points among the
+    ``num_items - 1`` gaps, chosen as the smallest random keys.
+
+    Returns ``[B, S]`` long segment lengths in order, zero beyond ``num_segments[b]``;
+    ``S = max(1, max(num_segments))``. Needs ``1 <= num_segments <= num_items`` or both zero.
+    """
+    B, device = num_items.shape[0], num_items.device
+    items = max(int(num_items.max()) if B else 0, 1)
+    S = max(int(num_segments.max()) if B else 0, 1)
+    gaps = torch.arange(items - 1, device=device)[None, :]  # (1, G)
+    valid_gap = gaps < (num_items - 1)[:, None]  # (B, G)
+    keys = torch.where(valid_gap, uniform((B, items - 1), generator, device), 2.0)  # (B, G)
+    # The gaps with the num_segments - 1 smallest keys: mark the first ranks in sorted order and
+    # scatter the marks back (one sort; argsort of the argsort would be a second).
+    order = keys.argsort(dim=1)  # (B, G)
+    first_ranks = gaps < (num_segments - 1)[:, None]  # (B, G), in sorted order
+    cut = valid_gap & torch.zeros_like(first_ranks).scatter_(1, order, first_ranks)  # item g+1 starts a segment
+    segment = torch.cat([torch.zeros_like(num_items)[:, None], cut.long().cumsum(dim=1)], dim=1)  # (B, items)
+    valid_item = torch.arange(items, device=device)[None, :] < num_items[:, None]  # (B, items)
+    lengths = torch.zeros(B, S, dtype=torch.long, device=device)
+    return lengths.scatter_add_(1, segment.clamp(max=S - 1), valid_item.long())
+
+
+def random_spans_noise_mask(
+    candidates: torch.Tensor,
+    noise_density: float | torch.Tensor,
+    mean_span_length: float | torch.Tensor,
+    generator: torch.Generator,
+) -> torch.Tensor:
+    """T5 span noise over the ``candidates`` of each row (module docstring for the distribution).
+
+    ``candidates``: ``[B, T]`` bool, the positions that may be noise (usually
+    :func:`objreg.toolkit.selection.maskable`); the counts come from each row's number of candidates. Returns
+    ``[B, T]`` bool. Noise spans are runs of consecutive candidates; a non-candidate inside a run
+    (a literal special token) stays in place and splits it.
+    """
+    B, T = candidates.shape
+    count = candidates.sum(dim=1)  # (B,)
+    num_noise, num_spans = noise_counts(count, noise_density, mean_span_length)
+    noise_lengths = random_segmentation(num_noise, num_spans, generator)  # (B, S)
+    # Non-noise in spans + 1 gaps whose two outer ones may be empty: segment n + 2 items into
+    # non-empty pieces, then take one item off the first and the last gap.
+    gap_lengths = random_segmentation(count - num_noise + 2, num_spans + 1, generator)  # (B, S' >= S + 1)
+    outer = torch.zeros_like(gap_lengths).scatter_(1, num_spans[:, None], 1)
+    gap_lengths = gap_lengths - outer
+    gap_lengths[:, 0] -= 1
+    S = noise_lengths.shape[1]
+    gap_lengths = torch.nn.functional.pad(gap_lengths, (0, S + 1 - gap_lengths.shape[1]))  # (B, S + 1)
+    runs = torch.stack([gap_lengths[:, :S], noise_lengths], dim=2).reshape(B, 2 * S)  # gap, noise, gap, ...
+    ends = runs.cumsum(dim=1)  # (B, 2S)
+    starts = ends - runs
+    # +1 where a noise run starts, -1 where it ends; the running sum is 1 inside noise.
+    delta = torch.zeros(B, T + 1, dtype=torch.long, device=candidates.device)
+    delta.scatter_add_(1, starts[:, 1::2], torch.ones_like(noise_lengths))
+    delta.scatter_add_(1, ends[:, 1::2], -torch.ones_like(noise_lengths))
+    compressed = delta.cumsum(dim=1)[:, :T] > 0  # (B, T): noise by rank among the candidates
+    rank = (candidates.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, T)
+    return candidates & compressed.gather(1, rank)
+
+
+def random_prefix_length(
+    num_items: torch.Tensor, noise_density: float | torch.Tensor, generator: torch.Generator
+) -> torch.Tensor:
+    """How many of ``num_items[b]`` leading items go to the prefix, T5's ``random_prefix_noise_mask``:
+    uniform in ``[max(1, round((1 - 2·density)·(n - 1))), n - 1]``, so the continuation's expected
+    share is about ``density`` (density 0.5: any split leaving both sides non-empty). A row with
+    fewer than two items gets an empty prefix.
+
+    Returns ``[B]`` long.
+    """
+    n = num_items.long()
+    density = torch.as_tensor(noise_density, dtype=torch.float64, device=n.device)
+    high = (n - 1).clamp(min=0)
+    low = torch.round((1 - 2 * density) * high.double()).long().clamp(min=1)
+    low = torch.minimum(low, high)
+    u = uniform((n.shape[0],), generator, n.device).double()
+    pick = low + (u * (high - low + 1).double()).long()
+    return torch.minimum(pick, high)  # u < 1, but rounding in float could reach high + 1
+
+
+def span_starts(noise: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` bool: the first position of each run of noise."""
+    before = torch.nn.functional.pad(noise[:, :-1], (1, 0), value=False)
+    return noise & ~before
+
+
+def count_spans(noise: torch.Tensor) -> int:
+    """Most noise runs in any row (how many sentinels the batch needs)."""
+    return int(span_starts(noise).sum(dim=1).max()) if noise.numel() else 0
+
+

@@ -1,0 +1,281 @@
+"""Tokenisation into :class:`TokenBatch` rows, on top of the ``tokenizers`` library.
+
+A row is ``[CLS] sentence_1 sentence_2 ... [SEP]`` from consecutive sentences of one document,
+right-padded to the batch's length. Word ids (for whole-word masking) come from the backend's
+pre-tokeniser, so they work for any tokenizer, not only ``##`` WordPiece.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from itertools import chain
+
+import torch
+
+from objreg.core.errors import DataError, InvalidParameterError
+from objreg.core.types import Corpus, TokenBatch, Vocabulary
+
+# A sentence ends at . ! or ? followed by space and an upper-case letter, digit, quote or bracket.
+# Deliberately simple: good enough for encyclopaedic and documentation prose; a corpus plugin
+# with better needs can split sentences itself before building its Corpus.
+_SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+(?=[\"'(\[A-Z0-9])")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split prose into sentences; whitespace is normalised and empty pieces dropped."""
+    text = " ".join(text.split())
+    return [s.strip() for s in _SENTENCE_END.split(text) if s.strip()]
+
+
+class Tokenizer:
+    """A ``tokenizers.Tokenizer`` plus the special tokens objreg needs.
+
+    Args:
+        backend: The ``tokenizers.Tokenizer``; objreg adds special tokens itself, so the
+            backend's post-processor is not used.
+        pad, unk, cls, sep, mask: The special-token strings, which must be in the vocabulary.
+        sentinels: Span sentinel tokens in order of use (T5's ``<extra_id_0>``, ...).
+        named: Further special tokens objectives may look up by name (mode tokens, FIM markers):
+            token strings, or a mapping from the name objectives use (``"[EOS]"``) to the token
+            that stands for it in this vocabulary (e.g. BERT's ``"[unused0]"``).
+        name: Shown in reports.
+    """
+
+    def __init__(
+        self,
+        backend: object,
+        *,
+        pad: str,
+        unk: str,
+        cls: str,
+        sep: str,
+        mask: str,
+        sentinels: Sequence[str] = (),
+        named: Sequence[str] | Mapping[str, str] = (),
+        name: str = "",
+    ):
+        self.backend = backend
+        self.name = name
+
+        def token_id(token: str) -> int:
+            value = backend.token_to_id(token)  # type: ignore[attr-defined]
+            if value is None:
+                raise InvalidParameterError(f"tokenizer {name!r} has no token {token!r} in its vocabulary")
+            return int(value)
+
+        named_tokens = dict(named) if isinstance(named, Mapping) else {t: t for t in named}
+        named_ids = {key: token_id(t) for key, t in named_tokens.items()}
+        core_ids = {k: token_id(t) for k, t in dict(pad=pad, unk=unk, cls=cls, sep=sep, mask=mask).items()}
+        sentinel_ids = tuple(token_id(t) for t in sentinels)
+        specials = set(core_ids.values()) | set(sentinel_ids) | set(named_ids.values())
+        self.vocab = Vocabulary(
+            size=backend.get_vocab_size(with_added_tokens=True),  # type: ignore[attr-defined]
+            pad_id=core_ids["pad"],
+            unk_id=core_ids["unk"],
+            cls_id=core_ids["cls"],
+            sep_id=core_ids["sep"],
+            mask_id=core_ids["mask"],
+            special_ids=tuple(sorted(specials)),
+            sentinel_ids=sentinel_ids,
+            named_ids=named_ids,
+        )
+
+    # -- encoding -------------------------------------------------------------------------------
+
+    def encode_sentences(self, sentences: Sequence[str]) -> list[tuple[list[int], list[int]]]:
+        """Token ids and word ids (within the sentence) of each sentence, no special tokens."""
+        encodings = self.backend.encode_batch(list(sentences), add_special_tokens=False)  # type: ignore[attr-defined]
+        out = []
+        for enc in encodings:
+            words = [-1 if w is None else w for w in enc.word_ids]
+            out.append((list(enc.ids), words))
+        return out
+
+    def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """Token ids and their character offsets in ``text`` (no special tokens), for mapping
+        character spans (e.g. SQuAD answers) to tokens."""
+        encoding = self.backend.encode(text, add_special_tokens=False)  # type: ignore[attr-defined]
+        return list(encoding.ids), [tuple(o) for o in encoding.offsets]
+
+    def batch_from_documents(self, documents: Sequence[Sequence[str]], seq_len: int) -> TokenBatch:
+        """One row per document: ``[CLS]`` + its sentences + ``[SEP]``, truncated to ``seq_len``."""
+        rows = [_Chunk(i, tuple(self.encode_sentences(doc))) for i, doc in enumerate(documents)]
+        return self.assemble(rows, seq_len)
+
+    def batch_from_texts(self, texts: Sequence[str], seq_len: int | None = None) -> TokenBatch:
+        """One row per text, split into sentences. ``seq_len=None`` fits the longest text."""
+        if isinstance(texts, str):
+            raise InvalidParameterError("batch_from_texts takes a list of texts, not a single string")
+        documents = [split_sentences(t) for t in texts]
+        if seq_len is None:
+            lengths = [sum(len(ids) for ids, _ in self.encode_sentences(d)) + 2 for d in documents]
+            seq_len = max(lengths, default=2)
+        return self.batch_from_documents(documents, seq_len)
+
+    def assemble(self, chunks: Sequence[_Chunk], seq_len: int) -> TokenBatch:
+        """Frame each chunk as ``[CLS] ... [SEP]``, truncate to ``seq_len``, pad to the longest row.
+
+        Word ids continue across a chunk's sentences (each sentence's are shifted past the words
+        before it); sentence ids number the chunk's sentences from 0. ``[CLS]``, ``[SEP]``, padding
+        and any special token written literally in the text get word and sentence id ``-1``.
+        """
+        if seq_len < 3:
+            raise InvalidParameterError(f"seq_len must be at least 3 ([CLS] token [SEP]), got {seq_len}")
+        if not chunks:
+            raise InvalidParameterError("no texts to tokenise: a batch needs at least one row")
+        # Python only flattens the lists and takes each sentence's word count; everything per
+        # token is arithmetic on the flat batch. All integers cross into torch through one packed
+        # buffer: struct.pack costs under half of array("q", ...) and a tenth of torch.tensor.
+        sentences = [s for chunk in chunks for s in chunk.sentences]
+        lengths = [len(ids) for ids, _ in sentences]
+        if lengths != [len(words) for _, words in sentences]:
+            raise DataError("each sentence of a chunk needs exactly one word id per token id")
+        words_in = [max(words, default=-1) + 1 for _, words in sentences]
+        ids = list(chain.from_iterable(ids for ids, _ in sentences))
+        words = list(chain.from_iterable(words for _, words in sentences))
+        per_row = [len(chunk.sentences) for chunk in chunks]
+        documents = [chunk.document for chunk in chunks]
+        N, S, B = len(ids), len(sentences), len(chunks)
+        integers = ids + words + lengths + words_in + per_row + documents
+        flat = torch.frombuffer(bytearray(struct.pack(f"{len(integers)}q", *integers)), dtype=torch.long)
+        token_id, word = flat[:N], flat[N : 2 * N]
+        counts = flat[2 * N : 2 * N + 2 * S].view(2, S)  # tokens and words of each sentence
+        row_sentences, document = flat[2 * N + 2 * S : -B], flat[-B:]
+        v = self.vocab
+        T_max = seq_len - 2  # content tokens a row keeps
+
+        # Per sentence: its row, its index in the row, and the tokens and words before it in its
+        # row (exclusive cumulative sums, less those before the row's first sentence).
+        row = torch.repeat_interleave(torch.arange(B), row_sentences)  # (S,)
+        first = (row_sentences.cumsum(0) - row_sentences).index_select(0, row)  # (S,): the row's first sentence
+        before = counts.cumsum(1) - counts  # (2, S): tokens and words before, over the whole batch
+        first_before = before.index_select(1, first)  # (2, S)
+        content = torch.zeros(B, dtype=torch.long).index_add_(0, row, counts[0]).clamp_(max=T_max)  # (B,)
+        length = content + 2  # with [CLS] and [SEP]
+        T = int(length.max())
+        # Per token, from its sentence: flat index + shift[:, 0] = its column (1 + position in the
+        # row's content); shift[:, 1] = its row's offset in [B * T]; word id shift; sentence id.
+        per_sentence = torch.stack(
+            [1 - first_before[0], row * T, before[1] - first_before[1], torch.arange(S) - first], dim=1
+        )  # (S, 4)
+        shift = torch.repeat_interleave(per_sentence, counts[0], dim=0)  # (N, 4)
+        column = torch.arange(N) + shift[:, 0]
+        table = self._special_table()
+        special = table.index_select(0, token_id.clamp(-1, table.shape[0] - 1))  # (N,): literal specials too
+        # Each field is scattered into a [B * T] plane; truncated tokens go to a spare last slot.
+        BT = B * T
+        where = torch.where(column <= T_max, shift[:, 1] + column, BT)  # (N,)
+
+        def plane(fill: int | bool, values: torch.Tensor) -> torch.Tensor:
+            return torch.full((BT + 1,), fill, dtype=values.dtype).scatter_(0, where, values)[:BT].view(B, T)
+
+        input_ids = plane(v.pad_id, token_id)
+        input_ids[:, 0] = v.cls_id
+        input_ids.scatter_(1, (length - 1)[:, None], v.sep_id)
+        word_ids = plane(-1, torch.where(special | (word < 0), -1, word + shift[:, 2]))
+        sentence_ids = plane(-1, torch.where(special, -1, shift[:, 3]))
+        is_special = plane(True, special)  # [CLS], [SEP] and padding keep the fill
+        is_padding = torch.arange(T)[None, :] >= length[:, None]  # (B, T)
+        document_ids = torch.where(is_padding, -1, document[:, None])
+        return TokenBatch(input_ids, is_padding, is_special, word_ids, sentence_ids, document_ids)
+
+    def _special_table(self) -> torch.Tensor:
+        """``[V + 1]`` bool, True at the special ids: a lookup is far cheaper than ``torch.isin``.
+        Callers clamp ids to ``[-1, V]``; the last entry, False, answers for every id outside
+        the vocabulary, at index ``V`` and at ``-1`` alike."""
+        v = self.vocab
+        cached = getattr(self, "_special_cache", None)
+        if cached is None or cached[0] is not v:
+            size = max(v.size, max(v.special_ids, default=-1) + 1)
+            table = torch.zeros(size + 1, dtype=torch.bool)
+            table[[i for i in v.special_ids if i >= 0]] = True
+            cached = self._special_cache = (v, table)
+        return cached[1]
+
+    # -- decoding -------------------------------------------------------------------------------
+
+    def tokens(self, ids: Sequence[int] | torch.Tensor) -> list[str]:
+        """The token string of each id."""
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        return [self.backend.id_to_token(int(i)) or f"<{int(i)}>" for i in ids]  # type: ignore[attr-defined]
+
+    def decode(self, ids: Sequence[int] | torch.Tensor, skip_special_tokens: bool = True) -> str:
+        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)  # type: ignore[attr-defined]
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    document: int
+    sentences: tuple[tuple[list[int], list[int]], ...]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(ids) for ids, _ in self.sentences)
+
+
+class TokenizedCorpus:
+    """A corpus tokenised once and cut into row-sized chunks of consecutive sentences.
+
+    Each chunk holds whole sentences of one document and fits ``seq_len`` with ``[CLS]``/``[SEP]``
+    (a single sentence longer than that is truncated). Batches are drawn with an explicit
+    generator, so the same seed gives the same batches.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, corpus: Corpus, seq_len: int):
+        if not corpus.documents or corpus.num_sentences == 0:
+            raise DataError(f"corpus {corpus.name!r} is empty: it has no text to train on")
+        self.tokenizer = tokenizer
+        self.corpus = corpus
+        self.seq_len = seq_len
+        budget = seq_len - 2
+        sentences = [s for doc in corpus.documents for s in doc]
+        encoded = iter(tokenizer.encode_sentences(sentences))
+        chunks: list[_Chunk] = []
+        for d, doc in enumerate(corpus.documents):
+            current: list[tuple[list[int], list[int]]] = []
+            used = 0
+            for _ in doc:
+                ids, words = next(encoded)
+                if not ids:
+                    continue
+                if current and used + len(ids) > budget:
+                    chunks.append(_Chunk(d, tuple(current)))
+                    current, used = [], 0
+                current.append((ids, words))
+                used += len(ids)
+            if current:
+                chunks.append(_Chunk(d, tuple(current)))
+        if not chunks:
+            raise DataError(f"corpus {corpus.name!r} has no tokens after tokenisation")
+        self.chunks = chunks
+        self._sentence_counts = torch.tensor([len(c.sentences) for c in chunks])
+        # How often each id occurs, for the inverse_frequency masking policy: objectives built with
+        # this vocabulary (rather than tokenizer.vocab) can use it.
+        ids = torch.tensor([i for c in chunks for s_ids, _ in c.sentences for i in s_ids], dtype=torch.long)
+        self.vocab = replace(tokenizer.vocab, token_counts=torch.bincount(ids, minlength=tokenizer.vocab.size))
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+    def eligible(self, min_sentences: int = 1) -> torch.Tensor:
+        """Indices of chunks with at least ``min_sentences`` sentences."""
+        return torch.nonzero(self._sentence_counts >= min_sentences).flatten()
+
+    def sample(self, batch_size: int, generator: torch.Generator, min_sentences: int = 1, what: str = "") -> TokenBatch:
+        """``batch_size`` chunks drawn uniformly (without replacement when there are enough)."""
+        pool = self.eligible(min_sentences)
+        if len(pool) == 0:
+            need = f" ({what} needs {min_sentences} sentences in one document window)" if what else ""
+            raise DataError(
+                f"corpus {self.corpus.name!r} is too short{need}: no window of seq_len {self.seq_len} "
+                f"holds {min_sentences} sentences of one document"
+            )
+        if len(pool) >= batch_size:
+            picks = pool[torch.randperm(len(pool), generator=generator)[:batch_size]]
+        else:
+            picks = pool[torch.randint(len(pool), (batch_size,), generator=generator)]
+        return self.tokenizer.assemble([self.chunks[i] for i in picks.tolist()], self.seq_len)
