@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from objreg.core.tokenizer import train_wordpiece
+from objreg.toolkit.wordpiece import train_wordpiece
 
 torch.set_num_threads(1)
 

@@ -1,28 +1,58 @@
-"""The import floors of DESIGN §2: core imports nothing else of objreg; plugins reach objreg only
-through the public facade (and core helpers), never analysis, cli or another plugin; analysis
-imports only core; cli imports only the facade."""
+"""The import floors of docs/architecture.md, checked directly and transitively.
+
+Directly: which objreg packages each layer's source names in its imports. Transitively: what
+``sys.modules`` holds after importing a module in a fresh interpreter, so a floor cannot be
+crossed through a chain of imports (``import objreg`` must not load the analyzer, scipy or more
+of ``torch.distributed`` than torch itself loads).
+"""
 
 from __future__ import annotations
 
 import ast
+import importlib
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "objreg"
 
+#: What each layer's source may import (the bare facade ``objreg`` where noted below).
 ALLOWED = {
     "core": ("objreg.core",),
-    "plugins": ("objreg.core",),  # plus the bare facade `objreg`, checked below
-    "analysis": ("objreg.core", "objreg.analysis"),
-    "experiments": ("objreg.core", "objreg.analysis", "objreg.experiments"),
-    "cli": ("objreg.cli",),
+    "toolkit": ("objreg.core", "objreg.toolkit"),
+    "plugins": ("objreg.toolkit",),
+    "analysis": ("objreg.core", "objreg.toolkit", "objreg.analysis"),
+    "experiments": ("objreg.toolkit", "objreg.analysis", "objreg.experiments", "objreg.testing"),
+    "cli": ("objreg.cli", "objreg.analysis", "objreg.experiments"),
 }
+FACADE_OK = {"plugins", "experiments", "cli"}
+
+#: Modules a layer must never load, even through other modules (beyond what ``import objreg`` loads,
+#: which every submodule's import runs first).
+HEAVY = ("scipy", "matplotlib", "transformers", "datasets")
+NEVER = {
+    "core": ("objreg.toolkit", "objreg.plugins", "objreg.analysis", "objreg.experiments", "objreg.cli", *HEAVY),
+    "toolkit": ("objreg.plugins", "objreg.analysis", "objreg.experiments", "objreg.cli", *HEAVY),
+    "plugins": ("objreg.analysis", "objreg.experiments", "objreg.cli", "scipy", "matplotlib"),
+    "analysis": ("objreg.plugins", "objreg.experiments", "objreg.cli", "matplotlib", "transformers"),
+}
+#: The one module that exists to load matplotlib (imported only when plots are written).
+EXEMPT = {"objreg.analysis.plots": ("matplotlib",)}
 
 
 def objreg_imports(path: Path) -> list[str]:
+    """The objreg modules ``path`` imports at run time (``if TYPE_CHECKING:`` blocks are annotations only)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and ast.unparse(node.test) ==
+                   "TYPE_CHECKING" for child in node.body for n in ast.walk(child)}
     names = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -30,28 +60,89 @@ def objreg_imports(path: Path) -> list[str]:
     return [n for n in names if n == "objreg" or n.startswith("objreg.")]
 
 
+def module_name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(("objreg", *(parts[:-1] if parts[-1] == "__init__" else parts)))
+
+
 @pytest.mark.parametrize("layer", sorted(ALLOWED))
 def test_layer_imports_stay_on_their_floor(layer):
     files = sorted((SRC / layer).rglob("*.py"))
     assert files
-    facade_ok = layer in ("plugins", "cli")
     bad = [
         f"{path.relative_to(SRC)}: {name}"
         for path in files
         for name in objreg_imports(path)
-        if not (name.startswith(ALLOWED[layer]) or (facade_ok and name == "objreg"))
+        if not (name.startswith(ALLOWED[layer]) or (layer in FACADE_OK and name == "objreg"))
     ]
     assert not bad, bad
 
 
-def test_every_public_module_imports():
-    import importlib
+# One interpreter imports torch once, then forks a child per module: each child starts from what
+# torch alone loads and reports what importing the module added.
+_PROBE = r"""
+import json, os, sys
+import torch
+baseline = set(sys.modules)
+out = {}
+for name in json.loads(sys.argv[1]):
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            __import__(name)
+            added = sorted(set(sys.modules) - baseline)
+        except Exception as error:
+            added = [f"!import failed: {type(error).__name__}: {error}"]
+        os.write(write, json.dumps(added).encode())
+        os._exit(0)
+    os.close(write)
+    chunks = []
+    while chunk := os.read(read, 1 << 16):
+        chunks.append(chunk)
+    os.waitpid(pid, 0)
+    out[name] = json.loads(b"".join(chunks))
+print(json.dumps(out))
+"""
 
+
+@pytest.fixture(scope="module")
+def loaded() -> dict[str, list[str]]:
+    """For every module of the floored layers and the facade: what importing it adds to ``sys.modules``."""
+    names = ["objreg"] + [module_name(p) for layer in NEVER for p in sorted((SRC / layer).rglob("*.py"))]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(names)], capture_output=True, text=True,
+                            env=env, timeout=600, check=True)
+    return json.loads(result.stdout)
+
+
+def test_import_objreg_loads_no_analysis_no_scipy_and_no_torch_distributed_of_its_own(loaded):
+    added = loaded["objreg"]
+    assert not [m for m in added if m.startswith(("objreg.analysis", "objreg.experiments", "objreg.cli",
+                                                   "objreg.plugins", "scipy", "matplotlib", "torch.distributed"))]
+    assert "objreg.core.registry" in added and "objreg.toolkit.tokenizer" in added  # the probe does see imports
+
+
+@pytest.mark.parametrize("layer", sorted(NEVER))
+def test_no_layer_loads_what_is_above_it_transitively(loaded, layer):
+    bad = {}
+    facade = set(loaded["objreg"])
+    for path in sorted((SRC / layer).rglob("*.py")):
+        name = module_name(path)
+        exempt = EXEMPT.get(name, ())
+        added = [m for m in loaded[name] if m not in facade and not (exempt and m.startswith(exempt))]
+        # A module loads itself and its parent packages; a plugin no other plugin module.
+        own = {".".join(name.split(".")[:i]) for i in range(2, len(name.split(".")) + 1)}
+        crossed = [m for m in added if m.startswith("!") or (m.startswith(NEVER[layer]) and m not in own)
+                   or (layer == "plugins" and m.startswith("objreg.plugins.") and m not in own)]
+        if crossed:
+            bad[name] = crossed
+    assert not bad, bad
+
+
+def test_every_public_module_imports():
     modules = ["objreg", "objreg.testing", "objreg.cli"]
-    modules += [
-        "objreg." + ".".join(p.relative_to(SRC).with_suffix("").parts)
-        for p in SRC.rglob("*.py")
-        if p.name not in ("__init__.py", "__main__.py")
-    ]
+    modules += [module_name(p) for p in SRC.rglob("*.py") if p.name != "__main__.py"]
     for module in modules:
         importlib.import_module(module)

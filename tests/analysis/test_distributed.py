@@ -309,6 +309,7 @@ def two_processes(one_process, tmp_path_factory):
     return reports, out_dir
 
 
+@pytest.mark.e2e
 def test_two_processes_give_the_one_process_report(one_process, two_processes):
     (rank0, rank1), _ = two_processes
     assert rank0 == rank1  # every process returns the same report
@@ -324,6 +325,7 @@ def test_two_processes_give_the_one_process_report(one_process, two_processes):
             (e["objective"], e["text"], e["steps"]) for e in attribution_one[kind]]
 
 
+@pytest.mark.e2e
 def test_the_report_config_adds_only_the_processes(one_process, two_processes):
     (rank0, _), _ = two_processes
     assert (one_process["config"]["world_size"], one_process["config"]["backend"]) == (1, None)
@@ -337,6 +339,7 @@ def test_the_report_config_adds_only_the_processes(one_process, two_processes):
     assert rank0["config"]["head_warmup"]["examples"] == one_process["config"]["head_warmup"]["examples"]
 
 
+@pytest.mark.e2e
 def test_rank_zero_wrote_the_run_files(two_processes):
     (rank0, _), out_dir = two_processes
     assert json.loads((out_dir / "report.json").read_text(encoding="utf-8")) == rank0

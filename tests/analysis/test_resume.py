@@ -38,6 +38,7 @@ def uninterrupted(tmp_path_factory):
     return report, out
 
 
+@pytest.mark.e2e
 def test_interrupted_and_resumed_run_gives_the_same_summary(uninterrupted, tmp_path):
     whole, whole_dir = uninterrupted
     out = tmp_path / "run"
@@ -83,6 +84,7 @@ def _cli(*args, **kwargs):
                             stderr=subprocess.PIPE, text=True, **kwargs)
 
 
+@pytest.mark.e2e
 def test_kill_9_then_resume_matches_an_uninterrupted_run(tmp_path):
     killed, whole = tmp_path / "killed", tmp_path / "whole"
     process = _cli("--pretrain", "mlm", *CLI_SMALL, "--out", str(killed))

@@ -162,6 +162,7 @@ def test_with_dropout_probes_are_deterministic_and_leave_the_trajectory_alone():
     assert every[0]["downstream_loss"] != every[-1]["downstream_loss_after"]  # it did train
 
 
+@pytest.mark.e2e
 def test_outputs_are_written(tmp_path):
     steps_seen = []
     report = objreg.analyze("mlm", "qa", **SMALL, out_dir=tmp_path / "run", on_step=lambda s, r: steps_seen.append(s),
@@ -266,6 +267,7 @@ def test_corpus_without_two_sentence_documents_is_a_clear_error_for_sop(tmp_path
         objreg.analyze("sop", "qa", **SMALL, corpus=str(corpus))
 
 
+@pytest.mark.e2e
 def test_modifiers_and_task_parameters_reach_the_run():
     params = {"mlm": {"masking_policy": "entropy"}, "span": {"masking_policy": "inverse_frequency"},
               "qa": {"max_question_tokens": 8}}

@@ -101,6 +101,7 @@ def test_bad_input_is_one_line_and_exit_1(run, args, message):
     assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
 
 
+@pytest.mark.e2e
 def test_unknown_objective_in_a_real_process_names_the_alternatives():
     done = subprocess.run(
         [sys.executable, "-m", "objreg", "analyze", "--pretrain", "mlm,nosuch", "--downstream", "qa"],

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 import objreg
 from objreg.cli import make_cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 SMALL = ["--pretrain", "mlm,sop", "--downstream", "qa", "--steps", "2", "--batch-size", "5", "--seq-len", "32",
          "--eval-size", "8", "--head-warmup-steps", "3", "--head-fit-size", "16", "--dtype", "float64",

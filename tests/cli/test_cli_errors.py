@@ -132,6 +132,7 @@ def test_unknown_objective_suggests_close_match(runner):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.e2e
 def test_no_traceback_reaches_the_terminal():
     env = {k: v for k, v in os.environ.items() if k != "OBJREG_RAISE_ERRORS"}
     result = subprocess.run(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import objreg
 from objreg.core import masks
 
 B, T = 7, 13
@@ -153,3 +154,59 @@ def test_padding_keys_never_attended_and_combination_with_and():
     assert not (combined & pad[:, None, :]).any()
     expected = loop_mask(lambda b, i, j: j <= i and doc[b, i] == doc[b, j] and doc[b, j] >= 0)
     assert torch.equal(combined, expected)
+
+
+# -- the structured AttentionMask -------------------------------------------------------------------
+
+
+def _structured_cases():
+    g = torch.Generator().manual_seed(4)
+    B, T = 5, 9
+    lengths = torch.tensor([9, 7, 4, 1, 0])
+    padding = torch.arange(T)[None, :] >= lengths[:, None]
+    documents = torch.randint(0, 3, (B, T), generator=g).sort(dim=1).values.masked_fill(padding, -1)
+    prefix_length = torch.tensor([3, 0, 4, 1, 2])
+    for docs in (None, documents):
+        yield objreg.AttentionMask.bidirectional(padding, docs)
+        yield objreg.AttentionMask.causal(padding, docs)
+        yield objreg.AttentionMask.prefix(padding, prefix_length, docs)
+
+
+def _loop_mask(spec: objreg.AttentionMask) -> torch.Tensor:
+    """The mask the structure describes, one (query, key) pair at a time."""
+    B, T = spec.is_padding.shape
+    out = torch.zeros(B, T, T, dtype=torch.bool)
+    for b in range(B):
+        for i in range(T):
+            for j in range(T):
+                ok = not bool(spec.is_padding[b, j])
+                if spec.document_ids is not None:
+                    ok = ok and int(spec.document_ids[b, i]) == int(spec.document_ids[b, j]) >= 0
+                if spec.pattern == "causal":
+                    ok = ok and j <= i
+                if spec.pattern == "prefix":
+                    ok = ok and (j <= i or j < int(spec.prefix_length[b]))
+                out[b, i, j] = ok
+    return out
+
+
+@pytest.mark.parametrize("spec", list(_structured_cases()), ids=lambda s: s.pattern)
+def test_structured_mask_dense_and_mask_mod_equal_a_loop(spec):
+    expected = _loop_mask(spec)
+    assert torch.equal(spec.dense(), expected)
+    B, T = spec.is_padding.shape
+    b, q, kv = torch.meshgrid(torch.arange(B), torch.arange(T), torch.arange(T), indexing="ij")
+    assert torch.equal(spec.mask_mod()(b, torch.zeros_like(b), q, kv), expected)
+    rows = torch.tensor([3, 0])
+    assert torch.equal(spec.select(rows).dense(), expected[rows])
+    assert spec.shape == (B, T, T) and torch.equal(masks.dense(spec), masks.dense(expected))
+
+
+def test_structured_mask_rejects_an_unknown_pattern_or_a_stray_prefix():
+    padding = torch.zeros(2, 3, dtype=torch.bool)
+    with pytest.raises(ValueError, match="bidirectional, causal or prefix"):
+        objreg.AttentionMask("anti-causal", padding)
+    with pytest.raises(ValueError, match="prefix_length"):
+        objreg.AttentionMask("causal", padding, None, torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="prefix_length"):
+        objreg.AttentionMask("prefix", padding)

@@ -22,6 +22,7 @@ from objreg import (
     masks,
 )
 from objreg.core.registry import merge_heads
+from objreg.core.types import TaskData
 
 B, T = 3, 5
 VOCAB = Vocabulary(size=30, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4, special_ids=(0, 1, 2, 3, 4))
@@ -223,8 +224,9 @@ def test_non_objective_wrapper_allowed_and_runs_around_every_objective():
     for name in ("a", "b"):
         objective = registry.get(name, vocab=VOCAB)
         corrupted = objective.corrupt(token_batch(), torch.Generator())
+        mask = objective.attention_mask(corrupted)
         calls.clear()
-        loss = objective.loss(outputs_for(corrupted), corrupted)
+        loss = objective.loss(outputs_for(corrupted), corrupted, mask)
         assert calls == [("wrapper", "before", ord(name)), (name, "loss"), ("wrapper", "after", (B,))]
         assert torch.equal(loss, torch.full((B,), 4.0 * T * ord(name)))
 
@@ -292,7 +294,7 @@ def test_dispatch_reaches_only_the_named_objective():
         assert (corrupted.extras["tag"] == ord(name)).all()
         mask = objective.attention_mask(corrupted)
         assert torch.equal(mask, masks.bidirectional(corrupted.is_padding))
-        objective.loss(outputs_for(corrupted), corrupted)
+        objective.loss(outputs_for(corrupted), corrupted, mask)
         assert log == [(name, "corrupt"), (name, "attention_mask"), (name, "loss")]
         called = [(hook, impls) for hook, impls in monitored if hook != "objreg_check_params"]
         assert called == [
@@ -306,12 +308,14 @@ def test_task_dispatch():
     registry = objreg.Registry(manager(a=Objective("a", log), t=Task("t", log), u=Task("u", log)))
     task = registry.get_task("t")
     data = task.task_data(None, [], None, 16, 10)
-    assert isinstance(data, CorruptedBatch)
+    # A plain CorruptedBatch from the hook keeps the heads the task declares.
+    assert isinstance(data, TaskData) and isinstance(data.batch, CorruptedBatch)
+    assert data.heads == (HeadSpec("lm", "lm"),)
     assert log == [("t", "task_data")]
-    with pytest.raises(InvalidParameterError, match="downstream task; it has no corruption"):
-        task.corrupt(token_batch(), torch.Generator())
-    with pytest.raises(InvalidParameterError, match="not a downstream task"):
-        registry.get("a", vocab=VOCAB).task_data(None, [], None, 16, 10)
+    # Roles are types: a task has no corruption, an objective no task data.
+    assert isinstance(task, objreg.Task) and not hasattr(task, "corrupt") and not hasattr(task, "prepare")
+    objective = registry.get("a", vocab=VOCAB)
+    assert isinstance(objective, objreg.Objective) and not hasattr(objective, "task_data")
 
 
 def test_corrupt_needs_a_vocabulary():
@@ -341,7 +345,7 @@ def test_corrupt_must_return_a_corrupted_batch(result, got):
     with pytest.raises(PluginError) as e:
         registry.get("bad", vocab=VOCAB).corrupt(token_batch(), torch.Generator())
     assert e.value.problems == [
-        f"objective 'bad' (registered at run time) returned {got} instead of a CorruptedBatch from objreg_corrupt"
+        f"pretrain 'bad' (registered at run time) returned {got} instead of a CorruptedBatch from objreg_corrupt"
     ]
 
 
@@ -379,7 +383,7 @@ def test_attention_mask_shape_and_dtype_checked(make, got):
         objective.attention_mask(corrupted)
     (problem,) = e.value.problems
     assert problem == (
-        f"objective 'bad' (registered at run time) returned {got} instead of a bool [B, T, T] = "
+        f"pretrain 'bad' (registered at run time) returned {got} instead of an AttentionMask or a bool [B, T, T] = "
         f"[{B}, {T}, {T}] mask from objreg_attention_mask"
     )
 
@@ -406,7 +410,7 @@ def test_loss_must_be_per_sample(make, got):
     with pytest.raises(PluginError) as e:
         objective.loss(outputs_for(corrupted), corrupted)
     assert e.value.problems == [
-        f"objective 'bad' (registered at run time) returned {got} instead of per-sample losses of shape [{B}] "
+        f"pretrain 'bad' (registered at run time) returned {got} instead of per-sample losses of shape [{B}] "
         f"from objreg_loss"
     ]
 
@@ -498,21 +502,19 @@ def test_wrong_parameter_type(builtins):
 
 
 def test_merge_heads_shares_identical_specs():
-    a = ObjectiveInfo("a", "d", heads=(HeadSpec("lm", "lm"), HeadSpec("cls", "classifier", 2)))
-    b = ObjectiveInfo("b", "d", heads=(HeadSpec("lm", "lm"), HeadSpec("span", "span")))
-    c = ObjectiveInfo("c", "d", heads=(HeadSpec("cls", "classifier", 2),))
-    assert merge_heads([a, b, c]) == [HeadSpec("lm", "lm"), HeadSpec("cls", "classifier", 2), HeadSpec("span", "span")]
-    assert merge_heads([]) == []
+    owners = {"a": (HeadSpec("lm", "lm"), HeadSpec("cls", "classifier", 2)),
+              "b": (HeadSpec("lm", "lm"), HeadSpec("span", "span")), "c": (HeadSpec("cls", "classifier", 2),)}
+    assert merge_heads(owners) == [HeadSpec("lm", "lm"), HeadSpec("cls", "classifier", 2), HeadSpec("span", "span")]
+    assert merge_heads({}) == []
 
 
-def test_merge_heads_conflict_names_both_objectives():
-    a = ObjectiveInfo("a", "d", heads=(HeadSpec("cls", "classifier", 2),))
-    b = ObjectiveInfo("b", "d", heads=(HeadSpec("lm", "lm"),))
-    c = ObjectiveInfo("c", "d", heads=(HeadSpec("cls", "classifier", 3),))
+def test_merge_heads_conflict_names_both_owners():
+    owners = {"a": (HeadSpec("cls", "classifier", 2),), "b": (HeadSpec("lm", "lm"),),
+              "c": (HeadSpec("cls", "classifier", 3),)}
     with pytest.raises(PluginError) as e:
-        merge_heads([a, b, c])
+        merge_heads(owners)
     (problem,) = e.value.problems
-    assert problem.startswith("objectives 'a' and 'c' declare head 'cls' differently")
+    assert problem.startswith("'a' and 'c' declare head 'cls' differently")
     assert "num_outputs=2" in problem and "num_outputs=3" in problem
 
 
@@ -533,17 +535,156 @@ def test_unknown_model_lists_providers(builtins):
     assert str(e.value) == "unknown model 'bert-bass'. Did you mean 'bert-base'? Available: DIR, bert-base, default."
 
 
+class ToyBackbone(torch.nn.Module):
+    """The smallest :class:`objreg.Backbone`: an embedding and nothing else."""
+
+    hidden_size, num_layers, max_positions, layer_norm_eps = 4, 1, 0, 1e-5
+
+    def __init__(self, vocab_size: int):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.embedding = torch.nn.Embedding(vocab_size, self.hidden_size)
+
+    def input_embeddings(self):
+        return self.embedding.weight
+
+    def position_embeddings(self):
+        return None
+
+    def encode(self, input_ids, attention_mask, position_ids):
+        return self.embedding(input_ids)
+
+
 def test_provider_from_a_throwaway_plugin():
-    class Provider:
+    class Toy:
         @objreg.hookimpl
-        def objreg_load_model(self, model):
-            return torch.nn.Identity() if model == "toy" else None
+        def objreg_register_models(self, register):
+            register(objreg.Provider("model", "toy", "an embedding", lambda name, vocab, config, g: ToyBackbone(vocab.size)))
 
-        @objreg.hookimpl
-        def objreg_providers(self):
-            return [objreg.ProviderInfo("model", "toy", "an identity")]
-
-    registry = objreg.Registry(manager(provider=Provider()))
-    assert isinstance(registry.load_model("toy", VOCAB, [], {}, torch.Generator()), torch.nn.Identity)
+    registry = objreg.Registry(manager(toy=Toy()))
+    model = registry.load_model("toy", VOCAB, [], {}, torch.Generator())
+    assert isinstance(model.backbone, ToyBackbone) and len(model.heads) == 0
+    assert [p.name for p in registry.providers("model")] == ["toy"]
+    assert registry.provider_origin(registry.providers("model")[0]) == "plugin 'toy' (registered at run time)"
     with pytest.raises(UnknownNameError, match=r"Available: toy\.$"):
         registry.load_model("other", VOCAB, [], {}, torch.Generator())
+
+
+def test_exact_names_then_families_then_fallbacks():
+    def provider(name, **kw):
+        return objreg.Provider("tokenizer", name, name, lambda model, corpus, cache: name, **kw)
+
+    class Three:
+        @objreg.hookimpl
+        def objreg_register_tokenizers(self, register):
+            register(provider("any", fallback=True))
+            register(provider("dirs", accepts=lambda name: name.startswith("/")))
+            register(provider("/exact"))
+
+    registry = objreg.Registry(manager(three=Three()))
+    assert registry.load_tokenizer("/exact", None, None) == "/exact"
+    assert registry.load_tokenizer("/other", None, None) == "dirs"
+    assert registry.load_tokenizer("plain", None, None) == "any"
+
+
+def test_two_plugins_registering_one_name_are_both_named():
+    class One:
+        @objreg.hookimpl
+        def objreg_register_corpora(self, register):
+            register(objreg.Provider("corpus", "wiki", "one", lambda name, cache: None))
+
+    problems = problems_of(manager(one=One(), two=One()))
+    assert problems == ["plugin 'two' (registered at run time) and plugin 'one' (registered at run time) both "
+                        "register the corpus 'wiki'"]
+
+
+def test_registering_the_wrong_kind_is_a_contract_problem():
+    class Wrong:
+        @objreg.hookimpl
+        def objreg_register_models(self, register):
+            register(objreg.Provider("corpus", "x", "a corpus in the model hook", lambda *a: None))
+
+    (problem,) = problems_of(manager(wrong=Wrong()))
+    assert problem.startswith("plugin 'wrong' (registered at run time): objreg_register_models registered")
+    assert "of kind 'model'" in problem
+
+
+class Doubler(torch.nn.Module):
+    """A head of a plugin's own kind that shares the backbone's embedding."""
+
+    def __init__(self, backbone):
+        super().__init__()
+        self.scale = torch.nn.Linear(backbone.hidden_size, backbone.hidden_size)
+        self.table = torch.nn.Parameter(torch.empty(backbone.vocab_size, backbone.hidden_size))
+
+    def tie(self, backbone):
+        self.table = backbone.input_embeddings()
+
+
+def test_a_plugin_head_kind_is_built_tied_and_initialised_from_the_generator():
+    class Kinds:
+        @objreg.hookimpl
+        def objreg_register_models(self, register):
+            register(objreg.Provider("model", "toy", "toy", lambda name, vocab, config, g: ToyBackbone(vocab.size)))
+
+        @objreg.hookimpl
+        def objreg_register_heads(self, register):
+            register(objreg.HeadKind("doubler", "a test kind", lambda spec, backbone: Doubler(backbone)))
+
+    registry = objreg.Registry(manager(kinds=Kinds()))
+    spec = [HeadSpec("d", "doubler")]
+    with torch.random.fork_rng():
+        torch.manual_seed(123)  # building heads draws nothing from the global RNG
+        first = registry.load_model("toy", VOCAB, spec, {}, torch.Generator().manual_seed(0))
+        torch.manual_seed(456)
+        again = registry.load_model("toy", VOCAB, spec, {}, torch.Generator().manual_seed(0))
+    head = first.heads["d"]
+    assert head.table is first.backbone.embedding.weight  # tied: one Parameter
+    names = [n for n, _ in first.named_parameters()]
+    assert "heads.d.table" not in names and "backbone.embedding.weight" in names
+    torch.testing.assert_close(head.scale.weight, again.heads["d"].scale.weight, rtol=0, atol=0)
+    assert 0.01 < float(head.scale.weight.detach().std()) < 0.04 and float(head.scale.bias.detach().abs().max()) == 0  # BERT's init
+    with pytest.raises(InvalidParameterError, match=r"unknown kind 'nope'; registered kinds: doubler"):
+        registry.load_model("toy", VOCAB, [HeadSpec("n", "nope")], {}, torch.Generator())
+
+
+def test_task_heads_are_sized_from_the_data():
+    class Sized(Task):
+        @objreg.hookimpl
+        def objreg_objective_info(self):
+            return ObjectiveInfo(self.name, "d", kind="downstream", heads=(HeadSpec("cls", "classifier"),))
+
+        @objreg.hookimpl
+        def objreg_task_data(self, source):
+            if source == "stray":
+                return TaskData(corrupted_from(token_batch()), (HeadSpec("other", "classifier", 2),))
+            return TaskData(corrupted_from(token_batch()), (HeadSpec("cls", "classifier", 3),))
+
+    task = objreg.Registry(manager(sized=Sized("sized", []))).get_task("sized")
+    assert task.task_data(None, [], None, 16, 10).heads == (HeadSpec("cls", "classifier", 3),)
+    with pytest.raises(PluginError, match=r"sized heads \['other'\] its ObjectiveInfo does not declare"):
+        task.task_data("stray", [], None, 16, 10)
+
+
+def test_loss_arguments_are_opt_in_and_runs_backbone_skips_the_pass():
+    seen = {}
+
+    class V2(Objective):
+        @objreg.hookimpl
+        def objreg_objective_info(self):
+            return ObjectiveInfo(self.name, "d", params=(objreg.Param("scale", 2.0, "a loss option"),),
+                                 runs_backbone=True)
+
+        @objreg.hookimpl
+        def objreg_loss(self, outputs, batch, params, mask, vocab):
+            seen.update(hidden=outputs.hidden, mask=mask, vocab=vocab)
+            return params["scale"] * outputs.model.encode(batch.input_ids, mask, batch.position_ids).sum(dim=(1, 2))
+
+    registry = objreg.Registry(manager(v2=V2("v2", [])))
+    objective = registry.get("v2", vocab=VOCAB, scale=3.0)
+    corrupted = objective.corrupt(token_batch(), torch.Generator())
+    model = ToyBackbone(VOCAB.size)
+    losses = objective.losses(model, corrupted)
+    assert seen["hidden"] is None and seen["vocab"] is VOCAB  # the host did not run the backbone
+    assert torch.equal(seen["mask"], masks.bidirectional(corrupted.is_padding))
+    torch.testing.assert_close(losses, 3.0 * model.encode(corrupted.input_ids, None, None).sum(dim=(1, 2)))

@@ -76,6 +76,7 @@ TINY = tt.Config(lrs=(1e-3, 5e-4), steps=2, batch_size=4, seq_len=48, eval_size=
                  head_fit_size=16)
 
 
+@pytest.mark.e2e
 def test_a_tiny_run_scales_as_the_taylor_remainder_and_repeats(tmp_path):
     first = tt._run(TINY, Setting(quick=True, seed=0, out_dir=tmp_path, device="cpu"))
     figures = first.figures

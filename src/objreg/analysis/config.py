@@ -56,7 +56,7 @@ class AnalysisConfig:
             ``forward_over_reverse`` or ``double_backward``: how Hessian-vector products of ``D``
             are taken.
         char_noise: Character noise rate (insert/delete/substitute) applied to the pre-training
-            text before tokenising (``objreg.masking.char_noise``); 0 disables it.
+            text before tokenising (:func:`objreg.toolkit.noise.noisy_corpus`); 0 disables it.
         spectrum: Top eigenvalues of ``D``'s Hessian to compute (Lanczos) at the first and the last
             step, with each objective's alignment to the eigenvectors; 0 skips it (each costs
             many HVPs).

@@ -23,7 +23,7 @@ from torch import nn
 from objreg.analysis.curvature import Curvature
 from objreg.analysis.functional import ObjectiveFunction, Params, detached, shared_parameters
 from objreg.analysis.group import Group
-from objreg.core.registry import Objective
+from objreg.core.handles import Task
 from objreg.core.types import CorruptedBatch
 
 
@@ -63,7 +63,7 @@ class Downstream:
         group: The processes sharing the work (default: this one alone).
     """
 
-    task: Objective
+    task: Task
     batch: CorruptedBatch
     chunk_size: int = 16
     group: Group = field(default_factory=Group)

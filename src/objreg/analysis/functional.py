@@ -16,8 +16,8 @@ from torch import nn
 from torch.func import functional_call
 from torch.utils._pytree import tree_map
 
-from objreg.core.registry import Objective
-from objreg.core.types import CorruptedBatch, ModelOutputs
+from objreg.core.handles import Objective, Task
+from objreg.core.types import CorruptedBatch
 
 Params = dict[str, torch.Tensor]
 SHARED_PREFIX = "backbone."
@@ -42,23 +42,16 @@ def requiring_grad(params: Params) -> Params:
 
 
 class _LossForward(nn.Module):
-    """Backbone then the objective's loss, as one module so ``functional_call`` can swap every
-    parameter (backbone and heads) around the whole computation."""
+    """The objective's per-sample losses (backbone pass and loss), as one module so
+    ``functional_call`` can swap every parameter (backbone and heads) around the whole computation."""
 
-    def __init__(self, model: nn.Module, objective: Objective):
+    def __init__(self, model: nn.Module, objective: Objective | Task):
         super().__init__()
         self.model = model
         self.objective = objective
 
     def forward(self, batch: CorruptedBatch, mask: torch.Tensor) -> torch.Tensor:
-        hidden = self.model.encode(batch.input_ids, mask, batch.position_ids)
-        return self.objective.loss(ModelOutputs(hidden, self.model), batch)
-
-
-def model_losses(model: nn.Module, objective: Objective, batch: CorruptedBatch, mask: torch.Tensor) -> torch.Tensor:
-    """Per-sample losses ``[B]`` with the model's own parameters (ordinary autograd)."""
-    hidden = model.encode(batch.input_ids, mask, batch.position_ids)
-    return objective.loss(ModelOutputs(hidden, model), batch)
+        return self.objective.losses(self.model, batch, mask)
 
 
 class ObjectiveFunction:
@@ -68,7 +61,8 @@ class ObjectiveFunction:
     parameters (heads, buffers) is taken from the model as it is now and held fixed.
     """
 
-    def __init__(self, model: nn.Module, objective: Objective, batch: CorruptedBatch, mask: torch.Tensor | None = None):
+    def __init__(self, model: nn.Module, objective: Objective | Task, batch: CorruptedBatch,
+                 mask: torch.Tensor | None = None):
         self.model = model
         self.objective = objective
         self.batch = batch

@@ -15,14 +15,14 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import nn
 
-from objreg.analysis.functional import SHARED_PREFIX, Params, model_losses
+from objreg.analysis.functional import SHARED_PREFIX, Params
 from objreg.analysis.group import Group
 from objreg.core.errors import NonFiniteLossError
-from objreg.core.registry import Objective
+from objreg.core.handles import Objective, Task
 from objreg.core.types import CorruptedBatch
 
 
-def local_rows(group: Group, objective: Objective, batch: CorruptedBatch) -> tuple[CorruptedBatch, bool]:
+def local_rows(group: Group, objective: Objective | Task, batch: CorruptedBatch) -> tuple[CorruptedBatch, bool]:
     """This process's rows of ``batch`` and whether they are a share of it: the whole batch in
     one process, or for a batch-coupled objective (its per-example losses need every row)."""
     if not group.distributed or objective.info.batch_coupled:
@@ -39,7 +39,7 @@ def mean_loss_gradient(
     group = group if group is not None else Group()
     local, sharded = local_rows(group, objective, batch)
     # This process's share of the mean over the whole batch.
-    loss = model_losses(model, objective, local, objective.attention_mask(local)).sum() / batch.batch_size
+    loss = objective.losses(model, local, objective.attention_mask(local)).sum() / batch.batch_size
     grads = list(torch.autograd.grad(loss, list(params), allow_unused=True))
     if sharded:
         loss, grads = group.all_reduce_sum((loss.detach(), grads))

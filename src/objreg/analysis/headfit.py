@@ -8,12 +8,12 @@ from torch import nn
 
 from objreg.analysis.gradients import local_rows
 from objreg.analysis.group import Group
-from objreg.core.registry import Objective
+from objreg.core.handles import Task
 from objreg.core.types import CorruptedBatch, ModelOutputs
 
 
 def fit_downstream_head(
-    model: nn.Module, task: Objective, batch: CorruptedBatch, steps: int, lr: float = 1e-2, group: Group | None = None
+    model: nn.Module, task: Task, batch: CorruptedBatch, steps: int, lr: float = 1e-2, group: Group | None = None
 ) -> list[float]:
     """Fit the task's heads on ``batch`` with the backbone frozen (a linear probe), full batch.
 
@@ -40,7 +40,7 @@ def fit_downstream_head(
     history = []
     for _ in range(steps):
         optimizer.zero_grad(set_to_none=True)
-        loss = task.loss(ModelOutputs(hidden, model), local).sum() / total
+        loss = task.loss(ModelOutputs(hidden, model), local, mask).sum() / total
         grads = torch.autograd.grad(loss, params, allow_unused=True)
         if split:
             loss, grads = group.all_reduce_sum((loss.detach(), list(grads)))

@@ -32,9 +32,9 @@ from objreg.analysis.gradients import accumulate, check_finite, mean_loss_gradie
 from objreg.analysis.optimizers import make_optimizer
 from objreg.analysis.probe import Probe
 from objreg.analysis.schedules import Schedule, weights_at
-from objreg.core.registry import Objective
-from objreg.core.tokenizer import TokenizedCorpus
+from objreg.core.handles import Objective
 from objreg.core.types import CorruptedBatch, TokenBatch
+from objreg.toolkit.tokenizer import TokenizedCorpus
 
 #: Called after every training step with the step index and its probe record (None if unprobed).
 StepCallback = Callable[[int, "dict[str, Any] | None"], None]
@@ -143,7 +143,9 @@ class Trainer:
             sampled = self.corpus.sample(
                 self.batch_size, self.data_generator, min_sentences=objective.info.min_sentences, what=name
             )
-            tokens[name] = _prepare(objective, sampled, self.model, self.device)
+            # Prepared on the model's device (e.g. the model's surprisal of each token), corrupted
+            # on the CPU, where the generators are.
+            tokens[name] = objective.prepare(sampled.to(self.device), self.model).to("cpu")
             batches[name] = objective.corrupt(tokens[name], self.corrupt_generator).to(self.device)
         return tokens, batches
 
@@ -195,13 +197,3 @@ class Trainer:
         self.probe.methods_used = set(state["methods_used"])
         self.next_step = int(state["next_step"])
 
-
-def _prepare(objective: Objective, tokens: TokenBatch, model: nn.Module, device: torch.device) -> TokenBatch:
-    """The objective's model-dependent preparation of a batch (e.g. the surprisal entropy
-    masking reads). It must draw no random numbers, so probing leaves the trajectory alone."""
-    if objective.params.get("masking_policy") != "entropy":
-        return tokens
-    from objreg.analysis.surprisal import token_surprisal  # until objectives prepare their own batches
-
-    scores = token_surprisal(model, tokens.to(device), objective.vocab)
-    return tokens._replace(surprisal=scores.cpu())

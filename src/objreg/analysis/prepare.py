@@ -8,11 +8,12 @@ milliseconds, before anything heavy is loaded.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from objreg.analysis.config import AnalysisConfig
 from objreg.analysis.downstream import Downstream
@@ -21,11 +22,10 @@ from objreg.analysis.group import Group
 from objreg.analysis.headfit import fit_downstream_head
 from objreg.analysis.launch import check_batch
 from objreg.analysis.loop import Trainer
-from objreg.core import masking
 from objreg.core.errors import DataError, InvalidParameterError
 from objreg.core.registry import Registry, merge_heads
-from objreg.core.tokenizer import TokenizedCorpus
-from objreg.core.types import CorruptedBatch
+from objreg.core.types import CorruptedBatch, HeadSpec, Vocabulary
+from objreg.toolkit.tokenizer import TokenizedCorpus
 
 
 def check(config: AnalysisConfig, registry: Registry) -> torch.device:
@@ -60,7 +60,7 @@ def prepare(
     if config.char_noise > 0:
         # Pre-training text only (the held-out set defines D), from its own seeded stream.
         noise = torch.Generator().manual_seed(config.seed * 7919 + 3)
-        pretrain_corpus = masking.noisy_corpus(pretrain_corpus, config.char_noise, noise)
+        pretrain_corpus = noise.noisy_corpus(pretrain_corpus, config.char_noise, noise)
     tokenized = TokenizedCorpus(tokenizer, pretrain_corpus, config.seq_len)
     # The corpus vocabulary carries token counts (the inverse_frequency masking policy).
     objectives = {
@@ -70,15 +70,14 @@ def prepare(
 
     status(f"loading downstream data for {config.downstream!r}")
     fit_size = config.head_fit_size if config.head_warmup_steps else 0
-    data = task.task_data(
+    data, task_heads = task.task_data(
         config.downstream_data, heldout.documents, tokenizer, config.seq_len, config.eval_size + fit_size
     )
     eval_batch, fit_batch = split_evaluation(data, config.eval_size, with_fit=fit_size > 0)
 
     status(f"building model {config.model!r}")
-    heads = merge_heads([o.info for o in objectives.values()] + [task.info])
-    model_generator = torch.Generator().manual_seed(config.seed)
-    model = registry.load_model(config.model, tokenizer.vocab, heads, {}, model_generator)
+    owners = {**{n: o.info.heads for n, o in objectives.items()}, task.name: task_heads}
+    model = build_model(registry, config.model, tokenizer.vocab, owners, config.seed)
     model.to(device=device, dtype=config.torch_dtype)
 
     # Each process encodes its share of the fit rows; the head's gradient is summed at every step.
@@ -120,6 +119,16 @@ def prepare(
         },
     }
     return trainer, report_config
+
+
+def build_model(
+    registry: Registry, model: str, vocab: Vocabulary, owners: Mapping[str, Sequence[HeadSpec]], seed: int,
+    config: Mapping[str, Any] | None = None,
+) -> nn.Module:
+    """The model ``model`` with the heads of ``owners`` (objective or task name → its heads), every
+    weight drawn from a generator seeded by ``seed``."""
+    generator = torch.Generator().manual_seed(seed)
+    return registry.load_model(model, vocab, merge_heads(owners), dict(config or {}), generator)
 
 
 def split_evaluation(data: CorruptedBatch, eval_size: int, with_fit: bool) -> tuple[CorruptedBatch, CorruptedBatch]:

@@ -45,7 +45,7 @@ from objreg.analysis.per_sample import per_sample_dots
 from objreg.analysis.spectrum import eigenvector_alignment, orient, top_eigenpairs
 from objreg.analysis.stats import alignment_stats, seed_for
 from objreg.analysis.transfer import asymmetry, gram, quadratic_by_pair, relative_error, upper_pairs, weighted_sum
-from objreg.core.registry import Objective
+from objreg.core.handles import Objective
 from objreg.core.types import CorruptedBatch, TokenBatch
 
 

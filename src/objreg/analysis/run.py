@@ -23,8 +23,8 @@ from objreg.analysis.prepare import check, prepare
 from objreg.analysis.report import AlignmentReport, summarise
 from objreg.analysis.resume import load_checkpoint, restore, resumed_config
 from objreg.analysis.writer import RunWriter
-from objreg.core.cache import cache_dir
 from objreg.core.registry import Registry
+from objreg.toolkit.cache import cache_dir
 
 #: Makes the writer of a run directory (called on the main process only).
 WriterFactory = Callable[[Path], RunWriter]

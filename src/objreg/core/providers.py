@@ -29,7 +29,7 @@ class Provider:
             ``tokenizer``: ``(model, corpus, cache_dir) -> Tokenizer`` (the tokenizer for model
             ``model``, e.g. the checkpoint's own, or one trained on ``corpus``).
         accepts: For a family of names: ``accepts(name)`` says whether ``load`` handles ``name``.
-            None: the provider answers to ``name`` exactly.
+            None: the provider answers to ``name`` exactly (or, with ``fallback``, to every name).
         fallback: Tried after every other provider of its kind (e.g. a tokenizer trained on the
             corpus, for any model without one of its own).
     """
@@ -42,7 +42,9 @@ class Provider:
     fallback: bool = False
 
     def handles(self, name: str) -> bool:
-        return self.accepts(name) if self.accepts is not None else name == self.name
+        if self.accepts is not None:
+            return self.accepts(name)
+        return self.fallback or name == self.name
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ and the distribution.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -104,28 +105,29 @@ class Registry:
     def _collect_registrations(self, problems: list[str]) -> None:
         """Call every plugin's registration hooks, remembering which plugin registered what."""
         for hook, kind in _REGISTRATIONS.items():
-            expected = HeadKind if kind == "head" else Provider
-            seen: dict[str, str] = {}
-            # Registration order is plugin registration order (pluggy calls the reverse).
-            for impl in reversed(getattr(self.pm.hook, hook).get_hookimpls()):
+            names: dict[str, str] = {}  # exact name -> who registered it
+            # In plugin registration order (the order pluggy stores them; it calls them in reverse).
+            for impl in getattr(self.pm.hook, hook).get_hookimpls():
                 origin = f"plugin {impl.plugin_name!r} ({self.pm.origin(impl.plugin_name)})"
-
-                def register(item: Any, origin: str = origin, hook: str = hook) -> None:
-                    if not isinstance(item, expected) or (kind != "head" and item.kind != kind):
-                        problems.append(f"{origin}: {hook} registered {item!r}; it takes {expected.__name__} "
-                                        f"objects{'' if kind == 'head' else f' of kind {kind!r}'}")
-                        return
-                    if not getattr(item, "fallback", False) and getattr(item, "accepts", None) is None:
-                        if item.name in seen:
-                            problems.append(f"{origin} and {seen[item.name]} both register the {kind} {item.name!r}")
-                            return
-                        seen[item.name] = origin
-                    self._registered[kind].append((item, origin))
-
                 try:
-                    impl.function(register)
+                    impl.function(partial(self._register, kind, hook, origin, names, problems))
                 except Exception as e:  # noqa: BLE001 - a broken plugin must not hide the others
                     problems.append(f"{origin}: {hook} raised {type(e).__name__}: {e}")
+
+    def _register(self, kind: str, hook: str, origin: str, names: dict[str, str], problems: list[str],
+                  item: Any) -> None:
+        """What ``register(item)`` does inside a plugin's registration hook."""
+        expected = HeadKind if kind == "head" else Provider
+        if not isinstance(item, expected) or (kind != "head" and item.kind != kind):
+            of_kind = "" if kind == "head" else f" of kind {kind!r}"
+            problems.append(f"{origin}: {hook} registered {item!r}; it takes {expected.__name__} objects{of_kind}")
+            return
+        if kind == "head" or (item.accepts is None and not item.fallback):  # an exact name: one owner
+            if item.name in names:
+                problems.append(f"{origin} and {names[item.name]} both register the {kind} {item.name!r}")
+                return
+            names[item.name] = origin
+        self._registered[kind].append((item, origin))
 
     # -- objectives and tasks -----------------------------------------------------------------------
 

@@ -10,7 +10,7 @@ import importlib
 from pathlib import Path
 from types import ModuleType
 
-from objreg.core.errors import InvalidParameterError, UnknownNameError
+from objreg import InvalidParameterError, UnknownNameError
 from objreg.experiments.base import ExperimentResult, Setting
 
 #: Experiment name → module, in the order they are listed.

@@ -14,10 +14,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from objreg.analysis.functional import model_losses
-from objreg.core.cache import cache_dir
-from objreg.core.registry import Objective, Registry, merge_heads
-from objreg.core.tokenizer import TokenizedCorpus
+from objreg import Objective, Registry, TokenizedCorpus, cache_dir
+from objreg.analysis.prepare import build_model
 from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, verdict_from_interval
 
 
@@ -66,9 +64,7 @@ def default_text(seq_len: int, registry: Registry | None = None, cache: Path | N
 def mlm_model(registry: Registry, objective: Objective, seed: int, config: dict | None = None) -> nn.Module:
     """The default model with the heads ``objective`` declares (its ``lm`` head tied to the input
     embeddings, as every model plugin ties it), initialised from ``seed``."""
-    heads = merge_heads([objective.info])
-    generator = torch.Generator().manual_seed(seed)
-    return registry.load_model("default", objective.vocab, heads, dict(config or {}), generator)
+    return build_model(registry, "default", objective.vocab, {objective.name: objective.info.heads}, seed, config)
 
 
 def untie_lm_head(model: nn.Module, generator: torch.Generator, head: str = "lm") -> None:
@@ -94,7 +90,7 @@ def train(
     for _ in range(steps):
         rows = corpus.sample(batch_size, data, min_sentences=objective.info.min_sentences, what=objective.name)
         batch = objective.corrupt(rows, corruption).to(device)
-        loss = model_losses(model, objective, batch, objective.attention_mask(batch)).mean()
+        loss = objective.losses(model, batch).mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -9,7 +9,7 @@ Levine et al. 2021; "Learning Better Masking for Better Language Model Pre-train
 
 **Setting.** The default model is trained with ``mlm`` on the default corpus's training split
 (quick: 40 AdamW steps of 16 rows; full: 400). Its surprisals
-(:func:`objreg.analysis.surprisal.token_surprisal`, 7 interleaved masked passes) are computed on
+(:func:`objreg.toolkit.surprisal.token_surprisal`, 7 interleaved masked passes) are computed on
 rows of the held-out split (quick: 64 rows of 128 tokens; full: 256). Those rows are then
 corrupted by the ``mlm`` objective itself, ``masking_policy=entropy`` and ``uniform``, with
 ``mask_prob`` 0.15, over many seeded draws (quick: 200 each; full: 1,000).
@@ -48,10 +48,10 @@ import torch
 
 from objreg.analysis.devices import resolve_device
 from objreg.analysis.stats import percentile_interval
-from objreg.analysis.surprisal import token_surprisal
-from objreg.core.masking import inclusion_probabilities, maskable
-from objreg.core.types import IGNORE_INDEX, TokenBatch
+from objreg import IGNORE_INDEX, TokenBatch
 from objreg.experiments import _support
+from objreg.toolkit.selection import inclusion_probabilities, maskable
+from objreg.toolkit.surprisal import token_surprisal
 from objreg.experiments.base import ExperimentResult, Setting, save_figure
 
 NAME = "entropy-masking"

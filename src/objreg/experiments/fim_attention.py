@@ -38,8 +38,7 @@ import numpy as np
 import torch
 
 from objreg.analysis.stats import mean_ci95
-from objreg.core.registry import Registry
-from objreg.core.types import CorruptedBatch, TokenBatch, Vocabulary
+from objreg import CorruptedBatch, Registry, TokenBatch, Vocabulary
 from objreg.experiments.base import (
     CONFIRMED,
     INCONCLUSIVE,

@@ -42,8 +42,7 @@ import torch
 from scipy import stats
 
 from objreg.analysis.stats import percentile_interval
-from objreg.core.registry import Registry
-from objreg.core.types import IGNORE_INDEX, TokenBatch, Vocabulary
+from objreg import IGNORE_INDEX, Registry, TokenBatch, Vocabulary
 from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure
 

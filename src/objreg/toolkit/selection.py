@@ -119,7 +119,8 @@ def policy_weights(batch: TokenBatch, policy: str, vocab: Vocabulary, owner: str
         if surprisal is None:
             raise DataError(
                 f"{owner}: masking_policy=entropy needs the model's surprisal of each token, but the batch has "
-                f"none; compute it with objreg.analysis.surprisal.token_surprisal(model, batch, vocab)"
+                f"none; prepare the batch with objective.prepare(batch, model) "
+                f"(or objreg.toolkit.surprisal.token_surprisal)"
             )
         if tuple(surprisal.shape) != tuple(batch.input_ids.shape):
             raise DataError(

@@ -7,15 +7,15 @@ import torch
 
 import objreg
 from objreg import IGNORE_INDEX
-from objreg.analysis.surprisal import token_surprisal
 from objreg.core.registry import merge_heads
 from objreg.testing import TINY_MODEL
+from objreg.toolkit.surprisal import token_surprisal
 
 
 @pytest.fixture(scope="module")
 def setup(tokenizer, texts):
     registry = objreg.Registry.load(load_entrypoints=False)
-    heads = merge_heads([registry.info("mlm")])
+    heads = merge_heads({"mlm": registry.info("mlm").heads})
     model = registry.load_model("default", tokenizer.vocab, heads, dict(TINY_MODEL), torch.Generator().manual_seed(0))
     batch = tokenizer.batch_from_texts(texts[:3], seq_len=20)
     return registry, model.double().eval(), batch
@@ -66,6 +66,12 @@ def test_feeds_the_entropy_policy(setup, tokenizer):
     with pytest.raises(objreg.DataError, match="token_surprisal"):
         objective.corrupt(batch, torch.Generator().manual_seed(0))
     scored = batch._replace(surprisal=token_surprisal(model, batch, tokenizer.vocab))
+    # The objective's own prepare hook fills the same surprisal, and leaves the model's mode alone.
+    model.train()
+    prepared = objective.prepare(batch, model)
+    assert model.training and torch.equal(prepared.surprisal, scored.surprisal)
+    model.eval()
+    assert registry.get("mlm", vocab=tokenizer.vocab).prepare(batch, model) is batch  # uniform needs nothing
     cb = objective.corrupt(scored, torch.Generator().manual_seed(0))
     selected = cb.labels != IGNORE_INDEX
     assert selected.any() and not (selected & batch.is_special).any()

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from objreg import Corpus, DataError, InvalidParameterError, ObjregError, TokenizedCorpus, split_sentences
-from objreg.core.tokenizer import BASE_SPECIALS, NAMED_SPECIALS, SENTINELS, _Chunk, wordpiece_from_vocab
+from objreg.toolkit.tokenizer import _Chunk
+from objreg.toolkit.wordpiece import BASE_SPECIALS, NAMED_SPECIALS, SENTINELS, wordpiece_from_vocab
 
 # -- split_sentences ----------------------------------------------------------------------------
 
