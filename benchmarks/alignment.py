@@ -38,7 +38,7 @@ from benchmarks.common import (
     peak_memory_in_subprocess,
     rounded,
 )
-from objreg.analysis import per_sample
+from objreg.analysis import ghost, per_sample
 from objreg.analysis.devices import resolve_device
 from objreg.analysis.functional import requiring_grad
 
@@ -61,9 +61,9 @@ def fused(workload: Workload) -> Callable[[], Any]:
 
     def run() -> Any:
         params = requiring_grad(shared)
-        with per_sample.GhostDots(fn.model, direction, fn.batch_size) as ghost:
+        with ghost.GhostDots(fn.model, direction, fn.batch_size) as in_run:
             grads = torch.autograd.grad(fn(params).mean(), list(params.values()))
-        return grads, ghost.dots() * fn.batch_size
+        return grads, in_run.dots() * fn.batch_size
 
     return run
 

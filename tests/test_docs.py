@@ -15,6 +15,7 @@ from pathlib import Path
 
 import click
 import pytest
+import torch
 from click.testing import CliRunner
 
 import objreg
@@ -105,6 +106,39 @@ def test_experiments_page_has_a_section_and_an_existing_plot_for_every_experimen
         assert f"](experiments/{name}.png)" in page, name
     for target in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", page):
         assert (DOCS / target).is_file(), target
+
+
+def tutorial_module(title: str, tmp_path: Path):
+    """The module of docs/writing-a-plugin.md whose docstring starts with ``title``, imported."""
+    import importlib.util
+
+    page = (DOCS / "writing-a-plugin.md").read_text()
+    (source,) = [block for block in re.findall(r"```python\n(.*?)```", page, flags=re.S)
+                 if block.startswith(f'"""{title}')]
+    path = tmp_path / f"tutorial_{title.rstrip(':')}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_tutorial_plugins_work(tmp_path, tokenizer, texts):
+    from objreg.core.registry import merge_heads
+    from objreg.testing import TINY_MODEL, check_objective_contract
+
+    pm = objreg.get_plugin_manager(load_entrypoints=False)
+    pm.register(tutorial_module("rlm:", tmp_path), name="rlm")
+    pm.register(tutorial_module("parity:", tmp_path), name="parity")
+    registry = objreg.Registry(pm)
+    check_objective_contract("rlm", registry=registry, params={"weight": 0.5})
+    task = registry.get_task("parity")
+    data = task.task_data(None, [objreg.split_sentences(t) for t in texts], tokenizer, 32, 100)
+    assert data.heads == (objreg.HeadSpec("parity", "classifier", 2),)  # sized from the data: two classes
+    model = registry.load_model("default", tokenizer.vocab, merge_heads({"parity": data.heads}), dict(TINY_MODEL),
+                                torch.Generator().manual_seed(0))
+    assert model.heads["parity"].classifier.out_features == 2
+    assert task.losses(model, data.batch).shape == (data.batch.batch_size,)
 
 
 if __name__ == "__main__":

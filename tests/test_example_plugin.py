@@ -22,6 +22,9 @@ from objreg.cli import cli
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "objreg-example-plugin"
 ORIGIN = "objreg-example-plugin 0.1.0"
 
+# Installs the example package with pip into a temporary directory and runs real processes.
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture(scope="module")
 def plugin_dir(tmp_path_factory) -> Path:

@@ -27,6 +27,7 @@ def test_ci_runs_the_readme_test_command():
     assert test_command in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("index", range(len(blocks("python"))))
 def test_python_examples_run(index):
     if "../shared/data" in blocks("python")[index] and not (ROOT.parent / "shared" / "data").is_dir():
@@ -41,12 +42,14 @@ def command_lines() -> list[str]:
     return [line for line in lines if line.startswith("objreg ")]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("line", command_lines())
 def test_commands_run(line):
     result = CliRunner().invoke(cli, shlex.split(line)[1:], catch_exceptions=False)
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.e2e
 def test_main_job_prints_real_numbers():
     # The README's main job, exactly as written there, in a real process.
     main = next(part.strip() for block in blocks("bash") for part in block.split("&&") if "objreg analyze" in part)

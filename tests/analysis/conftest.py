@@ -41,7 +41,7 @@ def _build(registry, tokenizer, texts, name, attention, seed):
     objective = registry.get(name, vocab=tokenizer.vocab)
     batch = objective.corrupt(tokenizer.batch_from_texts(texts, 40), torch.Generator().manual_seed(seed))
     model = registry.load_model(
-        "default", tokenizer.vocab, merge_heads([objective.info]), {**TINY, "attention": attention},
+        "default", tokenizer.vocab, merge_heads({name: objective.info.heads}), {**TINY, "attention": attention},
         torch.Generator().manual_seed(seed),
     ).double()
     return ObjectiveFunction(model, objective, batch), detached(shared_parameters(model))
@@ -62,8 +62,8 @@ def tiny_trainer(registry, tokenizer, texts):
         tokenized = objreg.TokenizedCorpus(tokenizer, corpus, SEQ_LEN)
         loaded = {n: registry.get(n, vocab=tokenized.vocab, **params.get(n, {})) for n in objectives}
         task = registry.get_task("qa")
-        data = task.task_data(None, corpus.documents, tokenizer, SEQ_LEN, 8)
-        heads = merge_heads([o.info for o in loaded.values()] + [task.info])
+        data, task_heads = task.task_data(None, corpus.documents, tokenizer, SEQ_LEN, 8)
+        heads = merge_heads({**{n: o.info.heads for n, o in loaded.items()}, "qa": task_heads})
         model = registry.load_model("default", tokenizer.vocab, heads, TINY, torch.Generator().manual_seed(seed))
         return Trainer(model.double(), loaded, dict.fromkeys(objectives, 1.0), tokenized, Downstream(task, data),
                        optimizer=optimizer, lr=lr, batch_size=4, seed=seed, device=torch.device("cpu"), steps=steps,

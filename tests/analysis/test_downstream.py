@@ -8,8 +8,8 @@ import torch
 from objreg.analysis.downstream import Downstream, trimmed
 from objreg.analysis.functional import ObjectiveFunction, detached, shared_parameters
 from objreg.core.registry import merge_heads
-from objreg.core.tokenizer import split_sentences
 from objreg.core.types import CorruptedBatch
+from objreg.toolkit.tokenizer import split_sentences
 
 TINY = {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size": 32}
 
@@ -18,8 +18,8 @@ TINY = {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size":
 def qa(registry, tokenizer, texts):
     task = registry.get_task("qa")
     documents = [split_sentences(t) for t in texts]
-    batch = task.task_data(None, documents, tokenizer, 64, 12)
-    model = registry.load_model("default", tokenizer.vocab, merge_heads([task.info]), TINY,
+    batch, heads = task.task_data(None, documents, tokenizer, 64, 12)
+    model = registry.load_model("default", tokenizer.vocab, merge_heads({"qa": heads}), TINY,
                                 torch.Generator().manual_seed(0)).double()
     return task, batch, model
 

@@ -8,7 +8,7 @@ from torch import nn
 
 import objreg
 from objreg import masks
-from objreg.analysis import per_sample
+from objreg.analysis import ghost, per_sample
 from objreg.analysis.functional import ObjectiveFunction, detached, flat_dot, shared_parameters
 
 FAST_METHODS = ("jvp", "ghost", "double_backward", "vmap")
@@ -53,6 +53,10 @@ class InBatchContrastive:
         logits = (z @ z.T / 0.5).masked_fill(torch.eye(B, dtype=torch.bool), -1e9)  # (B, B), no self-pairs
         positive = torch.arange(B) ^ 1
         return -torch.log_softmax(logits, dim=-1)[torch.arange(B), positive]
+
+    def losses(self, model, batch: objreg.CorruptedBatch, mask: torch.Tensor) -> torch.Tensor:
+        hidden = model.encode(batch.input_ids, mask, batch.position_ids)
+        return self.loss(objreg.ModelOutputs(hidden, model), batch)
 
 
 @pytest.fixture
@@ -121,14 +125,14 @@ def test_ghost_counts_a_tied_weight_at_both_uses(build):
     }
     reference = per_sample.dots_loop(fn, shared, v)
     assert reference.abs().max() > 0
-    assert rel_err(per_sample.dots_ghost(fn, shared, v), reference) <= 1e-8
+    assert rel_err(ghost.dots_ghost(fn, shared, v), reference) <= 1e-8
 
 
 def test_ghost_runs_through_fused_attention(build, direction):
     # Ghost dots need first derivatives only, which the fused SDPA kernel has.
     fn, shared = build("clm", attention="sdpa")
     v = direction(shared)
-    assert rel_err(per_sample.dots_ghost(fn, shared, v), per_sample.dots_loop(fn, shared, v)) <= 1e-8
+    assert rel_err(ghost.dots_ghost(fn, shared, v), per_sample.dots_loop(fn, shared, v)) <= 1e-8
 
 
 def test_ghost_honours_an_embedding_padding_index(build, direction):
@@ -136,7 +140,7 @@ def test_ghost_honours_an_embedding_padding_index(build, direction):
     fn.model.backbone.token_embedding.padding_idx = fn.batch.input_ids[0, 3].item()  # a token that occurs
     v = direction(shared)
     reference = per_sample.dots_loop(fn, shared, v)
-    assert rel_err(per_sample.dots_ghost(fn, shared, v), reference) <= 1e-8
+    assert rel_err(ghost.dots_ghost(fn, shared, v), reference) <= 1e-8
 
 
 class ScaledNorm(nn.Module):
@@ -157,7 +161,7 @@ def test_ghost_handles_an_unknown_module_by_its_local_directional_derivative(bui
     shared = detached(shared_parameters(fn.model))
     assert "backbone.final_norm.gain" in shared
     v = direction(shared)
-    assert rel_err(per_sample.dots_ghost(fn, shared, v), per_sample.dots_loop(fn, shared, v)) <= 1e-8
+    assert rel_err(ghost.dots_ghost(fn, shared, v), per_sample.dots_loop(fn, shared, v)) <= 1e-8
 
 
 def test_ghost_dots_ride_along_an_ordinary_training_backward(build, direction):
@@ -167,9 +171,9 @@ def test_ghost_dots_ride_along_an_ordinary_training_backward(build, direction):
     v = direction(shared)
     params = {n: t.clone().requires_grad_(True) for n, t in shared.items()}
     plain = torch.autograd.grad(fn(params).mean(), list(params.values()))
-    with per_sample.GhostDots(fn.model, v, fn.batch_size) as ghost:
+    with ghost.GhostDots(fn.model, v, fn.batch_size) as in_run:
         grads = torch.autograd.grad(fn(params).mean(), list(params.values()))
-    assert rel_err(ghost.dots() * fn.batch_size, per_sample.dots_loop(fn, shared, v)) <= 1e-8
+    assert rel_err(in_run.dots() * fn.batch_size, per_sample.dots_loop(fn, shared, v)) <= 1e-8
     assert all(torch.equal(a, b) for a, b in zip(grads, plain))
 
 
@@ -177,7 +181,7 @@ def test_ghost_works_under_no_grad_and_leaves_no_hooks(build, direction):
     fn, shared = build("mlm")
     v = direction(shared)
     with torch.no_grad():
-        dots = per_sample.dots_ghost(fn, shared, v)
+        dots = ghost.dots_ghost(fn, shared, v)
     assert rel_err(dots, per_sample.dots_loop(fn, shared, v)) <= 1e-8
     assert all(not m._forward_hooks for m in fn.model.modules())
 
@@ -199,11 +203,11 @@ def test_ghost_is_refused_for_a_batch_coupled_loss_and_would_be_wrong(build_coup
     fn, shared = build_coupled()
     v = direction(shared)
     with pytest.raises(objreg.InvalidParameterError, match="couples the examples"):
-        per_sample.dots_ghost(fn, shared, v)
+        ghost.dots_ghost(fn, shared, v)
     # Why: with the guard lifted, ghost attributes gradient by row, which is not ∇ℓ_i here.
     uncoupled = ObjectiveFunction(fn.model, _Uncoupled(), fn.batch, fn.mask)
     reference = per_sample.dots_loop(fn, shared, v)
-    assert rel_err(per_sample.dots_ghost(uncoupled, shared, v), reference) > 1e-3
+    assert rel_err(ghost.dots_ghost(uncoupled, shared, v), reference) > 1e-3
 
 
 class _Uncoupled(InBatchContrastive):
@@ -246,7 +250,7 @@ def test_auto_falls_back_to_jvp_then_double_backward(build, direction, monkeypat
     reference = per_sample.dots_loop(fn, shared, v)
 
     def ghost_unsupported(*args):
-        raise per_sample.GhostUnsupportedError("a module returned a tuple")
+        raise ghost.GhostUnsupportedError("a module returned a tuple")
 
     def no_forward_mode(*args):
         raise NotImplementedError("Trying to use forward AD with an operator that does not support it")
@@ -265,8 +269,8 @@ def test_ghost_reports_a_module_that_is_not_batch_first(build, direction):
     # Looked up once for the whole batch and broadcast, as Hugging Face models do: no per-row output.
     handle = position.register_forward_pre_hook(lambda module, args: (args[0][:1],))
     try:
-        with pytest.raises(per_sample.GhostUnsupportedError, match="batch-first"):
-            per_sample.dots_ghost(fn, shared, direction(shared))
+        with pytest.raises(ghost.GhostUnsupportedError, match="batch-first"):
+            ghost.dots_ghost(fn, shared, direction(shared))
         assert per_sample.per_sample_dots(fn, shared, direction(shared))[1] == "jvp"
     finally:
         handle.remove()

@@ -13,8 +13,8 @@ import torch
 import objreg
 from objreg.analysis.config import AnalysisConfig
 from objreg.analysis.prepare import prepare
-from objreg.core.cache import cache_dir
 from objreg.core.registry import merge_heads
+from objreg.toolkit.cache import cache_dir
 
 SMALL = dict(steps=3, batch_size=4, seq_len=48, eval_size=8, head_fit_size=32, head_warmup_steps=10)
 
@@ -99,8 +99,8 @@ def test_attribution_scores_add_up_to_each_objectives_first_order_part(small_rep
 
 def test_shared_parameters_are_the_backbone(small_report):
     tokenizer = objreg.default_tokenizer()
-    infos = [objreg.get_objective(n).info for n in ("mlm", "sop")] + [objreg.get_task("qa").info]
-    model = objreg.Registry.load().load_model("default", tokenizer.vocab, merge_heads(infos), {}, torch.Generator())
+    owners = {n: objreg.get_objective(n).info.heads for n in ("mlm", "sop")} | {"qa": objreg.get_task("qa").info.heads}
+    model = objreg.Registry.load().load_model("default", tokenizer.vocab, merge_heads(owners), {}, torch.Generator())
     backbone = sum(p.numel() for p in model.backbone.parameters())
     assert small_report.config["shared_parameters"] == backbone
     assert small_report.config["model_parameters"] > backbone  # heads are excluded

@@ -9,6 +9,7 @@ from click.testing import CliRunner
 
 import objreg
 from objreg.cli import make_cli
+from objreg.toolkit.modifiers import MODIFIER_PARAMS
 
 
 @pytest.fixture
@@ -64,7 +65,7 @@ class MaskedThirdParty:
     @objreg.hookimpl
     def objreg_objective_info(self):
         return objreg.ObjectiveInfo(name="mymask", description="third-party masking",
-                                    heads=(objreg.HeadSpec("lm", "lm"),), params=objreg.masking.MODIFIER_PARAMS)
+                                    heads=(objreg.HeadSpec("lm", "lm"),), params=MODIFIER_PARAMS)
 
     @objreg.hookimpl
     def objreg_corrupt(self, batch):

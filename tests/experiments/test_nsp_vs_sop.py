@@ -10,11 +10,11 @@ import pytest
 import torch
 
 import objreg
-from objreg.core.cache import cache_dir
-from objreg.core.tokenizer import TokenizedCorpus
 from objreg.experiments import _support
 from objreg.experiments import nsp_vs_sop as ns
 from objreg.experiments.base import Setting
+from objreg.toolkit.cache import cache_dir
+from objreg.toolkit.tokenizer import TokenizedCorpus
 
 TINY_MODEL = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32}
 

@@ -10,13 +10,13 @@ import torch
 
 import objreg
 from objreg.analysis.downstream import Downstream
-from objreg.analysis.functional import model_losses, shared_parameters
+from objreg.analysis.functional import shared_parameters
 from objreg.core.registry import merge_heads
-from objreg.core.tokenizer import TokenizedCorpus
 from objreg.core.types import Corpus
 from objreg.experiments import _support
 from objreg.experiments import span_length_qa as sl
 from objreg.experiments.base import Setting
+from objreg.toolkit.tokenizer import TokenizedCorpus, split_sentences
 
 TINY_MODEL = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32}
 
@@ -28,14 +28,14 @@ def registry():
 
 @pytest.fixture(scope="module")
 def text(registry, tokenizer, texts):
-    documents = tuple(tuple(objreg.core.tokenizer.split_sentences(t)) for t in texts)
+    documents = tuple(tuple(split_sentences(t)) for t in texts)
     corpus = Corpus("test", documents)
     return _support.DefaultText(registry, TokenizedCorpus(tokenizer, corpus, 32), TokenizedCorpus(tokenizer, corpus, 32))
 
 
 @pytest.fixture(scope="module")
 def qa_data(registry, text):
-    return registry.get_task("qa").task_data(None, text.heldout.corpus.documents, text.train.tokenizer, 48, 100)
+    return registry.get_task("qa").task_data(None, text.heldout.corpus.documents, text.train.tokenizer, 48, 100).batch
 
 
 def test_answer_lengths_match_a_count_of_the_answers_words(qa_data, tokenizer):
@@ -65,7 +65,7 @@ def test_gradients_and_cosine_match_plain_autograd(registry, text, qa_data):
     vocab = text.train.vocab
     task = registry.get_task("qa")
     span = registry.get("span", vocab=vocab)
-    model = registry.load_model("default", vocab, merge_heads([span.info, task.info]), TINY_MODEL,
+    model = registry.load_model("default", vocab, merge_heads({"span": span.info.heads, "qa": task.info.heads}), TINY_MODEL,
                                 torch.Generator().manual_seed(0)).double()
     model.eval()
     evaluation = qa_data.select(slice(0, 8))
@@ -78,8 +78,8 @@ def test_gradients_and_cosine_match_plain_autograd(registry, text, qa_data):
         loss.backward()
         return {n: p.grad.clone() for n, p in shared_parameters(model).items()}
 
-    expected_d = backward(model_losses(model, task, evaluation, task.attention_mask(evaluation)).mean())
-    expected_g = backward(model_losses(model, span, batch, span.attention_mask(batch)).mean())
+    expected_d = backward(task.losses(model, evaluation).mean())
+    expected_g = backward(span.losses(model, batch).mean())
     got_d = sl.downstream_gradient(model, downstream)
     got_g = sl.objective_gradient(model, span, batch)
     for name in expected_d:

@@ -6,37 +6,28 @@ Three exact ways to get all B dot products without materialising a per-sample gr
   with ``J = ∂ℓ/∂θ`` of shape ``[B, P]``: exactly ``⟨∇ℓ_i, v⟩`` for each i. No graph is kept, so
   its peak memory is below that of one ordinary backward. Right for batch-coupled losses too
   (it differentiates ℓ_i as computed on the whole batch).
-* ``ghost``: one forward and one reverse pass that computes no weight gradient. Every module
-  owning shared parameters contributes ``Σ_t ⟨g_{i,t}, (∂y/∂θ_m · v_m)_{i,t}⟩``, its output
-  gradient times the directional derivative of its output along its own parameters (for
-  ``nn.Linear``: ``Σ_t g_{i,t}ᵀ V a_{i,t} + g_{i,t}ᵀ b_V``; embeddings and LayerNorm have their own
-  rules; a tied weight gets a term at each use, which sums to its one gradient). Works with fused
-  attention kernels (it needs first derivatives only). :class:`GhostDots` also rides along an
-  ordinary training backward, so the update's own pass yields the dots too. It attributes gradient by the row it flows
-  through, which is ∇ℓ_i only when the model treats rows independently and ℓ_i depends on its
-  own row alone: never used for batch-coupled losses (``ObjectiveInfo.batch_coupled``).
+* ``ghost``: one forward and one reverse pass that computes no weight gradient
+  (:mod:`objreg.analysis.ghost`); never for batch-coupled losses.
 * ``double_backward``: two reverse passes (``g(u) = Jᵀu`` is linear in a dummy ``u``, so
   ``∂⟨g(u), v⟩/∂u = J v``), for models without forward mode.
 
-``auto`` picks by measurement (``python -m benchmarks.alignment``, docs/performance.md): ``ghost``
-first (batch-coupled losses skip it), then ``jvp``, ``double_backward`` and the per-example
-``loop``, moving on only when the model lacks what a method needs. ``vmap(grad)`` and the loop are kept as independent
-references and for the quantities that need the gradients themselves, optionally projected to
-``k`` dimensions (Johnson–Lindenstrauss) so memory stays O(B·k).
+``auto`` tries them fastest first (``python -m benchmarks.alignment``, docs/performance.md):
+``ghost`` (batch-coupled losses skip it), then ``jvp``, ``double_backward`` and the per-example
+``loop``, moving on only when the model lacks what a method needs. ``vmap(grad)`` and the loop
+are kept as independent references and for the quantities that need the gradients themselves,
+optionally projected to ``k`` dimensions (Johnson–Lindenstrauss) so memory stays O(B·k).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.func import functional_call, grad, jacrev, jvp, vmap
+from torch.func import grad, jacrev, jvp, vmap
 
 from objreg.analysis.functional import ObjectiveFunction, Params, requiring_grad
+from objreg.analysis.ghost import dots_ghost
 from objreg.core.errors import InvalidParameterError
 
 METHODS = ("auto", "jvp", "ghost", "double_backward", "vmap", "loop")
@@ -68,172 +59,6 @@ def dots_loop(fn: ObjectiveFunction, shared: Params, direction: Params) -> torch
         grads = torch.autograd.grad(losses[i], list(params.values()), retain_graph=True, allow_unused=True)
         dots.append(sum((g * direction[n]).sum() for g, n in zip(grads, params) if g is not None))
     return torch.stack([torch.as_tensor(d, dtype=losses.dtype, device=losses.device) for d in dots])
-
-
-# -- ghost dot products -----------------------------------------------------------------------------
-
-
-class GhostUnsupportedError(NotImplementedError):
-    """The model has a module the ghost rules cannot attribute per example (``auto`` moves on)."""
-
-
-def _batched_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``[B]``: ``⟨a_i, b_i⟩`` over every dimension but the first (``vecdot``: no ``a * b`` temporary)."""
-    return torch.linalg.vecdot(a.flatten(1), b.flatten(1))
-
-
-def _per_example_sum(g: torch.Tensor, trailing: int) -> torch.Tensor:
-    """``g`` summed over every dimension between the batch and the last ``trailing`` ones."""
-    return g.reshape(g.shape[0], -1, *g.shape[g.dim() - trailing :]).sum(1)
-
-
-def _linear_dot(module: nn.Linear, x: torch.Tensor, g: torch.Tensor, d: dict[str, torch.Tensor]) -> torch.Tensor:
-    """``Σ_t g_tᵀ (V x_t + b_V)``, with the matmul on whichever side gives the smaller product."""
-    V, b = d.get("weight"), d.get("bias")
-    if V is None:
-        return _per_example_sum(g, 1) @ b
-    if V.shape[0] <= V.shape[1]:
-        return _batched_dot(F.linear(x, V, b), g)  # (B, ..., out): V x + b
-    dots = _batched_dot(g @ V, x)  # (B, ..., in): Vᵀ g
-    return dots if b is None else dots + _per_example_sum(g, 1) @ b
-
-
-def _embedding_dot(
-    module: nn.Embedding, ids: torch.Tensor, g: torch.Tensor, d: dict[str, torch.Tensor]
-) -> torch.Tensor:
-    tangent = F.embedding(ids, d["weight"])  # (B, ..., H): the rows of V the example looked up
-    if module.padding_idx is not None:  # that row gets no gradient
-        tangent = tangent.masked_fill((ids == module.padding_idx).unsqueeze(-1), 0.0)
-    return _batched_dot(tangent, g)
-
-
-def _layer_norm_dot(module: nn.LayerNorm, x: torch.Tensor, g: torch.Tensor, d: dict[str, torch.Tensor]) -> torch.Tensor:
-    """``Σ_t g_t · (x̂_t ⊙ V_γ + V_β)``; x̂ is recomputed here rather than kept from the forward."""
-    weight, bias = d.get("weight"), d.get("bias")
-    if weight is None:
-        return _per_example_sum(g, len(module.normalized_shape)).flatten(1) @ bias.flatten()
-    normalised = F.layer_norm(x, module.normalized_shape, None, None, module.eps)
-    tangent = normalised * weight if bias is None else torch.addcmul(bias, normalised, weight)
-    return _batched_dot(tangent, g)
-
-
-def _plain_embedding(module: nn.Module) -> bool:
-    """An exact ``nn.Embedding`` whose gradient is plain row look-up (no renormalisation or scaling)."""
-    return type(module) is nn.Embedding and module.max_norm is None and not module.scale_grad_by_freq
-
-
-class GhostDots:
-    """Per-example ``⟨∇ℓ_i, v⟩`` collected during whatever backward pass runs inside the block.
-
-    Forward hooks on every module that owns a parameter named in ``direction`` give each call's
-    output a tensor hook that turns its gradient into that module's per-example contribution.
-    Used by :func:`dots_ghost`, or around an ordinary training step, so the update's own backward
-    yields the dots as well (GhostSuite's "in-run" use)::
-
-        with GhostDots(model, direction, batch_size) as ghost:
-            grads = torch.autograd.grad(losses.mean(), params)  # the step's own backward
-        dots = ghost.dots() * batch_size  # that backward was of the mean
-
-    Args:
-        model: The module whose calls run inside the block (``functional_call`` on it is fine).
-        direction: ``v``, keyed like ``model.named_parameters()`` (a tied weight under the name
-            that lists it); parameters it does not name contribute nothing.
-        batch_size: ``B``; every hooked output must have it as its first dimension.
-
-    The caller guarantees what ghost dots need: the model treats rows independently and ℓ_i
-    depends on row i alone (never for ``ObjectiveInfo.batch_coupled``).
-    """
-
-    def __init__(self, model: nn.Module, direction: Params, batch_size: int):
-        self.model = model
-        self.direction = direction
-        self.batch_size = batch_size
-        self.roots: list[torch.Tensor] = []
-        self.contributions: list[torch.Tensor] = []
-        self._replaying = False
-        self._handles: list[Any] = []
-
-    def __enter__(self) -> GhostDots:
-        owner_name = {id(p): n for n, p in self.model.named_parameters() if n in self.direction}  # tied: once
-        for module in self.model.modules():
-            params = module.named_parameters(recurse=False)
-            own = {local: owner_name[id(p)] for local, p in params if id(p) in owner_name}
-            if own:
-                self._handles.append(module.register_forward_hook(self._hook(own), with_kwargs=True))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-
-    def dots(self) -> torch.Tensor:
-        """``[B]``: the contributions gathered so far (of the loss that was backpropagated)."""
-        like = next(iter(self.direction.values()))
-        total = torch.zeros(self.batch_size, dtype=like.dtype, device=like.device)
-        for part in self.contributions:
-            total = total + part.to(total.dtype)
-        return total
-
-    def _hook(self, own: dict[str, str]) -> Callable[..., Any]:
-        def forward_hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-            if self._replaying:
-                return None
-            if not isinstance(output, torch.Tensor) or output.dim() == 0 or output.shape[0] != self.batch_size:
-                raise GhostUnsupportedError(
-                    f"ghost dots need every module owning shared parameters to return one batch-first tensor; "
-                    f"{type(module).__name__} returned {type(output).__name__}"
-                    f"{tuple(output.shape) if isinstance(output, torch.Tensor) else ''}"
-                )
-            if not output.requires_grad:  # nothing upstream is differentiated: start the graph here
-                output = output.detach().requires_grad_()
-                self.roots.append(output)
-            d = {local: self.direction[name] for local, name in own.items()}
-            # The values this call ran with (functional_call restores the originals before backward).
-            values = {local: getattr(module, local) for local in own}
-            output.register_hook(lambda g: self.contributions.append(self._dot(module, values, args, kwargs, g, d)))
-            return output
-
-        return forward_hook
-
-    def _dot(
-        self, module: nn.Module, values: Params, args: tuple, kwargs: dict, g: torch.Tensor, d: Params
-    ) -> torch.Tensor:
-        simple_call = len(args) == 1 and not kwargs
-        if simple_call and type(module) is nn.Linear:
-            return _linear_dot(module, args[0], g, d)
-        if simple_call and type(module) is nn.LayerNorm:
-            return _layer_norm_dot(module, args[0], g, d)
-        if simple_call and _plain_embedding(module):
-            return _embedding_dot(module, args[0], g, d)
-        # Any other module: the directional derivative of its output along its own parameters.
-        self._replaying = True
-        try:
-            _, tangent = jvp(lambda p: functional_call(module, p, args, kwargs), (values,), (d,))
-        finally:
-            self._replaying = False
-        return _batched_dot(tangent, g)
-
-
-def dots_ghost(fn: ObjectiveFunction, shared: Params, direction: Params) -> torch.Tensor:
-    """``[B]``: one forward and one input-gradient-only backward (see the module docstring).
-
-    Raises:
-        InvalidParameterError: the objective couples the examples of a batch.
-        GhostUnsupportedError: a module owning shared parameters does not map batch-first tensors.
-    """
-    if fn.objective.info.batch_coupled:
-        raise InvalidParameterError(
-            f"{fn.objective.name!r} couples the examples of a batch (in-batch negatives); ghost dot products "
-            f"attribute gradient by row and are not ⟨∇ℓ_i, v⟩ there: use method='jvp'"
-        )
-    named = {n: direction[n] for n in shared}
-    with GhostDots(fn.model, named, fn.batch_size) as ghost, torch.enable_grad():
-        losses = fn({n: t.detach() for n, t in shared.items()})
-        if ghost.roots and losses.requires_grad:
-            # Only the roots are asked for, so autograd skips every weight gradient.
-            torch.autograd.grad(losses.sum(), ghost.roots, allow_unused=True)
-    return ghost.dots().to(losses.dtype)
 
 
 # -- per-sample gradients ---------------------------------------------------------------------------

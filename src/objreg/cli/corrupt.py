@@ -13,6 +13,7 @@ import torch
 
 import objreg
 from objreg.cli import render
+from objreg.toolkit import noise, selection
 
 #: The mask grid shows at most this many positions: wider grids wrap and become unreadable.
 MASK_GRID_LIMIT = 48
@@ -82,10 +83,10 @@ def corrupt(
     tokenizer = objreg.default_tokenizer(registry=registry)
     if char_noise > 0:
         # Its own stream: the corruption below draws the same numbers with or without noise.
-        texts = tuple(objreg.masking.char_noise(list(texts), char_noise, torch.Generator().manual_seed(seed + 1)))
+        texts = tuple(noise.char_noise(list(texts), char_noise, torch.Generator().manual_seed(seed + 1)))
     batch = objreg.tokenize(list(texts), seq_len, tokenizer)
     # Token frequencies for the inverse_frequency policy, counted on the texts themselves.
-    objective = registry.get(name, vocab=objreg.masking.vocab_with_counts(tokenizer.vocab, batch), **params)
+    objective = registry.get(name, vocab=selection.vocab_with_counts(tokenizer.vocab, batch), **params)
     corrupted = objective.corrupt(batch, torch.Generator().manual_seed(seed))
     mask = objective.attention_mask(corrupted)
     rows = corruption_rows(tokenizer, batch, corrupted, mask)

@@ -1,7 +1,7 @@
 """``objreg list``: every objective, task, modifier and provider the installed plugins offer.
 
 A modifier composes with every objective that declares all of its parameters (the masking family
-declares ``objreg.masking.MODIFIER_PARAMS``), so an installed masking objective that declares them
+declares ``objreg.toolkit.modifiers.MODIFIER_PARAMS``), so an installed masking objective that declares them
 shows up beside the built-ins. A text-level modifier (character noise) applies to any objective.
 """
 
@@ -14,6 +14,7 @@ import click
 
 import objreg
 from objreg.cli import render
+from objreg.toolkit.modifiers import MODIFIERS
 
 
 def listing(registry: objreg.Registry) -> dict[str, list[dict[str, Any]]]:
@@ -41,7 +42,7 @@ def modifiers(registry: objreg.Registry) -> list[dict[str, Any]]:
     """Each modifier with the objectives it composes with and its parameters."""
     declared = {n: {p.name for p in registry.info(n).params} for n in registry.objectives()}
     rows = []
-    for modifier in objreg.masking.MODIFIERS:
+    for modifier in MODIFIERS:
         names = {p.name for p in modifier.params}
         fits = [n for n, d in declared.items() if names <= d]
         composes = sorted(declared) if modifier.scope == "text" else sorted(fits)

@@ -46,13 +46,13 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from objreg import IGNORE_INDEX, TokenBatch
 from objreg.analysis.devices import resolve_device
 from objreg.analysis.stats import percentile_interval
-from objreg import IGNORE_INDEX, TokenBatch
 from objreg.experiments import _support
+from objreg.experiments.base import ExperimentResult, Setting, save_figure
 from objreg.toolkit.selection import inclusion_probabilities, maskable
 from objreg.toolkit.surprisal import token_surprisal
-from objreg.experiments.base import ExperimentResult, Setting, save_figure
 
 NAME = "entropy-masking"
 CLAIM = ("Masking with probability proportional to surprisal raises the mean surprisal of the masked tokens "
@@ -94,7 +94,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     model = _support.mlm_model(registry, mlm, setting.seed, model_config).to(device)
     setting.status(f"training the default model with mlm for {config.train_steps} steps")
     losses = _support.train(model, mlm, text.train, steps=config.train_steps, batch_size=config.batch_size,
-                                lr=config.lr, seed=setting.seed, device=device)
+                            lr=config.lr, seed=setting.seed, device=device)
     setting.status(f"scoring the surprisal of {config.rows} held-out rows")
     batch = text.heldout.sample(config.rows, torch.Generator().manual_seed(setting.seed * 7919 + 3))
     surprisal = token_surprisal(model, batch.to(device), vocab, groups=config.groups).cpu()

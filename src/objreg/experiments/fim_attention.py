@@ -37,8 +37,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from objreg.analysis.stats import mean_ci95
 from objreg import CorruptedBatch, Registry, TokenBatch, Vocabulary
+from objreg.analysis.stats import mean_ci95
 from objreg.experiments.base import (
     CONFIRMED,
     INCONCLUSIVE,

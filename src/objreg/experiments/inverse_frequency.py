@@ -5,7 +5,7 @@ makes every token *type* equally likely to be the one masked: the distribution o
 tokens over frequency ranks is flat, where uniform masking reproduces the corpus's Zipf law.
 Source: frequency-aware masking for rare words (e.g. "Frequency-aware masking", and the token
 frequency weighting discussed by Levine et al. 2021, PMI-Masking), as stated in issue 9 and in
-``objreg.masking``'s ``inverse_frequency`` policy.
+``objreg.toolkit.selection``'s ``inverse_frequency`` policy.
 
 **Setting.** A seeded synthetic corpus: 4,000 rows ``[CLS] x₁ … x₁₂₆ [SEP]`` whose words are
 drawn i.i.d. from a Zipf law ``p(r) ∝ 1/r`` over 1,000 types (ids 5…1004, rank 1 the most
@@ -41,8 +41,8 @@ import numpy as np
 import torch
 from scipy import stats
 
-from objreg.analysis.stats import percentile_interval
 from objreg import IGNORE_INDEX, Registry, TokenBatch, Vocabulary
+from objreg.analysis.stats import percentile_interval
 from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure
 

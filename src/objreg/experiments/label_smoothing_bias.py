@@ -1,7 +1,7 @@
 """Label smoothing bias: with smoothing ε the optimum's marginal moves toward uniform by ε(1/V − π_i).
 
 **Claim.** Training with label-smoothed cross-entropy (``(1−ε)(−log q_y) + ε · mean_v(−log q_v)``,
-the ``torch.nn.functional.cross_entropy(label_smoothing=ε)`` convention that ``objreg.masking``
+the ``torch.nn.functional.cross_entropy(label_smoothing=ε)`` convention that ``objreg.toolkit.losses``
 uses) on data whose labels have the marginal ``π`` drives the predicted distribution to
 ``q = (1−ε)π + ε/V``: each class is shifted by ``q_i − π_i = ε(1/V − π_i)``, frequent classes
 down, rare ones up. Source: Szegedy et al. 2016 (Rethinking the Inception Architecture, label
@@ -10,7 +10,7 @@ smoothing); Müller et al. 2019 (When Does Label Smoothing Help?), as stated in 
 **Setting.** ``V = 20`` classes with a Zipf marginal ``π_i ∝ 1/i``. Per seed, ``N`` labels are
 drawn from ``π`` (quick: 200,000 and 8 seeds; full: 1,000,000 and 32 seeds), and a softmax over
 free logits (the model of the marginal: no input) is fitted to them by minimising the mean of
-the project's smoothed NLL (:func:`objreg.core.masking.smoothed_nll`) to convergence (L-BFGS,
+the project's smoothed NLL (:func:`objreg.toolkit.losses.smoothed_nll`) to convergence (L-BFGS,
 float64), for ``ε ∈ {0.05, 0.1, 0.2, 0.3}``.
 
 **Measured.** Per seed and ε, the least-squares slope of ``q_i − π_i`` against ``1/V − π_i``
@@ -33,9 +33,9 @@ import numpy as np
 import torch
 
 from objreg.analysis.stats import mean_ci95
-from objreg.core.masking import smoothed_nll
 from objreg.experiments import _support
 from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, ExperimentResult, Setting, save_figure
+from objreg.toolkit.losses import smoothed_nll
 
 NAME = "label-smoothing-bias"
 CLAIM = ("With label smoothing epsilon the optimal predicted marginal is (1-epsilon) pi + epsilon/V: each class "
@@ -98,7 +98,7 @@ def zipf_marginal(classes: int, exponent: float) -> torch.Tensor:
 
 def smoothed_loss(logits: torch.Tensor, marginal: torch.Tensor, epsilon: float) -> torch.Tensor:
     """The mean smoothed NLL over labels with distribution ``marginal``: ``Σ_y marginal_y · ℓ_ε(logits, y)``,
-    each ``ℓ_ε`` from :func:`objreg.core.masking.smoothed_nll` (the same value as averaging over the
+    each ``ℓ_ε`` from :func:`objreg.toolkit.losses.smoothed_nll` (the same value as averaging over the
     labels one by one)."""
     V = logits.shape[-1]
     per_label = smoothed_nll(logits.expand(1, V, V), torch.arange(V)[None, :], float(epsilon))  # (1, V)

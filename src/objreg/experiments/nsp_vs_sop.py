@@ -52,12 +52,11 @@ import torch
 from scipy.stats import rankdata
 from torch import nn
 
+from objreg import CorruptedBatch, Objective, TokenizedCorpus
 from objreg.analysis.devices import resolve_device
+from objreg.analysis.prepare import build_model
 from objreg.analysis.run import analyze
 from objreg.analysis.stats import mean_ci95, percentile_interval, seed_for
-from objreg.core.registry import Objective, merge_heads
-from objreg.core.tokenizer import TokenizedCorpus
-from objreg.core.types import CorruptedBatch
 from objreg.experiments import _support
 from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, ExperimentResult, Setting, save_figure
 
@@ -105,9 +104,8 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     text = text or _support.default_text(config.seq_len)
     registry, vocab = text.registry, text.train.vocab
     objectives = {name: registry.get(name, vocab=vocab) for name in OBJECTIVES}
-    heads = merge_heads([o.info for o in objectives.values()])
-    initial = registry.load_model("default", vocab, heads, dict(model_config or {}),
-                                  torch.Generator().manual_seed(setting.seed))
+    initial = build_model(registry, "default", vocab, {n: o.info.heads for n, o in objectives.items()}, setting.seed,
+                          model_config)
     start = {k: v.clone() for k, v in initial.state_dict().items()}
 
     setting.status("building the held-out probes")

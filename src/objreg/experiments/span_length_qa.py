@@ -4,7 +4,7 @@
 task's answers gives a pre-training gradient better aligned with extractive QA than span masking
 with mismatched lengths, at the same masking budget. Source: SpanBERT (Joshi et al. 2020) motivates
 span masking by the span-selection tasks it helps; the matched-length variant is issue 9's claim,
-made measurable with ``objreg.masking.answer_length_distribution``.
+made measurable with ``objreg.toolkit.lengths.answer_length_distribution``.
 
 **Setting.** The default model is trained with ``mlm`` on the default corpus's training split
 (quick: 40 AdamW steps of 16 rows of 64 tokens; full: 400 steps of 32 rows of 128 tokens), so the
@@ -40,20 +40,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from objreg import IGNORE_INDEX, CorruptedBatch, DataError, Objective, Tokenizer
 from objreg.analysis.devices import resolve_device
 from objreg.analysis.downstream import Downstream
 from objreg.analysis.functional import detached, flat_dot, flat_norm, shared_parameters
 from objreg.analysis.gradients import mean_loss_gradient, shared_part
 from objreg.analysis.headfit import fit_downstream_head
-from objreg.analysis.prepare import split_evaluation
+from objreg.analysis.prepare import build_model, split_evaluation
 from objreg.analysis.stats import bootstrap_ci95, mean_ci95, seed_for
-from objreg.core import masking
-from objreg.core.errors import DataError
-from objreg.core.registry import Objective, merge_heads
-from objreg.core.tokenizer import Tokenizer
-from objreg.core.types import IGNORE_INDEX, CorruptedBatch
 from objreg.experiments import _support
 from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, ExperimentResult, Setting, save_figure
+from objreg.toolkit import lengths, selection
 
 NAME = "span-length-qa"
 CLAIM = ("Span masking whose span lengths match the downstream answer lengths aligns better with extractive QA "
@@ -96,18 +93,17 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     text = text or _support.default_text(config.seq_len)
     registry, vocab, tokenizer = text.registry, text.train.vocab, text.train.tokenizer
     task = registry.get_task("qa")
-    data = task.task_data(None, text.heldout.corpus.documents, tokenizer, config.seq_len,
-                          config.eval_size + config.head_fit_size)
-    lengths = answer_word_lengths(data, tokenizer)
-    conditions = condition_params(lengths)
+    data, task_heads = task.task_data(None, text.heldout.corpus.documents, tokenizer, config.seq_len,
+                                      config.eval_size + config.head_fit_size)
+    answer_lengths = answer_word_lengths(data, tokenizer)
+    conditions = condition_params(answer_lengths)
 
     mlm = registry.get("mlm", vocab=vocab, mask_prob=config.mask_prob)
-    heads = merge_heads([mlm.info, task.info])
-    model = registry.load_model("default", vocab, heads, dict(model_config or {}),
-                                torch.Generator().manual_seed(setting.seed)).to(device)
+    model = build_model(registry, "default", vocab, {"mlm": mlm.info.heads, task.name: task_heads}, setting.seed,
+                        model_config).to(device)
     setting.status(f"training the default model with mlm for {config.pretrain_steps} steps")
-    losses = _support.train(model, mlm, text.train, steps=config.pretrain_steps,
-                                batch_size=config.pretrain_batch_size, lr=config.lr, seed=setting.seed, device=device)
+    losses = _support.train(model, mlm, text.train, steps=config.pretrain_steps, batch_size=config.pretrain_batch_size,
+                            lr=config.lr, seed=setting.seed, device=device)
     setting.status("fitting the qa probe")
     evaluation, fit = split_evaluation(data, config.eval_size, with_fit=True)
     fit_downstream_head(model, task, fit.to(device), config.head_warmup_steps)
@@ -120,12 +116,12 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     rows = paired_alignment(model, downstream, objectives, text.train, config.batches, config.batch_size,
                             setting.seed, device)
     figures = measure(rows, setting.seed)
-    figures["answer_lengths"] = {str(n): p for n, p in lengths.items()}
+    figures["answer_lengths"] = {str(n): p for n, p in answer_lengths.items()}
     figures["condition_params"] = conditions
     figures["mean_span_words"] = {name: _support.finite(_length_distribution(params).mean)
                                   for name, params in conditions.items()}
     figures["total_variation_from_matched"] = {
-        name: total_variation(lengths, _as_dict(_length_distribution(params))) for name, params in conditions.items()
+        name: total_variation(answer_lengths, _as_dict(_length_distribution(params))) for name, params in conditions.items()
     }
     figures["qa_examples"] = {"evaluation": evaluation.batch_size, "probe_fit": fit.batch_size}
     figures["mlm_loss"] = {"first": losses[0] if losses else None, "last": losses[-1] if losses else None}
@@ -145,7 +141,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
 def answer_word_lengths(data: CorruptedBatch, tokenizer: Tokenizer) -> dict[int, float]:
     """``{length: probability}`` of the answers' lengths in words, over the answerable rows of a
     ``qa`` batch: each answer's tokens are decoded and split into words by ``tokenizer``, as
-    :func:`objreg.core.masking.answer_length_distribution` does for a SQuAD file."""
+    :func:`objreg.toolkit.lengths.answer_length_distribution` does for a SQuAD file."""
     start, end = data.extras["start_positions"], data.extras["end_positions"]
     answers = [tokenizer.decode(data.input_ids[b, start[b]: end[b] + 1])
                for b in range(data.batch_size) if int(start[b]) > 0]
@@ -163,20 +159,20 @@ def answer_word_lengths(data: CorruptedBatch, tokenizer: Tokenizer) -> dict[int,
 def condition_params(matched: dict[int, float]) -> dict[str, dict[str, Any]]:
     """The ``span`` parameters of each condition (see the module docstring)."""
     return {
-        "matched": {"length_distribution": "empirical", "empirical_lengths": masking.format_lengths(matched)},
+        "matched": {"length_distribution": "empirical", "empirical_lengths": lengths.format_lengths(matched)},
         "single_word": {"length_distribution": "empirical", "empirical_lengths": "1:1"},
         "geometric": {"length_distribution": "geometric", "geometric_p": 0.2, "span_lower": 1, "span_upper": 10},
         "long": {"length_distribution": "empirical", "empirical_lengths": "8:1"},
     }
 
 
-def _length_distribution(params: dict[str, Any]) -> masking.LengthDistribution:
+def _length_distribution(params: dict[str, Any]) -> lengths.LengthDistribution:
     if params["length_distribution"] == "empirical":
-        return masking.parse_lengths(params["empirical_lengths"])
-    return masking.geometric_lengths(params["geometric_p"], params["span_lower"], params["span_upper"])
+        return lengths.parse_lengths(params["empirical_lengths"])
+    return lengths.geometric_lengths(params["geometric_p"], params["span_lower"], params["span_upper"])
 
 
-def _as_dict(distribution: masking.LengthDistribution) -> dict[int, float]:
+def _as_dict(distribution: lengths.LengthDistribution) -> dict[int, float]:
     return dict(zip(distribution.lengths.tolist(), distribution.probs.tolist()))
 
 
@@ -213,7 +209,7 @@ def paired_alignment(model: torch.nn.Module, downstream: Downstream, objectives:
     out = {name: np.zeros((batches, 4)) for name in objectives}
     for b in range(batches):
         rows = corpus.sample(batch_size, data)
-        maskable = int(masking.maskable(rows).sum())
+        maskable = int(selection.maskable(rows).sum())
         for name, objective in objectives.items():
             batch = objective.corrupt(rows, torch.Generator().manual_seed(seed * 100_003 + b))
             grad = objective_gradient(model, objective, batch.to(device))

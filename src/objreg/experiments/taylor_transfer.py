@@ -43,12 +43,12 @@ from typing import Any
 
 import numpy as np
 
+from objreg import Registry
 from objreg.analysis.devices import resolve_device
 from objreg.analysis.report import AlignmentReport
 from objreg.analysis.run import analyze
 from objreg.analysis.stats import bootstrap_ci95, mean_ci95, seed_for
 from objreg.analysis.transfer import relative_error
-from objreg.core.registry import Registry
 from objreg.experiments import _support
 from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, ExperimentResult, Setting, save_figure
 

@@ -9,7 +9,7 @@ embedding, so a step moves ``h`` toward the target token's own (input) embedding
 Vectors and Word Classifiers), as stated in issue 9.
 
 **What "h" is.** objreg's ``lm`` head is BERT's: ``dense → GELU → LayerNorm → decoder``, with the
-decoder weight tied to ``E`` (:func:`objreg.core.heads.tie_lm_heads`). The identity above holds
+decoder weight tied to ``E`` (:meth:`objreg.toolkit.heads.LMHead.tie`). The identity above holds
 exactly for ``h`` = the decoder's input (the head's transformed state), times ``1/K`` because the
 per-sample loss averages over the row's ``K`` masked tokens; the experiment checks it against
 autograd. It also reports the gradient with respect to the backbone's final hidden state (before
@@ -43,11 +43,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from objreg import CorruptedBatch, ModelOutputs, Objective
 from objreg.analysis.devices import resolve_device
 from objreg.analysis.stats import mean_ci95
-from objreg.core.masking import gather_positions, ordinary_ids
-from objreg.core.registry import Objective
-from objreg.core.types import CorruptedBatch, ModelOutputs
 from objreg.experiments import _support
 from objreg.experiments.base import (
     CONFIRMED,
@@ -58,6 +56,8 @@ from objreg.experiments.base import (
     save_figure,
     verdict_from_interval,
 )
+from objreg.toolkit.losses import gather_positions
+from objreg.toolkit.replacement import ordinary_ids
 
 NAME = "weight-tying"
 CLAIM = ("With tied embeddings the negative gradient of the MLM loss with respect to the final hidden state points "
@@ -107,8 +107,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
             if stage == "trained":
                 setting.status(f"training the {tying} model for {config.train_steps} steps")
                 losses = _support.train(model, mlm, text.train, steps=config.train_steps,
-                                            batch_size=config.batch_size, lr=config.lr, seed=setting.seed,
-                                            device=device)
+                                        batch_size=config.batch_size, lr=config.lr, seed=setting.seed, device=device)
                 figures[tying]["training_loss"] = _support.loss_summary(losses)
             setting.status(f"measuring the {tying} model ({stage})")
             random = torch.Generator().manual_seed(setting.seed * 7919 + 6)
@@ -132,8 +131,10 @@ def gradient_cosines(model: nn.Module, objective: Objective, batch: CorruptedBat
     captured = {}
     hook = head.decoder.register_forward_pre_hook(lambda _module, args: captured.__setitem__("x", args[0]))
     try:
-        hidden = model.encode(batch.input_ids, objective.attention_mask(batch), batch.position_ids)
-        loss = objective.loss(ModelOutputs(hidden, model), batch)  # (B,)
+        # The backbone pass by hand (not objective.losses): the gradient at its output is measured too.
+        mask = objective.attention_mask(batch)
+        hidden = model.encode(batch.input_ids, mask, batch.position_ids)
+        loss = objective.loss(ModelOutputs(hidden, model), batch, mask)  # (B,)
         decoder_input = captured["x"]  # (B, K, H)
         grad_hidden, grad_decoder = torch.autograd.grad(loss.sum(), [hidden, decoder_input])
     finally:

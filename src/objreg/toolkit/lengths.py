@@ -1,18 +1,19 @@
-"""Distributions over span lengths (in words): SpanBERT's clipped geometric, empirical ones from a
-``"1:0.4,2:0.3"`` string, and the answer lengths of a SQuAD-format file."""
+"""Lengths: distributions over span lengths (in words), SpanBERT's clipped geometric, empirical
+ones from a ``"1:0.4,2:0.3"`` string and the answer lengths of a SQuAD-format file; and the
+longest-first cut of several texts to a token budget."""
 
 from __future__ import annotations
 
-import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
 from objreg.core.errors import DataError, InvalidParameterError
+from objreg.toolkit.taskfiles import read_squad
 
 if TYPE_CHECKING:
     from objreg.toolkit.tokenizer import Tokenizer
@@ -86,21 +87,11 @@ def answer_length_distribution(
     :func:`format_lengths` turns it into the ``empirical_lengths`` parameter.
 
     Raises:
-        DataError: the file is missing, not SQuAD JSON, or has no answer.
+        DataError: the file is missing, not SQuAD JSON (:func:`objreg.toolkit.taskfiles.read_squad`),
+            or has no answer.
     """
     path = Path(squad_json_path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))["data"]
-        answers = [
-            qa["answers"][0]["text"]
-            for article in data for paragraph in article["paragraphs"] for qa in paragraph["qas"] if qa.get("answers")
-        ]
-    except FileNotFoundError:
-        raise DataError(f"SQuAD file {path} does not exist") from None
-    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
-        raise DataError(
-            f"{path} is not SQuAD-format JSON (data/paragraphs/qas/answers): {type(e).__name__}: {e}"
-        ) from None
+    answers = read_squad(path, what="SQuAD file").first_answers
     counts: dict[int, int] = {}
     for _, word_ids in tokenizer.encode_sentences(answers):
         n = len({w for w in word_ids if w >= 0})
@@ -112,3 +103,19 @@ def answer_length_distribution(
     return {n: c / total for n, c in sorted(counts.items())}
 
 
+def fit_lengths(lengths: Sequence[int], budget: int) -> list[int]:
+    """Lengths cut to fit ``budget`` in total, longest first: the result of removing one token at
+    a time from the currently longest text (ties: the earlier text keeps the extra token), i.e.
+    Hugging Face's ``"longest_first"`` truncation, generalised to n texts."""
+    if sum(lengths) <= budget:
+        return list(lengths)
+    # The largest cap c with sum(min(l, c)) <= budget, then the leftover tokens to the earliest
+    # texts that reach the cap.
+    cap = max(c for c in range(max(lengths) + 1) if sum(min(n, c) for n in lengths) <= budget)
+    out = [min(n, cap) for n in lengths]
+    left = budget - sum(out)
+    for i, n in enumerate(lengths):
+        if left and n > cap:
+            out[i] += 1
+            left -= 1
+    return out

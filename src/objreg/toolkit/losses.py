@@ -63,3 +63,20 @@ def token_nll(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor,
 def class_nll(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Cross-entropy ``[B]`` of ``logits`` ``[B, C]`` against class indices ``target`` ``[B]``."""
     return -torch.log_softmax(logits, dim=-1).gather(-1, target[:, None]).squeeze(-1)
+
+
+def label_nll(logits: torch.Tensor, target: torch.Tensor, labelled: torch.Tensor | None = None) -> torch.Tensor:
+    """The downstream tasks' cross-entropy ``logsumexp(logits) - logits[target]`` over the classes
+    (the last dimension), for heads sized to the data's classes.
+
+    ``logits`` ``[B, C]`` and ``target`` ``[B]`` give ``[B]`` (one label per row: classification,
+    ordering). ``logits`` ``[B, T, C]``, ``target`` ``[B, T]`` and ``labelled`` ``[B, T]`` bool give
+    the mean over each row's labelled positions, ``[B]``, 0 for a row without one (one label per
+    token: tagging); the target at an unlabelled position may be anything, e.g. ``IGNORE_INDEX``.
+    """
+    if labelled is None:
+        return torch.logsumexp(logits, dim=-1) - logits.gather(-1, target[..., None]).squeeze(-1)
+    safe = torch.where(labelled, target, 0)  # any valid class where unlabelled; masked out below
+    picked = logits.gather(-1, safe[..., None]).squeeze(-1)  # (B, T)
+    nll = torch.where(labelled, torch.logsumexp(logits, dim=-1) - picked, 0.0)  # (B, T)
+    return nll.sum(dim=1) / labelled.sum(dim=1).clamp(min=1)  # (B,)

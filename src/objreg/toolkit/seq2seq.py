@@ -9,22 +9,21 @@ target token. Position ids continue from the source into the target, as in a dec
 sequence. The row becomes ``len(source) + len(target)`` tokens wide.
 
 Sources and targets are built as :data:`Parts`: compact, left-aligned, right-padded token rows and
-their lengths (:func:`sentinel_parts` for T5's sentinel format, :func:`prefix_parts` for a plain
-split).
+their lengths: :func:`span_corruption_parts` (T5's ``span_corruption``: noise spans to sentinels,
+:func:`sentinel_parts`) and :func:`prefix_lm_parts` (T5's ``prefix_lm``: a random split,
+:func:`prefix_parts`), for ``t5``, ``ul2``, ``prefix_lm``; ``bart`` builds its own source.
 """
 
 from __future__ import annotations
-
-from collections.abc import Mapping
-from typing import Any
 
 import torch
 
 from objreg.core import masks
 from objreg.core.errors import DataError
 from objreg.core.types import IGNORE_INDEX, CorruptedBatch, ModelOutputs, TokenBatch, Vocabulary
-from objreg.toolkit.losses import gather_positions, weighted_mean
-from objreg.toolkit.spans import span_starts
+from objreg.toolkit.losses import gather_positions, smoothed_nll, weighted_mean
+from objreg.toolkit.selection import maskable
+from objreg.toolkit.spans import count_spans, random_prefix_length, random_spans_noise_mask, span_starts
 
 #: (source, source lengths, target, target lengths): compact, left-aligned, right-padded token rows.
 Parts = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -122,6 +121,36 @@ def prefix_parts(ids: torch.Tensor, real: torch.Tensor, split: torch.Tensor, pad
     return source, source_len, target, target_len
 
 
+def span_corruption_parts(
+    batch: TokenBatch,
+    noise_density: float | torch.Tensor,
+    mean_span_length: float | torch.Tensor,
+    generator: torch.Generator,
+    vocab: Vocabulary,
+    objective: str,
+) -> Parts:
+    """T5's ``span_corruption``: T5 span noise over each row's ordinary tokens
+    (:func:`objreg.toolkit.spans.random_spans_noise_mask`; density and mean span length floats or
+    ``[B]``), then the sentinel format (:func:`sentinel_parts`), the target ending in
+    :func:`end_of_text_id`. A :class:`DataError` names ``objective`` when the vocabulary has too
+    few sentinels."""
+    noise = random_spans_noise_mask(maskable(batch), noise_density, mean_span_length, generator)  # (B, T)
+    sentinels = sentinel_tensor(vocab, count_spans(noise), objective, noise.device)
+    return sentinel_parts(batch.input_ids, ~batch.is_padding, noise, sentinels, end_of_text_id(vocab), vocab.pad_id)
+
+
+def prefix_lm_parts(
+    batch: TokenBatch, noise_density: float | torch.Tensor, generator: torch.Generator, pad_id: int
+) -> Parts:
+    """T5's ``prefix_lm``: each row split after ``k`` text tokens
+    (:func:`objreg.toolkit.spans.random_prefix_length` over the tokens between ``[CLS]`` and
+    ``[SEP]``), ``[CLS]`` staying in the source."""
+    real = ~batch.is_padding  # (B, T)
+    text = (real.sum(dim=1) - 2).clamp(min=0)  # (B,)
+    split = 1 + random_prefix_length(text, noise_density, generator)  # (B,): the first target position
+    return prefix_parts(batch.input_ids, real, split, pad_id)
+
+
 def choose_parts(use_first: torch.Tensor, first: Parts, second: Parts, pad_id: int) -> Parts:
     """Row ``b`` from ``first`` where ``use_first[b]``, else from ``second``."""
     out = []
@@ -182,13 +211,10 @@ def attention(batch: CorruptedBatch) -> masks.AttentionMask:
     return masks.AttentionMask.prefix(batch.is_padding, batch.extras["prefix_length"], batch.document_ids)
 
 
-def seq2seq_loss(
-    outputs: ModelOutputs, batch: CorruptedBatch, params: Mapping[str, Any] | None = None, head: str = "lm"
-) -> torch.Tensor:
+def seq2seq_loss(outputs: ModelOutputs, batch: CorruptedBatch, head: str = "lm") -> torch.Tensor:
     """Mean negative log-likelihood of each row's target tokens, ``[B]``. The LM head runs only at
     the ``target_positions`` (fixed-size lists, so shapes do not depend on the data)."""
     positions = batch.extras["target_positions"]  # (B, K)
-    log_probs = torch.log_softmax(outputs.model.heads[head](gather_positions(outputs.hidden, positions)), dim=-1)
+    logits = outputs.model.heads[head](gather_positions(outputs.hidden, positions))  # (B, K, V)
     targets = batch.labels.gather(1, positions).clamp(min=0)  # (B, K); list padding is weighted out
-    nll = -log_probs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, K)
-    return weighted_mean(nll, batch.extras["target_weights"])
+    return weighted_mean(smoothed_nll(logits, targets), batch.extras["target_weights"])

@@ -6,8 +6,11 @@ Every reader validates the file and raises :class:`objreg.DataError` naming the 
 that does not match its context) are warned about or counted, never dropped silently. The task
 plugins build batches from what these return and read no file themselves.
 
-One module by design (issue 15: task file I/O in one place), a little over 300 lines: the formats
-share the line reader, the JSON type names, the label order and the even spacing.
+It also holds how a task picks its examples: evenly spaced over a file (:func:`evenly_spaced`) or
+one document after another (:func:`round_robin`).
+
+One module by design, about 500 lines: issue 15 asks for task file I/O in one place, and the
+formats share the line reader, the JSON records, the JSON type names and the label order.
 """
 
 from __future__ import annotations
@@ -15,13 +18,15 @@ from __future__ import annotations
 import json
 import re
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from objreg.core.errors import DataError
 
+T = TypeVar("T")
+_END = object()
 _JSON_TYPES = {dict: "object", list: "array", str: "string", int: "integer", float: "number", bool: "boolean"}
 
 
@@ -34,6 +39,27 @@ def evenly_spaced(n: int, k: int) -> list[int]:
     """``k`` indices spread evenly over ``range(n)`` (all of them when ``k >= n``)."""
     k = min(k, n)
     return [i * n // k for i in range(k)]
+
+
+def round_robin(streams: Iterable[Iterable[T | None]], limit: int) -> list[T]:
+    """Up to ``limit`` items, one from each stream in turn (a stream leaves the turn when it runs
+    out), so a small ``limit`` still spans every stream (document). A ``None`` item takes its
+    stream's turn and is dropped (a position without a usable example)."""
+    out: list[T] = []
+    active = [iter(stream) for stream in streams]
+    while active and len(out) < limit:
+        still = []
+        for stream in active:
+            item = next(stream, _END)
+            if item is _END:
+                continue
+            still.append(stream)
+            if item is not None:
+                out.append(item)  # type: ignore[arg-type]
+                if len(out) == limit:
+                    break
+        active = still
+    return out
 
 
 def label_order(labels: Sequence[str]) -> list[str]:
@@ -203,18 +229,20 @@ def _read_tsv(reading: _Reading, lines: Iterator[tuple[int, str]], given: tuple[
         raise DataError(f"{path}: the file is empty; {CLASSIFICATION_FORMATS}")
     header = [_unquote(f) for f in header_line[1].split("\t")]
     text, pair, label = _choose_fields(header, given, path, f"the header (line {header_line[0]})")
+    columns = {name: header.index(name) for name in (text, pair, label) if name is not None}
     for number, line in lines:
         if not line.strip():
             continue
-        values = dict(zip(header, (_unquote(f) for f in line.split("\t"))))
-        if len(line.split("\t")) != len(header):
+        values = [_unquote(f) for f in line.split("\t")]
+        if len(values) != len(header):
             raise DataError(
-                f"{path} line {number}: {len(line.split(chr(9)))} tab-separated fields, but the header has "
-                f"{len(header)} ({', '.join(header)}); each record is one line with one field per column"
+                f"{path} line {number}: {len(values)} tab-separated fields, but the header has {len(header)} "
+                f"({', '.join(header)}); each record is one line with one field per column"
             )
-        if not values[label].strip():
+        value = values[columns[label]].strip()
+        if not value:
             raise DataError(f"{path} line {number}: empty {label!r} field; every record needs a label")
-        reading.add(number, values[text], None if pair is None else values[pair], values[label].strip())
+        reading.add(number, values[columns[text]], None if pair is None else values[columns[pair]], value)
 
 
 def _read_classification_jsonl(reading: _Reading, given: tuple[str, str, str]) -> None:
@@ -255,11 +283,12 @@ def read_classification(
         _read_classification_jsonl(reading, given)
     else:
         _read_tsv(reading, read_lines(path, "classification data file", CLASSIFICATION_FORMATS), given)
-    for lines, why in ((reading.empty_text, "with an empty text"),
-                       (reading.no_gold_label, f"labelled {NO_GOLD_LABEL!r} (no gold label;")):
-        if lines:
-            first = f"first: line {lines[0]})" if why.endswith(";") else f"(first: line {lines[0]})"
-            warnings.warn(f"{path}: skipped {len(lines)} records {why} {first}", stacklevel=2)
+    if reading.empty_text:
+        warnings.warn(f"{path}: skipped {len(reading.empty_text)} records with an empty text "
+                      f"(first: line {reading.empty_text[0]})", stacklevel=2)
+    if reading.no_gold_label:
+        warnings.warn(f"{path}: skipped {len(reading.no_gold_label)} records labelled {NO_GOLD_LABEL!r} (no gold "
+                      f"label; first: line {reading.no_gold_label[0]})", stacklevel=2)
     if not reading.records:
         dropped = len(reading.empty_text) + len(reading.no_gold_label)
         why = f" (all {dropped} skipped, see the warnings)" if dropped else " after the header"

@@ -9,7 +9,7 @@ Two things other implementations get wrong, both handled here:
   the attention mask is block-diagonal per document and positions restart at each document
   (Megatron's ``--reset-attention-mask --reset-position-ids``).
 
-Written exactly like a third-party plugin: it imports only ``objreg`` and ``torch``.
+Written exactly like a third-party plugin: it imports only ``objreg``, its toolkit and ``torch``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import torch
 
 import objreg
 from objreg import IGNORE_INDEX, masks
+from objreg.toolkit import losses
 
 
 @objreg.hookimpl
@@ -62,26 +63,12 @@ def objreg_corrupt(batch: objreg.TokenBatch) -> objreg.CorruptedBatch:
 
 
 @objreg.hookimpl
-def objreg_attention_mask(batch: objreg.CorruptedBatch) -> torch.Tensor:
-    return masks.causal(batch.is_padding) & masks.same_document(batch.document_ids)  # (B, T, T)
+def objreg_attention_mask(batch: objreg.CorruptedBatch) -> objreg.AttentionMask:
+    return objreg.AttentionMask.causal(batch.is_padding, batch.document_ids)  # causal within each document
 
 
 @objreg.hookimpl
 def objreg_loss(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> torch.Tensor:
     logits = outputs.model.heads["lm"](outputs.hidden)  # (B, T, V)
-    nll, labelled = _token_nll(logits, batch.labels)  # (B, T), (B, T)
-    count = labelled.sum(dim=1).clamp(min=1)  # (B,); a row with no labels gets loss 0, not NaN
-    return nll.sum(dim=1) / count
-
-
-def _token_nll(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token negative log-likelihood, 0 where the label is ``IGNORE_INDEX``.
-
-    Written with ``log_softmax`` + ``gather`` and a mask (no boolean indexing), so it keeps fixed
-    shapes under ``vmap``, ``jvp`` and double backward.
-    """
-    labelled = labels != IGNORE_INDEX  # (B, T)
-    safe = torch.where(labelled, labels, 0)  # (B, T): any valid index; masked out below
-    log_probs = torch.log_softmax(logits, dim=-1)  # (B, T, V)
-    nll = -log_probs.gather(-1, safe.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    return torch.where(labelled, nll, 0.0), labelled
+    nll, labelled = losses.token_nll(logits, batch.labels)  # (B, T), (B, T)
+    return losses.weighted_mean(nll, labelled)  # (B,); a row with no labels gets loss 0, not NaN

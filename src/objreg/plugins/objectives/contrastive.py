@@ -12,8 +12,9 @@ draws from torch's global RNG, which a pure loss may not touch). Disjoint spans 
 positive from being solved by matching identical tokens.
 
 Both views go through ONE backbone pass: the row becomes ``[CLS] A [SEP] [CLS] B [SEP]`` (width
-``T + 2``) with positions restarting at the second ``[CLS]`` and an attention mask that keeps the
-two views apart, so each view is encoded exactly as if alone. The ``projection`` head embeds each
+``T + 2``; the split and the layout are :mod:`objreg.toolkit.segments`, shared with ``sop`` and
+``nsp``) with positions restarting at the second ``[CLS]`` and an attention mask that keeps the
+two views apart (each view its own block), so each view is encoded exactly as if alone. The ``projection`` head embeds each
 view's ``[CLS]``; the loss is SimCSE's: cosine similarities divided by ``temperature`` (SimCSE
 ``temp=0.05``; sentence-transformers' ``scale=20``), cross-entropy of view A of row i against the
 B views of all rows, the positive being row i's own.
@@ -28,7 +29,7 @@ constant 0.
 The loss couples the rows of a batch (``batch_coupled=True``): ``ℓ_i`` depends on every row's
 embedding, and its per-sample derivatives are those of ``ℓ_i`` on the whole batch.
 
-Written exactly like a third-party plugin: it imports only ``objreg`` and ``torch``.
+Written exactly like a third-party plugin: it imports only ``objreg``, its toolkit and ``torch``.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import torch
 import torch.nn.functional as F
 
 import objreg
-from objreg import IGNORE_INDEX, masks
+from objreg.toolkit import losses, segments
 
 #: Width of the embedding the projection head produces (SimCLR's 128-d projection output).
 EMBEDDING_SIZE = 128
@@ -78,69 +79,50 @@ def objreg_objective_info() -> objreg.ObjectiveInfo:
 def objreg_corrupt(
     batch: objreg.TokenBatch, generator: torch.Generator, params: Mapping[str, Any], vocab: objreg.Vocabulary
 ) -> objreg.CorruptedBatch:
-    ids, device = batch.input_ids, batch.input_ids.device
+    ids = batch.input_ids
     B, T = ids.shape
-    length = (~batch.is_padding).sum(dim=1)  # (B,): real tokens, [CLS] and [SEP] included
-    _check_layout(batch, length, vocab)
-    split = _split_positions(batch, length, generator)  # (B,): first token of view B
-    len_a, len_b = split - 1, length - 1 - split  # (B,), (B,)
-    second = (len_a + 2)[:, None]  # (B, 1): the second [CLS]
-    end = length[:, None] + 1  # (B, 1): the final [SEP]
-
-    # Output layout: 0 [CLS] | 1..len_a A | len_a+1 [SEP] | second [CLS] | ..end-1 B | end [SEP]
-    j = torch.arange(T + 2, device=device)[None, :]  # (1, T+2)
-    in_a = (j >= 1) & (j < second - 1)  # (B, T+2)
-    in_b = (j > second) & (j < end)  # (B, T+2)
-    source = torch.where(in_a, j, split[:, None] + j - second - 1)  # (B, T+2)
-    tokens = ids.gather(1, torch.where(in_a | in_b, source, 0))  # (B, T+2)
-    out = torch.where(in_a | in_b, tokens, vocab.pad_id)
-    out = torch.where((j == 0) | (j == second), vocab.cls_id, out)
-    out = torch.where((j == second - 1) | (j == end), vocab.sep_id, out)
-    is_padding = j > end  # (B, T+2)
-    view_ids = torch.where(is_padding, -1, (j >= second).long())  # (B, T+2)
-
-    groups = _view_groups(ids, split, len_a, len_b, vocab.pad_id)  # (B, 2)
+    a, b = segments.split_pair(batch, vocab, generator, "contrastive")
+    tokens, is_padding, second = segments.join_pair(ids, a, b, vocab, second_cls=True)  # second: the second [CLS]
+    j = torch.arange(T + 2, device=ids.device)[None, :]  # (1, T+2)
+    after = j >= second[:, None]  # (B, T+2): the second view
+    groups = _view_groups(ids, a, b, vocab.pad_id)  # (B, 2)
     document = batch.document_ids[:, 0]  # (B,): one document per row (checked)
     _check_negatives(_duplicates(document, groups))
     return objreg.CorruptedBatch(
-        input_ids=out,
-        labels=torch.full_like(out, IGNORE_INDEX),
+        input_ids=tokens,
+        labels=torch.full_like(tokens, objreg.IGNORE_INDEX),
         is_padding=is_padding,
-        position_ids=torch.where(j >= second, j - second, j).expand(B, T + 2).clone(),
+        position_ids=torch.where(after, j - second[:, None], j),
         document_ids=torch.where(is_padding, -1, document[:, None]),
         extras={
-            "view_ids": view_ids,
-            "second_view_start": second[:, 0].clone(),
+            "view_ids": torch.where(is_padding, -1, after.long()),
+            "second_view_start": second,
             "view_groups": groups,
-            # float64, cast to the model's dtype in the loss: exact for a float64 model.
-            "temperature": torch.full((B,), float(params["temperature"]), dtype=torch.float64, device=device),
         },
     )
 
 
 @objreg.hookimpl
-def objreg_attention_mask(batch: objreg.CorruptedBatch) -> torch.Tensor:
-    views = batch.extras["view_ids"]  # (B, T): the two views of a row never see each other
-    same_view = views[:, :, None] == views[:, None, :]  # (B, T, T)
-    return masks.bidirectional(batch.is_padding) & masks.same_document(batch.document_ids) & same_view
+def objreg_attention_mask(batch: objreg.CorruptedBatch) -> objreg.AttentionMask:
+    # Each view is a block of its own: the two views of a row never see each other.
+    views = batch.extras["view_ids"]  # (B, T): 0, 1, -1 at padding
+    blocks = torch.where(views < 0, -1, 2 * batch.document_ids + views)
+    return objreg.AttentionMask.bidirectional(batch.is_padding, blocks)
 
 
 @objreg.hookimpl
-def objreg_loss(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> torch.Tensor:
+def objreg_loss(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch, params: Mapping[str, Any]) -> torch.Tensor:
     hidden = outputs.hidden  # (B, T, H)
     head = outputs.model.heads["embedding"]  # embeds the first token of a [B, T, H] input
-    start = batch.extras["second_view_start"]  # (B,)
-    second = hidden.gather(1, start[:, None, None].expand(-1, 1, hidden.shape[-1]))  # (B, 1, H)
+    second = losses.gather_positions(hidden, batch.extras["second_view_start"][:, None])  # (B, 1, H)
     anchors = F.normalize(head(hidden[:, :1]), dim=-1)  # (B, D): view A of each row
     candidates = F.normalize(head(second), dim=-1)  # (B, D): view B of each row
-    temperature = batch.extras["temperature"].to(hidden.dtype)  # (B,)
-    scores = anchors @ candidates.T / temperature[:, None]  # (B, B): row i against every row's B
+    scores = anchors @ candidates.T / params["temperature"]  # (B, B): row i against every row's B
     B = scores.shape[0]
     positive = torch.eye(B, dtype=torch.bool, device=scores.device)  # (B, B)
     duplicate = _duplicates(batch.document_ids[:, 0], batch.extras["view_groups"]) & ~positive
     scores = torch.where(duplicate, float("-inf"), scores)  # false negatives leave the denominator
-    log_probs = torch.log_softmax(scores, dim=-1)  # (B, B)
-    return -log_probs.diagonal()  # (B,)
+    return losses.class_nll(scores, torch.arange(B, device=scores.device))  # (B,): the positive is row i's own
 
 
 # -- corruption steps ---------------------------------------------------------------------------
@@ -166,63 +148,15 @@ def _check_negatives(duplicate: torch.Tensor) -> None:
         )
 
 
-def _view_groups(
-    ids: torch.Tensor, split: torch.Tensor, len_a: torch.Tensor, len_b: torch.Tensor, pad_id: int
-) -> torch.Tensor:
+def _view_groups(ids: torch.Tensor, a: segments.Segment, b: segments.Segment, pad_id: int) -> torch.Tensor:
     """``[B, 2]`` long: one id per distinct token sequence among the 2B views (A of each row,
     then B), so two views with the same id are the same text."""
     B, T = ids.shape
     k = torch.arange(T, device=ids.device)[None, :]  # (1, T)
-    starts = torch.cat([torch.ones_like(split), split])[:, None]  # (2B, 1)
-    lengths = torch.cat([len_a, len_b])[:, None]  # (2B, 1)
+    starts = torch.cat([a.start, b.start])[:, None]  # (2B, 1)
+    lengths = torch.cat([a.length, b.length])[:, None]  # (2B, 1)
     rows = ids.repeat(2, 1)  # (2B, T)
     views = torch.where(k < lengths, rows.gather(1, (starts + k).clamp(max=T - 1)), pad_id)  # (2B, T)
     # The length column keeps a view that ends in a literal pad id apart from a shorter one.
     _, inverse = torch.unique(torch.cat([lengths, views], dim=1), dim=0, return_inverse=True)  # (2B,)
     return torch.stack([inverse[:B], inverse[B:]], dim=1)
-
-
-def _check_layout(batch: objreg.TokenBatch, length: torch.Tensor, vocab: objreg.Vocabulary) -> None:
-    """Rows must be ``[CLS] sentences [SEP]`` + right padding, from one document, as objreg's
-    tokenizers build them: the sentence tokens are exactly positions ``1 .. length-2``."""
-    ids = batch.input_ids
-    j = torch.arange(ids.shape[1], device=ids.device)[None, :]  # (1, T)
-    right_padded = (batch.is_padding == (j >= length[:, None])).all(dim=1)  # (B,)
-    last = ids.gather(1, (length - 1).clamp(min=0)[:, None])[:, 0]  # (B,)
-    framed = (ids[:, 0] == vocab.cls_id) & (last == vocab.sep_id) & (length >= 3)
-    one_document = ((batch.document_ids == batch.document_ids[:, :1]) | batch.is_padding).all(dim=1)
-    bad = ~(right_padded & framed & one_document)  # (B,)
-    if bool(bad.any()):
-        row = int(bad.nonzero()[0, 0])
-        raise objreg.DataError(
-            f"contrastive needs each row framed as [CLS] sentences [SEP] + padding, from one document; row {row} "
-            f"is not (packed rows cannot be split into two views of one document)"
-        )
-
-
-def _split_positions(batch: objreg.TokenBatch, length: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """For each row, the position where a uniformly chosen sentence boundary starts view B."""
-    B, T = batch.input_ids.shape
-    j = torch.arange(T, device=length.device)[None, :]  # (1, T)
-    body = (j >= 1) & (j <= (length - 2)[:, None])  # (B, T)
-    # A special token inside the text ([UNK], a literal "[MASK]") has sentence id -1: it joins the
-    # sentence before it (sentence ids never decrease along a row).
-    sentence = torch.where(body, batch.sentence_ids.cummax(dim=1).values.clamp(min=0), -1)  # (B, T)
-    boundary = torch.zeros_like(batch.is_padding)  # (B, T): True at the first token of s_1 … s_{n-1}
-    boundary[:, 1:] = (sentence[:, 1:] >= 0) & (sentence[:, :-1] >= 0) & (sentence[:, 1:] != sentence[:, :-1])
-    num_boundaries = boundary.sum(dim=1)  # (B,) = sentences - 1
-    num_sentences = num_boundaries + (length > 2).long()
-    short = num_sentences < 2
-    if bool(short.any()):
-        row = int(short.nonzero()[0, 0])
-        raise objreg.DataError(
-            f"contrastive needs at least 2 sentences in each row (one per view); row {row} has "
-            f"{int(num_sentences[row])} ({int(short.sum())} of {B} rows are too short; sample rows with "
-            f"min_sentences=2)"
-        )
-    # r-th boundary, r uniform in 0 .. n-2 (clamp guards a float rounding up to n-1).
-    pick = (objreg.uniform((B,), generator, length.device) * num_boundaries).long()
-    pick = torch.minimum(pick, num_boundaries - 1)  # (B,)
-    rank = boundary.cumsum(dim=1)  # (B, T): boundaries up to and including t
-    chosen = boundary & (rank == (pick + 1)[:, None])  # (B, T): exactly one True per row
-    return chosen.long().argmax(dim=1)

@@ -26,7 +26,10 @@ truncated back to its length (bigcode cuts off the end of a long middle); paddin
 position (bigcode keeps ``<fim_pad>`` in the loss); empty fragments keep their sentinels
 (NVIDIA/Megatron-LM PR #7552).
 
-Written like a third-party plugin: it imports only ``objreg`` and ``torch``.
+The mask is no pattern of :class:`objreg.AttentionMask` (``attention="custom"``): a dense
+``[B, T, T]`` tensor.
+
+Written like a third-party plugin: it imports only ``objreg``, its toolkit and ``torch``.
 """
 
 from __future__ import annotations
@@ -37,7 +40,8 @@ from typing import Any
 import torch
 
 import objreg
-from objreg import IGNORE_INDEX, masks, spans
+from objreg import IGNORE_INDEX, masks
+from objreg.toolkit import losses, seq2seq
 
 #: Segments of a FIM row in original order.
 CLS, PRE, PREFIX, MID, MIDDLE, SUF, SUFFIX, SEP = range(8)
@@ -57,7 +61,7 @@ def objreg_objective_info() -> objreg.ObjectiveInfo:
         description="Fill-in-the-middle: PSM/SPM causal LM, mask and positions in the FIM order, tokens in "
                     "original order.",
         kind="pretrain",
-        attention="fim",
+        attention="custom",
         heads=(objreg.HeadSpec("lm", "lm"),),
         params=(
             objreg.Param("fim_rate", 0.5, "Share of rows transformed to fill-in-the-middle; the rest stay "
@@ -82,7 +86,7 @@ def objreg_corrupt(
 ) -> objreg.CorruptedBatch:
     ids, device = batch.input_ids, batch.input_ids.device
     B = ids.shape[0]
-    markers = [spans.named_id(vocab, m, "fim") for m in MARKERS]
+    markers = [seq2seq.named_id(vocab, m, "fim") for m in MARKERS]
     length = (~batch.is_padding).sum(dim=1)  # (B,)
     text = (length - 2).clamp(min=0)  # (B,): tokens between [CLS] and [SEP]
     fim = (objreg.uniform((B,), generator, device) < params["fim_rate"]) & (length >= 2)
@@ -125,7 +129,7 @@ def objreg_corrupt(
         labels=labels,
         is_padding=is_padding,
         position_ids=rank,
-        document_ids=torch.where(is_padding, -1, spans.row_document(batch)[:, None]),
+        document_ids=torch.where(is_padding, -1, seq2seq.row_document(batch)[:, None]),
         extras={"fim_mode": mode, "fim_cuts": cuts},
     )
 
@@ -140,8 +144,5 @@ def objreg_attention_mask(batch: objreg.CorruptedBatch) -> torch.Tensor:
 @objreg.hookimpl
 def objreg_loss(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> torch.Tensor:
     logits = outputs.model.heads["lm"](outputs.hidden)  # (B, T, V)
-    labelled = batch.labels != IGNORE_INDEX  # (B, T)
-    log_probs = torch.log_softmax(logits, dim=-1)
-    nll = -log_probs.gather(-1, batch.labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)  # (B, T)
-    nll = torch.where(labelled, nll, 0.0)
-    return nll.sum(dim=1) / labelled.sum(dim=1).clamp(min=1)
+    nll, labelled = losses.token_nll(logits, batch.labels)  # (B, T), (B, T)
+    return losses.weighted_mean(nll, labelled)  # (B,)

@@ -7,8 +7,8 @@ standard BERT handling.
 
 Two sources of examples:
 
-* ``--downstream-data PATH``: a SQuAD v1.1 / v2.0 JSON file (Rajpurkar et al. 2016). The first
-  answer of each question is the target. Up to ``limit`` questions, evenly spaced over the file.
+* ``--downstream-data PATH``: a SQuAD v1.1 / v2.0 JSON file (Rajpurkar et al. 2016), read by
+  :func:`objreg.toolkit.taskfiles.read_squad`. The first answer of each question is the target. Up to ``limit`` questions, evenly spaced over the file.
 * No path: a built-in **cloze** QA set built from held-out documents of the corpus, after Lewis
   et al. 2019 ("Unsupervised Question Answering by Cloze Translation", their identity-mapping
   baseline). For each sentence an answer span is picked by a fixed rule (a capitalised,
@@ -30,7 +30,6 @@ not contain the whole answer points at ``[CLS]``, as in both references. ``limit
 
 from __future__ import annotations
 
-import json
 import re
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -41,6 +40,7 @@ from typing import Any
 import torch
 
 import objreg
+from objreg.toolkit.taskfiles import evenly_spaced, read_squad, round_robin
 
 NAME = "qa"
 
@@ -153,7 +153,6 @@ def _assemble(examples: Sequence[_Example], vocab: objreg.Vocabulary) -> objreg.
     T = max(len(e.question) + len(e.context) + 3 for e in examples)
     input_ids = torch.full((B, T), vocab.pad_id, dtype=torch.long)
     is_padding = torch.ones(B, T, dtype=torch.bool)
-    segment_ids = torch.zeros(B, T, dtype=torch.long)
     context_mask = torch.zeros(B, T, dtype=torch.bool)
     start_positions = torch.zeros(B, dtype=torch.long)  # 0 = [CLS]: unanswerable
     end_positions = torch.zeros(B, dtype=torch.long)
@@ -163,7 +162,6 @@ def _assemble(examples: Sequence[_Example], vocab: objreg.Vocabulary) -> objreg.
         n = len(ids)
         input_ids[b, :n] = torch.tensor(ids)
         is_padding[b, :n] = False
-        segment_ids[b, first:n] = 1  # context and its closing [SEP], as in BERT's token_type_ids
         context_mask[b, first : first + len(e.context)] = True
         if e.answer is not None:
             start_positions[b] = first + e.answer[0]
@@ -179,7 +177,6 @@ def _assemble(examples: Sequence[_Example], vocab: objreg.Vocabulary) -> objreg.
             "start_positions": start_positions,
             "end_positions": end_positions,
             "context_mask": context_mask,
-            "segment_ids": segment_ids,
         },
     )
 
@@ -257,30 +254,12 @@ def _cloze_question(sentence: str, span: tuple[int, int], tokenizer: objreg.Toke
     return ids[first : first + max_tokens]
 
 
-def _round_robin(streams: Sequence[Iterator[_Example]], limit: int) -> list[_Example]:
-    """Take one example from each document in turn, so a small ``limit`` still spans documents."""
-    out: list[_Example] = []
-    active = list(streams)
-    while active and len(out) < limit:
-        still = []
-        for stream in active:
-            example = next(stream, None)
-            if example is None:
-                continue
-            out.append(example)
-            still.append(stream)
-            if len(out) == limit:
-                break
-        active = still
-    return out
-
-
 def cloze_task_data(
     documents: Sequence[Sequence[str]], tokenizer: objreg.Tokenizer, seq_len: int, limit: int,
     params: Mapping[str, Any],
 ) -> objreg.CorruptedBatch:
     streams = [_cloze_examples(doc, tokenizer, seq_len, params) for doc in documents]
-    examples = _round_robin(streams, limit)
+    examples = round_robin(streams, limit)  # one example from each document in turn
     if not examples:
         sentences = sum(len(d) for d in documents)
         raise objreg.DataError(
@@ -293,114 +272,6 @@ def cloze_task_data(
 
 # -- SQuAD JSON ---------------------------------------------------------------------------------
 
-_JSON_TYPES = {dict: "object", list: "list", str: "string", int: "integer", float: "number", bool: "boolean"}
-_ARTICLE = {"object": "an", "integer": "an"}
-_SQUAD_SHAPE = (
-    'SQuAD v1.1/v2.0 JSON is {"data": [{"paragraphs": [{"context": str, "qas": [{"question": str, '
-    '"answers": [{"text": str, "answer_start": int}], "is_impossible": bool (v2, optional)}]}]}]}'
-)
-
-
-@dataclass(frozen=True)
-class _Question:
-    """One SQuAD question that passed the text checks; ``paragraph`` indexes the contexts list."""
-
-    paragraph: int
-    question: str
-    answer: tuple[int, int] | None  # character span [start, end) in the context
-
-
-def _type_name(value: Any) -> str:
-    return "null" if value is None else _JSON_TYPES.get(type(value), type(value).__name__)
-
-
-def _a(kind: type) -> str:
-    name = _JSON_TYPES[kind]
-    return f"{_ARTICLE.get(name, 'a')} {name}"
-
-
-def _field(path: Path, node: Any, where: str, key: str, kind: type) -> Any:
-    """``node[key]`` checked to be a ``kind``; a clear DataError naming the place otherwise."""
-    if not isinstance(node, dict):
-        raise objreg.DataError(f"{path}: {where} must be a JSON object, got {_type_name(node)}. {_SQUAD_SHAPE}")
-    if key not in node:
-        raise objreg.DataError(f"{path}: {where} has no {key!r} key (expected {_a(kind)}). {_SQUAD_SHAPE}")
-    value = node[key]
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise objreg.DataError(f"{path}: {where}.{key} must be {_a(kind)}, got {_type_name(value)}. {_SQUAD_SHAPE}")
-    return value
-
-
-def _read_json(path: Path) -> Any:
-    if not path.is_file():
-        what = "is a directory, not a file" if path.is_dir() else "does not exist"
-        raise objreg.DataError(f"qa data file {path} {what}; pass a SQuAD v1.1/v2.0 JSON file")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise objreg.DataError(
-            f"{path}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}. {_SQUAD_SHAPE}"
-        ) from None
-    except UnicodeDecodeError as e:
-        raise objreg.DataError(f"{path}: not UTF-8 text (byte {e.start}); SQuAD files are UTF-8 JSON") from None
-
-
-@dataclass
-class _Skipped:
-    mismatched: list[str]
-    no_answer: list[str]
-
-
-def _read_squad(path: Path) -> tuple[list[str], list[_Question], _Skipped]:
-    """Validate the file's shape and flatten it to (contexts, questions, skipped)."""
-    top = _read_json(path)
-    articles = _field(path, top, "the top level", "data", list)
-    contexts: list[str] = []
-    questions: list[_Question] = []
-    skipped = _Skipped([], [])
-    for a, article in enumerate(articles):
-        paragraphs = _field(path, article, f"data[{a}]", "paragraphs", list)
-        for p, paragraph in enumerate(paragraphs):
-            where_p = f"data[{a}].paragraphs[{p}]"
-            context = _field(path, paragraph, where_p, "context", str)
-            qas = _field(path, paragraph, where_p, "qas", list)
-            contexts.append(context)
-            for q, qa in enumerate(qas):
-                question = _read_question(path, qa, f"{where_p}.qas[{q}]", len(contexts) - 1, context, skipped)
-                if question is not None:
-                    questions.append(question)
-    return contexts, questions, skipped
-
-
-def _read_question(
-    path: Path, qa: Any, where: str, paragraph: int, context: str, skipped: _Skipped
-) -> _Question | None:
-    text = _field(path, qa, where, "question", str)
-    answers = _field(path, qa, where, "answers", list)
-    impossible = qa.get("is_impossible", False)
-    if not isinstance(impossible, bool):
-        raise objreg.DataError(f"{path}: {where}.is_impossible must be a boolean, got {_type_name(impossible)}")
-    for k, answer in enumerate(answers):  # check every answer's shape, though only the first is used
-        _field(path, answer, f"{where}.answers[{k}]", "text", str)
-        _field(path, answer, f"{where}.answers[{k}]", "answer_start", int)
-    if impossible:
-        return _Question(paragraph, text, None)
-    if not answers:
-        skipped.no_answer.append(where)
-        return None
-    start, answer_text = answers[0]["answer_start"], answers[0]["text"]
-    end = start + len(answer_text)
-    if start < 0 or not answer_text.strip() or context[start:end] != answer_text:
-        skipped.mismatched.append(f"{where}.answers[0]")
-        return None
-    return _Question(paragraph, text, (start, end))
-
-
-def _evenly_spaced(n: int, k: int) -> list[int]:
-    """``k`` indices spread evenly over ``range(n)`` (all of them when ``k >= n``)."""
-    k = min(k, n)
-    return [i * n // k for i in range(k)]
-
 
 def squad_task_data(
     source: str, tokenizer: objreg.Tokenizer, seq_len: int, limit: int, params: Mapping[str, Any]
@@ -409,11 +280,12 @@ def squad_task_data(
     file's usable questions (those whose answer text matches the context), thinned evenly to
     ``limit`` when long contexts gave more windows, so a small limit still samples every article."""
     path = Path(source)
-    contexts, questions, skipped = _read_squad(path)
+    squad = read_squad(path)
+    contexts, questions = squad.contexts, squad.questions
     encodings: dict[int, tuple[list[int], list[tuple[int, int]]]] = {}  # many questions share a paragraph
     examples: list[_Example] = []
     too_long = untokenised = 0
-    for index in _evenly_spaced(len(questions), limit):
+    for index in evenly_spaced(len(questions), limit):
         item = questions[index]
         if item.paragraph not in encodings:
             encodings[item.paragraph] = tokenizer.encode_with_offsets(contexts[item.paragraph])
@@ -428,18 +300,18 @@ def squad_task_data(
             too_long += 1
         examples.extend(windows)
     if len(examples) > limit:
-        examples = [examples[i] for i in _evenly_spaced(len(examples), limit)]
-    if skipped.mismatched:
+        examples = [examples[i] for i in evenly_spaced(len(examples), limit)]
+    if squad.mismatched:
         warnings.warn(
-            f"{path}: skipped {len(skipped.mismatched)} questions whose answer text does not match the context "
-            f"at answer_start (first: {skipped.mismatched[0]})",
+            f"{path}: skipped {len(squad.mismatched)} questions whose answer text does not match the context "
+            f"at answer_start (first: {squad.mismatched[0]})",
             stacklevel=2,
         )
     if not examples:
-        total = len(questions) + len(skipped.mismatched) + len(skipped.no_answer)
+        total = len(questions) + len(squad.mismatched) + len(squad.no_answer)
         raise objreg.DataError(
-            f"{path}: no usable qa example ({total} questions; {len(skipped.mismatched)} with an answer text "
-            f"that does not match the context at answer_start, {len(skipped.no_answer)} with no answer and no "
+            f"{path}: no usable qa example ({total} questions; {len(squad.mismatched)} with an answer text "
+            f"that does not match the context at answer_start, {len(squad.no_answer)} with no answer and no "
             f'"is_impossible": true, {untokenised} whose answer has no tokens, {too_long} whose question '
             f"leaves no room for context in seq_len {seq_len}). Each answerable question needs context[answer_start:answer_start + len(text)] "
             f"== text"
@@ -467,8 +339,8 @@ def objreg_task_data(
 
 
 @objreg.hookimpl
-def objreg_attention_mask(batch: objreg.CorruptedBatch) -> torch.Tensor:
-    return objreg.masks.bidirectional(batch.is_padding)
+def objreg_attention_mask(batch: objreg.CorruptedBatch) -> objreg.AttentionMask:
+    return objreg.AttentionMask.bidirectional(batch.is_padding)
 
 
 @objreg.hookimpl

@@ -13,7 +13,7 @@ labelled positions.
 
 Two sources of examples:
 
-* ``--downstream-data PATH``: CoNLL style (one ``token<TAB or spaces>tag`` per line, the tag in
+* ``--downstream-data PATH`` (read by :func:`objreg.toolkit.taskfiles.read_tagged`): CoNLL style (one ``token<TAB or spaces>tag`` per line, the tag in
   the last column so CoNLL-2003's four columns work; a blank line between sentences;
   ``-DOCSTART-`` lines skipped) or JSONL (``{"tokens": [...], "tags": [...]}``; ``words`` and
   ``ner_tags``/``pos_tags``/``labels`` are found too, or named with ``tokens_field`` and
@@ -32,19 +32,15 @@ Two sources of examples:
   36.5% FUNC, 16% PUNCT, 2% CODE and 0.4% NUM. Telling CODE from WORD needs the subwords that follow the first
   one (``os`` in ``os . path``), so the tagger has to read context, not only the token itself.
 
-The number of tags comes from the data, but heads are built from ``ObjectiveInfo.heads`` before
-any data is read: the head has ``MAX_TAGS`` outputs, every row carries ``num_tags``, and the loss
-uses only the first ``num_tags`` logits (the others at ``finfo.min``, so their ``exp`` is 0): the
-loss of a ``num_tags``-way head, whose unused rows get zero gradient and are head parameters,
-outside the alignment.
+The head has exactly as many outputs as the data has tags: the task returns it sized from the
+data with the batch (:class:`objreg.TaskData`).
 """
 
 from __future__ import annotations
 
-import json
 import re
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,12 +48,11 @@ from typing import Any
 import torch
 
 import objreg
+from objreg.toolkit.losses import label_nll
+from objreg.toolkit.taskfiles import TaggedSentence, evenly_spaced, read_tagged, round_robin
 
 NAME = "token_classification"
 HEAD = "token_classification"
-#: Outputs of the token head: the most tags a data set may have (OntoNotes NER has 37 BIO tags,
-#: the Penn Treebank 45 POS tags).
-MAX_TAGS = 128
 
 BUILTIN_TAGS = ("WORD", "FUNC", "CODE", "NUM", "PUNCT")
 #: Closed-class English words: the built-in set tags them FUNC (compared lower-cased).
@@ -75,10 +70,6 @@ FUNCTION_WORDS = frozenset(
     also only just too very""".split()
 )
 
-TOKENS_FIELDS = ("tokens", "words")
-TAGS_FIELDS = ("tags", "ner_tags", "pos_tags", "labels")
-DOCSTART = "-DOCSTART-"
-
 # A built-in word: letters/digits with inner . ' ’ or -, and an optional call "()"; or one mark.
 _WORD = re.compile(r"\w+(?:[.'’-]\w+)*(?:\(\))?|[^\w\s]")
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
@@ -91,7 +82,7 @@ def objreg_objective_info() -> objreg.ObjectiveInfo:
         description="Per-word tagging from the first subword: CoNLL or JSONL files, or built-in lexical tags",
         kind="downstream",
         attention="bidirectional",
-        heads=(objreg.HeadSpec(HEAD, "token_classifier", MAX_TAGS),),
+        heads=(objreg.HeadSpec(HEAD, "token_classifier"),),  # sized from the data
         params=(
             objreg.Param("tokens_field", "", "JSONL key of the word list; empty: tokens or words", str),
             objreg.Param("tags_field", "", "JSONL key of the tag list; empty: tags, ner_tags, pos_tags or labels", str),
@@ -119,16 +110,7 @@ def objreg_objective_info() -> objreg.ObjectiveInfo:
     )
 
 
-# -- sentences and rows -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Sentence:
-    """One tagged sentence of a file (or of the built-in set): where it starts, words, tags."""
-
-    line: int
-    words: tuple[str, ...]
-    tags: tuple[str, ...]
+# -- rows ----------------------------------------------------------------------------------------
 
 
 @dataclass
@@ -141,7 +123,7 @@ class _Dropped:
 
 
 def _assemble(
-    sentences: Sequence[_Sentence],
+    sentences: Sequence[TaggedSentence],
     tokenizer: objreg.Tokenizer,
     tag_ids: Mapping[str, int],
     seq_len: int,
@@ -192,10 +174,14 @@ def _assemble(
         position_ids=torch.arange(T).repeat(B, 1),
         document_ids=torch.where(is_padding, -1, rows_index),
         extras={
-            "num_tags": torch.full((B,), len(tag_ids), dtype=torch.long),
             "word_ids": word_ids_t,  # the word's index in its sentence, -1 at [CLS], [SEP] and padding
         },
     )
+
+
+def _task_data(batch: objreg.CorruptedBatch, num_tags: int) -> objreg.TaskData:
+    """The batch and the token head sized to its tags."""
+    return objreg.TaskData(batch, (objreg.HeadSpec(HEAD, "token_classifier", num_tags),))
 
 
 def _warn(where: str, dropped: _Dropped, seq_len: int) -> None:
@@ -236,26 +222,14 @@ def builtin_words(sentence: str) -> list[str]:
     return _WORD.findall(sentence)
 
 
-def _round_robin(documents: Sequence[Sequence[str]], limit: int) -> list[str]:
-    """Sentences one document after another in turn, so a small ``limit`` spans documents."""
-    out: list[str] = []
-    for s in range(max((len(d) for d in documents), default=0)):
-        for doc in documents:
-            if s < len(doc):
-                out.append(doc[s])
-                if len(out) == limit:
-                    return out
-    return out
-
-
 def builtin_task_data(
     documents: Sequence[Sequence[str]], tokenizer: objreg.Tokenizer, seq_len: int, limit: int, label_all_tokens: bool
-) -> objreg.CorruptedBatch:
+) -> objreg.TaskData:
     sentences = []
-    for text in _round_robin(documents, limit):
+    for text in round_robin(documents, limit):  # one document after another, so a small limit spans them
         words = builtin_words(text)
         if words:
-            sentences.append(_Sentence(0, tuple(words), tuple(builtin_tag(w) for w in words)))
+            sentences.append(TaggedSentence(0, tuple(words), tuple(builtin_tag(w) for w in words)))
     dropped = _Dropped()
     tag_ids = {tag: i for i, tag in enumerate(BUILTIN_TAGS)}
     batch = _assemble(sentences, tokenizer, tag_ids, seq_len, label_all_tokens, dropped) if sentences else None
@@ -265,193 +239,23 @@ def builtin_task_data(
             f"documents, none with a word that has a token); pass --downstream-data with a CoNLL or JSONL file"
         )
     _warn("built-in token_classification set", dropped, seq_len)
-    return batch
-
-
-# -- reading CoNLL and JSONL files ----------------------------------------------------------------
-
-_ALLOWED = (
-    "allowed: CoNLL style (one 'token<TAB>tag' per line, the tag in the last column, a blank line between "
-    'sentences) or JSONL lines like {"tokens": ["EU", "rejects"], "tags": ["B-ORG", "O"]}'
-)
-
-
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """``(line number, line)`` of a UTF-8 file without line endings; clear errors for a missing
-    file or bytes that are not UTF-8. Split on newlines only, so line numbers match an editor's."""
-    if not path.is_file():
-        what = "is a directory, not a file" if path.is_dir() else "does not exist"
-        raise objreg.DataError(f"token_classification data file {path} {what}; {_ALLOWED}")
-    with path.open("rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
-            except UnicodeDecodeError as e:
-                raise objreg.DataError(
-                    f"{path} line {number}: not UTF-8 text (byte {e.start}); save it as UTF-8"
-                ) from None
-            yield number, line.rstrip("\n").rstrip("\r")
-
-
-def _read_conll(path: Path) -> list[_Sentence]:
-    sentences: list[_Sentence] = []
-    words: list[str] = []
-    tags: list[str] = []
-    first = 0
-    for number, line in [*_lines(path), (0, "")]:  # a final blank line closes the last sentence
-        columns = line.split()
-        if columns and columns[0] == DOCSTART:
-            columns = []  # a document boundary ends the sentence, like a blank line
-        if not columns:
-            if words:
-                sentences.append(_Sentence(first, tuple(words), tuple(tags)))
-            words, tags = [], []
-            continue
-        if len(columns) < 2:
-            raise objreg.DataError(
-                f"{path} line {number}: {line.strip()!r} has no tag: expected a token and its tag separated by a "
-                f"tab or spaces; {_ALLOWED}"
-            )
-        if not words:
-            first = number
-        words.append(columns[0])
-        tags.append(columns[-1])
-    return sentences
-
-
-def _json_type(value: Any) -> str:
-    names = {dict: "object", list: "array", str: "string", int: "integer", float: "number", bool: "boolean"}
-    return "null" if value is None else names.get(type(value), type(value).__name__)
-
-
-def _field(path: Path, record: Mapping[str, Any], number: int, given: str, usual: Sequence[str], what: str) -> str:
-    if given:
-        if given not in record:
-            raise objreg.DataError(
-                f"{path} line {number}: no {given!r} field ({what}_field); its fields: "
-                f"{', '.join(map(repr, record)) or 'none'}"
-            )
-        return given
-    found = [key for key in usual if key in record]
-    if not found:
-        raise objreg.DataError(
-            f"{path} line {number}: no {what} list (its fields: {', '.join(map(repr, record)) or 'none'}); "
-            f"expected one of {', '.join(usual)}, or name it with the {what}_field parameter. {_ALLOWED}"
-        )
-    return found[0]
-
-
-def _read_jsonl(path: Path, params: Mapping[str, Any], empty: list[int]) -> list[_Sentence]:
-    sentences = []
-    keys: tuple[str, str] | None = None
-    for number, line in _lines(path):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise objreg.DataError(
-                f"{path} line {number}: not valid JSON ({e.msg}, column {e.colno}); {_ALLOWED}"
-            ) from None
-        if not isinstance(record, dict):
-            raise objreg.DataError(f"{path} line {number}: a JSON {_json_type(record)}, not an object; {_ALLOWED}")
-        if keys is None:
-            keys = (
-                _field(path, record, number, params["tokens_field"], TOKENS_FIELDS, "tokens"),
-                _field(path, record, number, params["tags_field"], TAGS_FIELDS, "tags"),
-            )
-        words, tags = (record.get(key) for key in keys)
-        for key, value in zip(keys, (words, tags)):
-            if key not in record:
-                raise objreg.DataError(f"{path} line {number}: no {key!r} field, which the first record has")
-            if not isinstance(value, list):
-                raise objreg.DataError(f"{path} line {number}: {key!r} must be a list, got {_json_type(value)}")
-        for word in words:
-            if not isinstance(word, str) or not word.strip():
-                got = "an empty string" if isinstance(word, str) else f"a JSON {_json_type(word)}"
-                raise objreg.DataError(
-                    f"{path} line {number}: {keys[0]!r} holds {got}; every token is a non-empty string"
-                )
-        for tag in tags:
-            if isinstance(tag, bool) or not isinstance(tag, (str, int)) or (isinstance(tag, str) and not tag.strip()):
-                got = "an empty string" if isinstance(tag, str) else f"a JSON {_json_type(tag)} ({json.dumps(tag)})"
-                raise objreg.DataError(
-                    f"{path} line {number}: {keys[1]!r} holds {got}; a tag must be a non-empty string or an integer"
-                )
-        if len(words) != len(tags):
-            raise objreg.DataError(
-                f"{path} line {number}: {len(words)} tokens but {len(tags)} tags; each token needs one tag"
-            )
-        if not words:
-            empty.append(number)
-            continue
-        sentences.append(_Sentence(number, tuple(words), tuple(str(t).strip() for t in tags)))
-    if keys is None:
-        raise objreg.DataError(f"{path}: the file is empty; {_ALLOWED}")
-    return sentences
-
-
-def _is_jsonl(path: Path) -> bool:
-    """JSONL by suffix, or by a first non-blank line that opens a JSON object."""
-    if path.suffix.lower() in (".jsonl", ".json", ".ndjson"):
-        return True
-    first = next((line for _, line in _lines(path) if line.strip()), "")
-    return first.lstrip().startswith("{")
-
-
-def tag_order(tags: Sequence[str]) -> list[str]:
-    """The distinct tags in class order: numeric when every tag is an integer, else alphabetical."""
-    distinct = set(tags)
-    if all(re.fullmatch(r"[+-]?\d+", tag) for tag in distinct):
-        return sorted(distinct, key=int)
-    return sorted(distinct)
-
-
-def read_sentences(path: Path, params: Mapping[str, Any]) -> tuple[list[_Sentence], list[str]]:
-    """The tagged sentences of a CoNLL or JSONL file and the tag set in class order."""
-    empty: list[int] = []
-    sentences = _read_jsonl(path, params, empty) if _is_jsonl(path) else _read_conll(path)
-    if empty:
-        warnings.warn(f"{path}: skipped {len(empty)} records with no tokens (first: line {empty[0]})", stacklevel=3)
-    if not sentences:
-        raise objreg.DataError(f"{path}: no tagged sentence in the file; {_ALLOWED}")
-    if params["labels"]:
-        tags = [t.strip() for t in params["labels"].split(",") if t.strip()]
-        allowed = set(tags)
-        for sentence in sentences:
-            unknown = next((t for t in sentence.tags if t not in allowed), None)
-            if unknown is not None:
-                raise objreg.DataError(
-                    f"{path} line {sentence.line}: tag {unknown!r} is not in the labels parameter ({', '.join(tags)})"
-                )
-    else:
-        tags = tag_order([t for s in sentences for t in s.tags])
-    if len(tags) > MAX_TAGS:
-        raise objreg.DataError(
-            f"{path}: {len(tags)} distinct tags; the token_classification head has at most {MAX_TAGS}"
-        )
-    return sentences, tags
-
-
-def _evenly_spaced(n: int, k: int) -> list[int]:
-    """``k`` indices spread evenly over ``range(n)`` (all of them when ``k >= n``)."""
-    k = min(k, n)
-    return [i * n // k for i in range(k)]
+    return _task_data(batch, len(BUILTIN_TAGS))
 
 
 def file_task_data(
     source: str, tokenizer: objreg.Tokenizer, seq_len: int, limit: int, params: Mapping[str, Any]
-) -> objreg.CorruptedBatch:
+) -> objreg.TaskData:
+    """Up to ``limit`` sentences of a CoNLL or JSONL file, evenly spaced over it."""
     path = Path(source)
-    sentences, tags = read_sentences(path, params)
-    chosen = [sentences[i] for i in _evenly_spaced(len(sentences), limit)]
+    sentences, tags = read_tagged(path, params["tokens_field"], params["tags_field"], params["labels"])
+    chosen = [sentences[i] for i in evenly_spaced(len(sentences), limit)]
     dropped = _Dropped()
     tag_ids = {tag: i for i, tag in enumerate(tags)}
     batch = _assemble(chosen, tokenizer, tag_ids, seq_len, params["label_all_tokens"], dropped)
     _warn(str(path), dropped, seq_len)
     if batch is None:
         raise objreg.DataError(f"{path}: no sentence has a word the tokenizer turns into a token")
-    return batch
+    return _task_data(batch, len(tags))
 
 
 # -- the hooks ----------------------------------------------------------------------------------
@@ -465,7 +269,7 @@ def objreg_task_data(
     seq_len: int,
     limit: int,
     params: Mapping[str, Any],
-) -> objreg.CorruptedBatch:
+) -> objreg.TaskData:
     if limit < 1:
         raise objreg.InvalidParameterError(f"token_classification: limit must be at least 1, got {limit}")
     if source is None:
@@ -474,23 +278,14 @@ def objreg_task_data(
 
 
 @objreg.hookimpl
-def objreg_attention_mask(batch: objreg.CorruptedBatch) -> torch.Tensor:
-    return objreg.masks.bidirectional(batch.is_padding)
+def objreg_attention_mask(batch: objreg.CorruptedBatch) -> objreg.AttentionMask:
+    return objreg.AttentionMask.bidirectional(batch.is_padding)
 
 
 @objreg.hookimpl
 def objreg_loss(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> torch.Tensor:
-    """Mean cross-entropy over the row's labelled positions (padding excluded by position), each
-    over the row's ``num_tags`` first logits. Fixed shapes, ``where`` and ``gather`` only, so it
-    is vmap/jvp-safe; a row with no labelled position has loss 0."""
-    logits = outputs.model.heads[HEAD](outputs.hidden)  # (B, T, C): C = MAX_TAGS
-    C = logits.shape[-1]
-    used = torch.arange(C, device=logits.device) < batch.extras["num_tags"][:, None]  # (B, C)
-    # finfo.min rather than -inf: exp underflows to exactly 0, and no inf - inf NaN can appear.
-    floor = torch.full((), torch.finfo(logits.dtype).min, dtype=logits.dtype, device=logits.device)
-    masked = torch.where(used[:, None, :], logits, floor)  # (B, T, C)
+    """Mean cross-entropy over the row's labelled positions (padding excluded by position); a row
+    with no labelled position has loss 0. Fixed shapes, so it is vmap/jvp-safe."""
+    logits = outputs.model.heads[HEAD](outputs.hidden)  # (B, T, C)
     labelled = (batch.labels != objreg.IGNORE_INDEX) & ~batch.is_padding  # (B, T)
-    target = torch.where(labelled, batch.labels, 0)  # (B, T): any valid class where unlabelled
-    picked = masked.gather(2, target[..., None]).squeeze(2)  # (B, T)
-    nll = torch.where(labelled, torch.logsumexp(masked, dim=2) - picked, 0.0)  # (B, T)
-    return nll.sum(dim=1) / labelled.sum(dim=1).clamp(min=1)  # (B,)
+    return label_nll(logits, batch.labels, labelled)  # (B,)
