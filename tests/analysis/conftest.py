@@ -55,17 +55,20 @@ def random_direction(shared, seed=1):
 @pytest.fixture
 def tiny_trainer(registry, tokenizer, texts):
     """``tiny_trainer(optimizer="sgd", probe_every=1, ...)`` → a float64 :class:`Trainer` of
-    ``mlm`` and ``sop`` against ``qa`` on the tiny model and an in-memory corpus of ``texts``."""
+    ``mlm`` and ``sop`` against ``qa`` on the tiny model and an in-memory corpus of ``texts``;
+    ``model``: model config overrides; other keyword arguments: parameters per objective."""
 
-    def make(optimizer="sgd", lr=0.05, steps=3, probe_every=1, seed=0, objectives=("mlm", "sop"), **params):
+    def make(optimizer="sgd", lr=0.05, steps=3, probe_every=1, seed=0, objectives=("mlm", "sop"), model=None,
+             **params):
         corpus = objreg.Corpus("tiny", tuple(tuple(objreg.split_sentences(t)) for t in texts * 4))
         tokenized = objreg.TokenizedCorpus(tokenizer, corpus, SEQ_LEN)
         loaded = {n: registry.get(n, vocab=tokenized.vocab, **params.get(n, {})) for n in objectives}
         task = registry.get_task("qa")
         data, task_heads = task.task_data(None, corpus.documents, tokenizer, SEQ_LEN, 8)
         heads = merge_heads({**{n: o.info.heads for n, o in loaded.items()}, "qa": task_heads})
-        model = registry.load_model("default", tokenizer.vocab, heads, TINY, torch.Generator().manual_seed(seed))
-        return Trainer(model.double(), loaded, dict.fromkeys(objectives, 1.0), tokenized, Downstream(task, data),
+        built = registry.load_model("default", tokenizer.vocab, heads, {**TINY, **(model or {})},
+                                    torch.Generator().manual_seed(seed))
+        return Trainer(built.double(), loaded, dict.fromkeys(objectives, 1.0), tokenized, Downstream(task, data),
                        optimizer=optimizer, lr=lr, batch_size=4, seed=seed, device=torch.device("cpu"), steps=steps,
                        probe_every=probe_every)
 

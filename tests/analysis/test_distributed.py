@@ -34,10 +34,11 @@ TIMEOUT_S = 240
 
 class _TinyModel:
     @objreg.hookimpl
-    def objreg_load_model(self, model, vocab, heads, config, generator):
-        if model != "tiny":
-            return None
-        return transformer.objreg_load_model("default", vocab, heads, TINY, generator)
+    def objreg_register_models(self, register):
+        def load(name, vocab, config, generator):
+            return transformer.build_backbone(transformer.build_config("default", vocab.size, TINY), generator)
+
+        register(objreg.Provider("model", "tiny", "a one-layer Transformer", load))
 
 
 def tiny_registry() -> objreg.Registry:

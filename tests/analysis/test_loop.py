@@ -25,6 +25,25 @@ def test_a_probed_and_an_unprobed_run_end_bit_identical(tiny_trainer, optimizer)
                            parameters(tiny_trainer(optimizer))["backbone.token_embedding.weight"])  # it trained
 
 
+def test_with_dropout_probes_are_deterministic_and_leave_the_trajectory_alone(tiny_trainer):
+    # Dropout draws from the global generator during training steps only: probes run in eval mode
+    # and draw nothing, so D after one step is D before the next, and the trajectory is the same.
+    def trained(probe_every):
+        trainer = tiny_trainer("adamw", lr=1e-2, probe_every=probe_every, model={"dropout": 0.3})
+        torch.manual_seed(0)
+        return trainer.run(), parameters(trainer)
+
+    (every, every_params), (sparse, sparse_params) = trained(1), trained(100)
+    assert all(torch.equal(every_params[n], sparse_params[n]) for n in every_params)
+    assert sparse == [every[0], every[-1]]
+    for before, after in zip(every, every[1:]):
+        assert after["downstream_loss"] == before["downstream_loss_after"]
+    without = tiny_trainer("adamw", lr=1e-2)
+    without.run()
+    assert not torch.equal(parameters(without)["backbone.token_embedding.weight"],
+                           every_params["backbone.token_embedding.weight"])  # dropout did act
+
+
 def test_the_state_dict_continues_a_run_exactly(tiny_trainer):
     whole = tiny_trainer("adamw", lr=1e-2)
     whole_records = whole.run()

@@ -59,6 +59,7 @@ def test_interrupted_and_resumed_run_gives_the_same_summary(uninterrupted, tmp_p
     assert not (out / CHECKPOINT).exists()  # removed once the report is in place
 
 
+@pytest.mark.e2e
 def test_resume_refuses_a_finished_run_and_other_settings(uninterrupted, tmp_path):
     _, whole_dir = uninterrupted
     with pytest.raises(objreg.InvalidParameterError, match="already finished"):

@@ -115,12 +115,14 @@ def test_sgd_prediction_is_the_weighted_sum_of_per_sample_dots(small_report):
         assert step["predicted_delta"]["first_order"] == pytest.approx(from_dots, rel=1e-8)
 
 
+@pytest.mark.e2e
 def test_same_seed_same_json_and_another_seed_differs():
     first = objreg.analyze("clm", "qa", **SMALL, seed=3).to_json()
     assert objreg.analyze("clm", "qa", **SMALL, seed=3).to_json() == first
     assert objreg.analyze("clm", "qa", **SMALL, seed=4).to_json() != first
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
 def test_probes_do_not_change_the_trajectory(optimizer):
     # Same parameters after every step, and the same records at the shared steps, whether every
@@ -141,6 +143,7 @@ def test_probes_do_not_change_the_trajectory(optimizer):
         assert all(torch.equal(a[n], b[n]) for n in a)
 
 
+@pytest.mark.e2e
 def test_with_dropout_probes_are_deterministic_and_leave_the_trajectory_alone():
     # Dropout draws from torch's global RNG during training steps only: probes run in eval mode,
     # draw nothing, and measure a deterministic D, so the D after one step is the D before the next.
@@ -206,6 +209,7 @@ def test_a_user_schedule_callable():
     assert report.config["schedule"]["sop"].startswith("callable:")
 
 
+@pytest.mark.e2e
 def test_adamw_step_is_split_exactly_with_momentum_and_weight_decay():
     report = objreg.analyze("mlm,sop", "qa", **SMALL, optimizer="adamw", lr=1e-4, dtype="float64",
                             attribution_top=100)
@@ -227,6 +231,7 @@ def test_adamw_step_is_split_exactly_with_momentum_and_weight_decay():
         assert total == pytest.approx(report.summary["alignment"][name]["first_order_contribution"], rel=1e-9)
 
 
+@pytest.mark.e2e
 def test_taylor_error_shrinks_as_the_step_cubed():
     # One step from the same θ_0 in float64: the first+second-order prediction misses the actual
     # change by O(η³), so halving η cuts that error about 8× (and the first-order error about 4×).

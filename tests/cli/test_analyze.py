@@ -58,6 +58,7 @@ def test_terminal_summary(run, tmp_path, monkeypatch):
         assert (tmp_path / "out" / name).is_file()
 
 
+@pytest.mark.e2e
 def test_schedule_spectrum_and_optimizer_reach_the_report(run):
     result = run("--pretrain", "mlm,sop", *SMALL, "--schedule", "mlm=step:1", "--spectrum", "1", "--steps", "1",
                  "--optimizer", "adamw", "--lr", "1e-4", "--attribution-top", "2", "--hvp-method", "double_backward",

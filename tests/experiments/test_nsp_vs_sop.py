@@ -52,7 +52,7 @@ def test_segment_overlap_matches_sets_read_between_the_separators(tokenizer, tex
     nsp = registry.get("nsp", vocab=tokenizer.vocab)
     rows = tokenizer.batch_from_texts(texts, 48)
     batch = nsp.corrupt(rows, torch.Generator().manual_seed(0))
-    overlap = ns.segment_overlap(batch, tokenizer.vocab.special_ids)
+    overlap = ns.segment_overlap(batch, tokenizer.vocab)
     v = tokenizer.vocab
     for b, ids in enumerate(batch.input_ids.tolist()):
         seps = [i for i, t in enumerate(ids) if t == v.sep_id]

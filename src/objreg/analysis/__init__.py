@@ -1,5 +1,6 @@
-"""The gradient-alignment analysis: functional wrappers, per-sample products (jvp, double
-backward, vmap, loop), Hessian-vector products, statistics, the multi-task trainer with probes,
-and the report. Imports only ``objreg.core``; objectives, tasks, models and corpora are reached
-through the registry.
+"""The gradient-alignment analysis: ``analyze`` (:mod:`~objreg.analysis.run`), the training loop
+and its probes, the mathematics they use (functional losses, per-sample dots, Hessian-vector
+products, the step's split, Taylor terms, statistics), and the report. Imports ``objreg.core``
+and ``objreg.toolkit``; objectives, tasks, models and corpora are reached through the registry.
+docs/analysis.md maps the modules.
 """

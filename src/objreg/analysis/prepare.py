@@ -25,6 +25,7 @@ from objreg.analysis.loop import Trainer
 from objreg.core.errors import DataError, InvalidParameterError
 from objreg.core.registry import Registry, merge_heads
 from objreg.core.types import CorruptedBatch, HeadSpec, Vocabulary
+from objreg.toolkit.noise import noisy_corpus
 from objreg.toolkit.tokenizer import TokenizedCorpus
 
 
@@ -60,7 +61,7 @@ def prepare(
     if config.char_noise > 0:
         # Pre-training text only (the held-out set defines D), from its own seeded stream.
         noise = torch.Generator().manual_seed(config.seed * 7919 + 3)
-        pretrain_corpus = noise.noisy_corpus(pretrain_corpus, config.char_noise, noise)
+        pretrain_corpus = noisy_corpus(pretrain_corpus, config.char_noise, noise)
     tokenized = TokenizedCorpus(tokenizer, pretrain_corpus, config.seq_len)
     # The corpus vocabulary carries token counts (the inverse_frequency masking policy).
     objectives = {

@@ -52,7 +52,7 @@ import torch
 from scipy.stats import rankdata
 from torch import nn
 
-from objreg import CorruptedBatch, Objective, TokenizedCorpus
+from objreg import CorruptedBatch, Objective, TokenizedCorpus, Vocabulary
 from objreg.analysis.devices import resolve_device
 from objreg.analysis.prepare import build_model
 from objreg.analysis.run import analyze
@@ -118,7 +118,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     labels = {probe: np.stack([batch.extras[LABELS[PROBES[probe]]].numpy() for batch in draws])
               for probe, draws in probes.items()}
     for probe, draws in probes.items():
-        overlap = np.stack([segment_overlap(batch, vocab.special_ids) for batch in draws])
+        overlap = np.stack([segment_overlap(batch, vocab) for batch in draws])
         figures["probes"][probe] = {
             "built_by": PROBES[probe], "rows": rows, "draws": len(draws),
             "label_1_share": float(labels[probe].mean()),
@@ -192,12 +192,13 @@ def predictions(model: nn.Module, builder: Objective, reader: Objective, batch: 
     return torch.cat(out).numpy()
 
 
-def segment_overlap(batch: CorruptedBatch, special_ids: tuple[int, ...]) -> np.ndarray:
-    """Per row, the Jaccard overlap of the token sets of its two segments (special tokens left
-    out): a topic detector that knows nothing about order."""
+def segment_overlap(batch: CorruptedBatch, vocab: Vocabulary) -> np.ndarray:
+    """Per row (``[CLS] first [SEP] second [SEP]``), the Jaccard overlap of the token sets of its
+    two segments (special tokens left out): a topic detector that knows nothing about order."""
     ids = batch.input_ids
-    ordinary = ~torch.isin(ids, torch.tensor(special_ids, dtype=ids.dtype)) & ~batch.is_padding
-    segment = batch.extras["segment_ids"]
+    ordinary = ~torch.isin(ids, torch.tensor(vocab.special_ids, dtype=ids.dtype)) & ~batch.is_padding
+    separator = (ids == vocab.sep_id).long()
+    segment = separator.cumsum(dim=1) - separator  # separators before each position: 0 first, 1 second
     out = np.zeros(ids.shape[0])
     for b in range(ids.shape[0]):  # one set intersection per row: rows are few
         first = set(ids[b][ordinary[b] & (segment[b] == 0)].tolist())

@@ -44,7 +44,8 @@ class Segment(NamedTuple):
 def check_rows(batch: TokenBatch, vocab: Vocabulary, owner: str) -> torch.Tensor:
     """The real length of each row ``[B]`` (``[CLS]`` and ``[SEP]`` included), after checking that
     every row is ``[CLS] sentences [SEP]`` + right padding from one document: ``[CLS]`` first,
-    ``[SEP]`` last, at least one token between them, every sentence token between them.
+    ``[SEP]`` last, every sentence token between them. (A row with no text between them is
+    framed; it has no sentence, which :func:`split_pair` reports.)
 
     Raises:
         DataError: naming the first row that is not (packed rows are not).
@@ -54,7 +55,7 @@ def check_rows(batch: TokenBatch, vocab: Vocabulary, owner: str) -> torch.Tensor
     j = torch.arange(ids.shape[1], device=ids.device)[None, :]  # (1, T)
     right_padded = (batch.is_padding == (j >= length[:, None])).all(dim=1)  # (B,)
     last = ids.gather(1, (length - 1).clamp(min=0)[:, None])[:, 0]  # (B,)
-    framed = (ids[:, 0] == vocab.cls_id) & (last == vocab.sep_id) & (length >= 3)
+    framed = (ids[:, 0] == vocab.cls_id) & (last == vocab.sep_id) & (length >= 2)
     body = (j >= 1) & (j <= (length - 2)[:, None])  # (B, T)
     sentences_inside = ~((batch.sentence_ids >= 0) & ~body).any(dim=1)
     one_document = ((batch.document_ids == batch.document_ids[:, :1]) | batch.is_padding).all(dim=1)
@@ -84,7 +85,7 @@ def split_pair(batch: TokenBatch, vocab: Vocabulary, generator: torch.Generator,
     boundary = torch.zeros_like(batch.is_padding)  # (B, T): True at the first token of s_1 … s_{n-1}
     boundary[:, 1:] = (sentence[:, 1:] >= 0) & (sentence[:, :-1] >= 0) & (sentence[:, 1:] != sentence[:, :-1])
     num_boundaries = boundary.sum(dim=1)  # (B,) = sentences - 1
-    num_sentences = num_boundaries + 1  # check_rows: every row has text
+    num_sentences = num_boundaries + (length > 2).long()  # a row with text has one more sentence
     short = num_sentences < 2
     if bool(short.any()):
         row = int(short.nonzero()[0, 0])

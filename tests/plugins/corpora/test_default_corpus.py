@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 import objreg
-from objreg.plugins.corpora import default
+from objreg.plugins.corpora import default, stdlib_prose
 
 
 @pytest.fixture(scope="session")
@@ -22,12 +22,12 @@ def session_cache(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def default_corpus(session_cache):
-    return default.objreg_load_corpus(name="default", cache_dir=session_cache)
+    return default.load_corpus("default", session_cache)
 
 
 @pytest.fixture(scope="session")
 def default_tok(default_corpus, session_cache):
-    return default.objreg_load_tokenizer(corpus=default_corpus, cache_dir=session_cache)
+    return default.load_tokenizer("default", default_corpus, session_cache)
 
 
 def _corpus_cache_file(cache):
@@ -61,12 +61,12 @@ def test_default_corpus_cache_is_written_and_reloads_equal(default_corpus, sessi
     assert path.is_file()
     assert json.loads(path.read_text(encoding="utf-8"))["format"] == default.CORPUS_FORMAT
     assert not list(session_cache.glob(".*.tmp"))  # no temp file left behind
-    assert default.objreg_load_corpus(name="default", cache_dir=session_cache) == default_corpus
+    assert default.load_corpus("default", session_cache) == default_corpus
 
 
 def test_default_corpus_build_is_deterministic(default_corpus):
     # A fresh build (no cache) equals the first one, which the session fixture cached.
-    assert default.build_corpus() == default_corpus
+    assert stdlib_prose.build_corpus() == default_corpus
 
 
 def test_corrupt_cache_is_rebuilt_not_an_error(tmp_path, monkeypatch):
@@ -75,8 +75,8 @@ def test_corrupt_cache_is_rebuilt_not_an_error(tmp_path, monkeypatch):
     monkeypatch.setattr(default, "build_corpus", lambda: calls.append(1) or small)
     cache = tmp_path
     _corpus_cache_file(cache).write_text('{"format": 1, "documents": [["trunc', encoding="utf-8")
-    assert default.objreg_load_corpus(name="default", cache_dir=cache) == small
-    assert default.objreg_load_corpus(name="default", cache_dir=cache) == small
+    assert default.load_corpus("default", cache) == small
+    assert default.load_corpus("default", cache) == small
     assert len(calls) == 1  # rebuilt once, then read from the repaired cache
 
 
@@ -84,12 +84,15 @@ def test_cache_dir_is_created(tmp_path, monkeypatch):
     small = objreg.Corpus("default", (("One small sentence is here.",),), "stub")
     monkeypatch.setattr(default, "build_corpus", lambda: small)
     cache = tmp_path / "a" / "b"
-    default.objreg_load_corpus(name="default", cache_dir=cache)
+    default.load_corpus("default", cache)
     assert _corpus_cache_file(cache).is_file()
 
 
 def test_other_names_are_not_answered(tmp_path):
-    assert default.objreg_load_corpus(name="wiki", cache_dir=tmp_path) is None
+    provided = []
+    default.objreg_register_corpora(provided.append)
+    (corpus,) = provided
+    assert corpus.handles("default") and not corpus.handles("wiki") and not corpus.handles("./default")
     assert not list(tmp_path.iterdir())
 
 
@@ -120,7 +123,7 @@ def test_prose_sentences_drop_code_markup_and_argument_lists():
         A last sentence of plain prose closes the docstring.
         """
     )
-    assert default.prose_sentences(docstring) == [
+    assert stdlib_prose.prose_sentences(docstring) == [
         "Return the parsed configuration of the named section as a mapping.",
         "The section is read lazily, so a missing file is reported only here.",
         "A last sentence of plain prose closes the docstring.",
@@ -146,7 +149,7 @@ def test_source_texts_are_docstrings_and_comments_in_source_order(tmp_path):
         ),
         encoding="utf-8",
     )
-    assert default._source_texts(source) == [
+    assert stdlib_prose._source_texts(source) == [
         "The module docstring comes first in the file.",
         "A comment block explains why the next function exists.\nIt spans two lines of the source file.",
         "The function docstring comes after the comment.",
@@ -163,14 +166,14 @@ def test_build_skips_tests_and_tools(tmp_path):
         (tmp_path / folder / "mod.py").write_text(skip, encoding="utf-8")
     (tmp_path / "test_something.py").write_text(skip, encoding="utf-8")
     (tmp_path / "broken.py").write_text("def (:\n", encoding="utf-8")  # skipped, not an error
-    corpus = default.build_corpus(tmp_path)
+    corpus = stdlib_prose.build_corpus(tmp_path)
     assert corpus.documents == (("This module is kept in the corpus because it is library code.",),)
 
 
 def test_build_of_a_tree_without_prose_is_a_data_error(tmp_path):
     (tmp_path / "mod.py").write_text("x = 1\n", encoding="utf-8")
     with pytest.raises(objreg.DataError, match="default corpus is empty"):
-        default.build_corpus(tmp_path)
+        stdlib_prose.build_corpus(tmp_path)
 
 
 # -- the tokenizer --------------------------------------------------------------------------------
@@ -195,7 +198,7 @@ def test_default_corpus_uses_the_shipped_vocabulary(default_tok, default_corpus,
     shipped = default.SHIPPED_VOCAB.read_text(encoding="utf-8").splitlines()
     assert len(shipped) == default.VOCAB_SIZE == default_tok.vocab.size
     assert shipped[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    again = default.objreg_load_tokenizer(corpus=default_corpus, cache_dir=tmp_path)
+    again = default.load_tokenizer("default", default_corpus, tmp_path)
     assert not list(tmp_path.iterdir())  # nothing trained, nothing cached
     sentences = list(default_corpus.documents[0]) + ["An unusual Zyzzyva word appears here."]
     assert again.encode_sentences(sentences) == default_tok.encode_sentences(sentences)
@@ -204,9 +207,9 @@ def test_default_corpus_uses_the_shipped_vocabulary(default_tok, default_corpus,
 
 def test_cached_tokenizer_gives_identical_ids(tmp_path, texts):
     corpus = objreg.Corpus("mine", tuple(tuple(objreg.split_sentences(t)) for t in texts * 5))
-    first = default.objreg_load_tokenizer(corpus=corpus, cache_dir=tmp_path)
+    first = default.load_tokenizer("default", corpus, tmp_path)
     assert list(tmp_path.glob("default-tokenizer-*.json"))
-    again = default.objreg_load_tokenizer(corpus=corpus, cache_dir=tmp_path)
+    again = default.load_tokenizer("default", corpus, tmp_path)
     sentences = list(texts) + ["An unusual Zyzzyva word appears here."]
     assert again.encode_sentences(sentences) == first.encode_sentences(sentences)
     assert again.vocab == first.vocab
@@ -215,21 +218,21 @@ def test_cached_tokenizer_gives_identical_ids(tmp_path, texts):
 def test_tokenizer_cache_is_keyed_by_corpus_content(tmp_path, texts):
     first = objreg.Corpus("a", tuple((t,) for t in texts))
     second = objreg.Corpus("a", tuple((t,) for t in texts[:-1]))
-    default.objreg_load_tokenizer(corpus=first, cache_dir=tmp_path)
-    default.objreg_load_tokenizer(corpus=second, cache_dir=tmp_path)
+    default.load_tokenizer("default", first, tmp_path)
+    default.load_tokenizer("default", second, tmp_path)
     assert len(list(tmp_path.glob("default-tokenizer-*.json"))) == 2
 
 
 def test_corrupt_tokenizer_cache_is_rebuilt(tmp_path, texts):
     corpus = objreg.Corpus("a", tuple((t,) for t in texts))
-    default.objreg_load_tokenizer(corpus=corpus, cache_dir=tmp_path)
+    default.load_tokenizer("default", corpus, tmp_path)
     (path,) = tmp_path.glob("default-tokenizer-*.json")
     path.write_text("{ not a tokenizer", encoding="utf-8")
-    rebuilt = default.objreg_load_tokenizer(corpus=corpus, cache_dir=tmp_path)
+    rebuilt = default.load_tokenizer("default", corpus, tmp_path)
     # Not compared with the first training: tokenizers' WordPiece training breaks ties in hash
     # order (huggingface/tokenizers#1794), so a retrained vocabulary may differ slightly.
     assert rebuilt.vocab.mask_id == 4
-    reloaded = default.objreg_load_tokenizer(corpus=corpus, cache_dir=tmp_path)
+    reloaded = default.load_tokenizer("default", corpus, tmp_path)
     assert reloaded.encode_sentences(texts) == rebuilt.encode_sentences(texts)
 
 
@@ -240,8 +243,8 @@ class OwnTokenizer:
         self.tokenizer = tokenizer
 
     @objreg.hookimpl
-    def objreg_load_tokenizer(self, model):
-        return self.tokenizer if model == "custom" else None
+    def objreg_register_tokenizers(self, register):
+        register(objreg.Provider("tokenizer", "custom", "its own", lambda model, corpus, cache_dir: self.tokenizer))
 
 
 def test_default_tokenizer_is_the_fallback_for_models_without_their_own(tmp_path, tokenizer, default_corpus):
@@ -264,8 +267,10 @@ def test_tokenized_default_corpus_has_sentence_pairs(default_tok, default_corpus
 
 
 def test_providers():
-    provided = {(p.kind, p.name) for p in default.objreg_providers()}
-    assert provided == {("corpus", "default"), ("tokenizer", "default")}
+    provided = []
+    default.objreg_register_corpora(provided.append)
+    default.objreg_register_tokenizers(provided.append)
+    assert {(p.kind, p.name, p.fallback) for p in provided} == {("corpus", "default", False), ("tokenizer", "default", True)}
 
 
 def test_registry_loads_the_default_corpus(default_corpus, session_cache):

@@ -17,7 +17,15 @@ HEADING = re.compile(r"^\s*(= )+.*( =)+\s*$")
 
 
 def load(path, tmp_path=None):
-    return files.objreg_load_corpus(name=str(path), cache_dir=tmp_path or path.parent)
+    return files.load_corpus(str(path), tmp_path or path.parent)
+
+
+def claims(name: str) -> bool:
+    """Whether the files plugin's provider answers to ``name``."""
+    provided = []
+    files.objreg_register_corpora(provided.append)
+    (provider,) = provided
+    return provider.handles(name)
 
 
 # -- plain text -----------------------------------------------------------------------------------
@@ -118,7 +126,7 @@ def test_malformed_jsonl_line_is_named(tmp_path):
     ("record", "what"),
     [
         ('{"body": "No text field."}', 'without a "text" field'),
-        ('{"text": 3}', "number, not a string"),
+        ('{"text": 3}', "JSON integer, not a string"),
         ('["text", "a list"]', "JSON array"),
     ],
 )
@@ -178,19 +186,21 @@ def test_directory_of_empty_files_is_empty(tmp_path):
 @pytest.mark.parametrize("name", ["missing/corpus", "corpus.txt", "corpus.jsonl", "corpus.json", "notes.md"])
 def test_missing_path_is_an_error(tmp_path, monkeypatch, name):
     monkeypatch.chdir(tmp_path)
+    assert claims(name)  # a path-like name is the files plugin's, so a missing file is its clear error
     with pytest.raises(objreg.DataError, match=f"corpus file '{re.escape(name)}' does not exist"):
-        files.objreg_load_corpus(name=name, cache_dir=tmp_path)
+        files.load_corpus(name, tmp_path)
 
 
 def test_other_names_are_left_to_other_plugins(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert files.objreg_load_corpus(name="wikipedia", cache_dir=tmp_path) is None
+    assert not claims("wikipedia")
 
 
 def test_existing_path_without_separator_is_read(tmp_path, monkeypatch):
     (tmp_path / "corpus").write_text("A file without a suffix.\n", encoding="utf-8")
     monkeypatch.chdir(tmp_path)
-    assert files.objreg_load_corpus(name="corpus", cache_dir=tmp_path).num_sentences == 1
+    assert claims("corpus")
+    assert files.load_corpus("corpus", tmp_path).num_sentences == 1
 
 
 # -- unusable files -------------------------------------------------------------------------------
@@ -261,8 +271,10 @@ def test_wikitext_valid_loads_without_headings(tmp_path, shared_file):
 
 
 def test_providers():
-    (info,) = files.objreg_providers()
-    assert (info.kind, info.name) == ("corpus", "PATH")
+    provided = []
+    files.objreg_register_corpora(provided.append)
+    (info,) = provided
+    assert (info.kind, info.name, info.fallback) == ("corpus", "PATH", False) and info.accepts is not None
 
 
 def test_registry_loads_a_path_and_rejects_unknown_names(tmp_path):

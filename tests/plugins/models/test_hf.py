@@ -1,6 +1,7 @@
 """The Hugging Face adapter on the real all-MiniLM-L6-v2 (skipped where its package is absent):
-tokenizer, heads, the 4-D mask against transformers' own padding path, per-sample dots against a
-loop, and clear errors for bad directories."""
+tokenizer, heads (rtd's generator included), the 4-D mask against transformers' own padding path,
+per-sample dots against a loop (mlm, and rtd in float64 by the method ``auto`` picks), a run of
+``objreg analyze`` with rtd, and clear errors for bad directories."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch
 
 import objreg
 from objreg.analysis.functional import ObjectiveFunction, detached, shared_parameters
-from objreg.analysis.per_sample import dots_jvp, dots_loop
+from objreg.analysis.per_sample import dots_jvp, dots_loop, per_sample_dots
 from objreg.core.registry import merge_heads
 from objreg.plugins.models import hf
 
@@ -37,8 +38,8 @@ def tokenizer(registry) -> objreg.Tokenizer:
 
 
 def build(registry, tokenizer, names=("mlm", "sop")):
-    infos = [registry.get(n, vocab=tokenizer.vocab).info for n in names]
-    return registry.load_model(MODEL_DIR, tokenizer.vocab, merge_heads(infos), {}, torch.Generator().manual_seed(0))
+    heads = merge_heads({n: registry.info(n).heads for n in names})
+    return registry.load_model(MODEL_DIR, tokenizer.vocab, heads, {}, torch.Generator().manual_seed(0))
 
 
 def test_tokenizer_is_the_model_directory_one(tokenizer):
@@ -61,15 +62,34 @@ def test_tokenizer_is_the_model_directory_one(tokenizer):
 
 def test_model_shares_the_encoder_and_ties_the_lm_head(registry, tokenizer):
     model = build(registry, tokenizer)
+    assert isinstance(model.backbone, hf.HFBackbone) and isinstance(model.backbone, objreg.Backbone)
     shared = shared_parameters(model)
     reference = transformers.AutoModel.from_pretrained(MODEL_DIR, add_pooling_layer=False)
     assert sum(p.numel() for p in shared.values()) == sum(p.numel() for p in reference.parameters()) == 22_565_376
-    assert model.heads["lm"].decoder.weight is model.backbone.get_input_embeddings().weight
+    assert set(shared) == {f"backbone.model.{n}" for n, _ in reference.named_parameters()}
+    assert model.heads["lm"].decoder.weight is model.backbone.model.get_input_embeddings().weight
     assert not any(n.startswith("heads.lm.decoder.weight") for n, _ in model.named_parameters())
     # Pretrained weights, not a fresh init.
     name = "embeddings.word_embeddings.weight"
-    assert torch.equal(dict(reference.named_parameters())[name], shared[f"backbone.{name}"])
+    assert torch.equal(dict(reference.named_parameters())[name], shared[f"backbone.model.{name}"])
     assert all(m.p == 0.0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    assert model.backbone.model.config._attn_implementation == "eager"  # forward mode needs eager attention
+    backbone = model.backbone
+    assert (backbone.hidden_size, backbone.vocab_size, backbone.num_layers, backbone.max_positions) == (384, 30522, 6, 512)
+    assert backbone.position_embeddings() is backbone.model.embeddings.position_embeddings.weight
+
+
+def test_rtd_generator_is_built_on_the_checkpoint_and_tied(registry, tokenizer):
+    model = build(registry, tokenizer, ("rtd",))
+    generator, embeddings = model.heads["generator"], model.backbone.model.embeddings
+    # A small generator sized from the checkpoint's config: width 384 / 4, as many layers (6).
+    assert generator.project_in.out_features == 96 and len(generator.blocks) == 6
+    assert generator.token_embedding.weight is embeddings.word_embeddings.weight
+    assert generator.decoder.weight is embeddings.word_embeddings.weight
+    assert generator.position_embedding.weight is embeddings.position_embeddings.weight
+    shared = shared_parameters(model)
+    assert sum(p.numel() for p in shared.values()) == 22_565_376  # the tied tables are counted once, as the backbone's
+    assert model.heads["discriminator"].weight.shape == (1, 384)
 
 
 def test_four_d_mask_equals_transformers_padding_path(registry, tokenizer):
@@ -107,6 +127,31 @@ def test_missing_or_wrong_directory_is_a_clear_error(registry, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
     with pytest.raises(objreg.DataError, match="has no tokenizer.json"):
         registry.load_tokenizer(str(tmp_path), objreg.Corpus("c", ()), tmp_path)
+
+
+def test_rtd_per_sample_dots_equal_a_loop(registry, tokenizer):
+    """float64: the dots ``objreg analyze`` computes (method ``auto``) equal one backward per example."""
+    model = build(registry, tokenizer, ("rtd",)).double()
+    objective = registry.get("rtd", vocab=tokenizer.vocab)
+    batch = objective.corrupt(tokenizer.batch_from_texts(TEXTS, 20), torch.Generator().manual_seed(0))
+    function = ObjectiveFunction(model, objective, batch)
+    shared = detached(shared_parameters(model))
+    g = torch.Generator().manual_seed(1)
+    direction = {n: torch.randn(t.shape, generator=g, dtype=t.dtype) for n, t in shared.items()}
+    auto, method = per_sample_dots(function, shared, direction, "auto")
+    loop = dots_loop(function, shared, direction)
+    assert method == "ghost" and auto.shape == (3,) and (loop.abs() > 0).all()
+    torch.testing.assert_close(auto, loop, rtol=1e-9, atol=1e-9 * float(loop.abs().max()))
+
+
+def test_analyze_runs_rtd_on_minilm():
+    report = objreg.analyze(
+        pretrain=["rtd", "mlm"], downstream="qa", model=MODEL_DIR, steps=1, batch_size=2, eval_size=4,
+        head_warmup_steps=1, head_fit_size=4, seq_len=32,
+    ).to_dict()
+    assert report["config"]["shared_parameters"] == 22_565_376
+    assert set(report["summary"]["alignment"]) == {"rtd", "mlm"}
+    assert all(torch.isfinite(torch.tensor(a["dot"])) for a in report["summary"]["alignment"].values())
 
 
 def test_analyze_runs_on_minilm(tmp_path):

@@ -1,5 +1,6 @@
-"""The default backbone plugin: shapes, seeding, weight tying, masks, and torch.func derivatives
-checked against independent computations (autograd loops, double backward, finite differences)."""
+"""The default backbone plugin, built through the registry with the built-in head kinds: shapes,
+seeding, weight tying, masks, and torch.func derivatives checked against independent computations
+(autograd loops, double backward, finite differences)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from torch.func import functional_call, grad, jvp, vmap
 
 import objreg
 from objreg.plugins.models import transformer
-from objreg.plugins.models.transformer import ObjregTransformer, build_config
+from objreg.plugins.models.transformer import build_config
+
+REGISTRY = objreg.Registry.load(load_entrypoints=False)
 
 VOCAB = objreg.Vocabulary(size=40, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4, special_ids=(0, 1, 2, 3, 4))
 TINY = {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size": 32, "max_positions": 32}
@@ -24,9 +27,9 @@ HEADS = (
 )
 
 
-def make_model(seed: int = 0, heads=HEADS, name: str = "default", **overrides) -> ObjregTransformer:
+def make_model(seed: int = 0, heads=HEADS, name: str = "default", **overrides) -> nn.Module:
     generator = torch.Generator().manual_seed(seed)
-    return transformer.objreg_load_model(name, VOCAB, heads, {**TINY, **overrides}, generator)
+    return REGISTRY.load_model(name, VOCAB, heads, {**TINY, **overrides}, generator)
 
 
 def make_inputs(B: int = 3, T: int = 8, num_padding: int = 3):
@@ -57,7 +60,7 @@ class LMLoss(nn.Module):
     """Backbone + tied LM head + per-sample cross-entropy, so functional_call swaps every
     parameter (the tied decoder weight included) around the whole computation."""
 
-    def __init__(self, model: ObjregTransformer):
+    def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
 
@@ -289,10 +292,11 @@ def test_default_and_bert_base_presets():
     assert (default.max_positions, default.dropout, default.attention) == (512, 0.0, "math")
     bert = build_config("bert-base", 30522, {})
     assert (bert.hidden_size, bert.num_layers, bert.num_heads, bert.intermediate_size) == (768, 12, 12, 3072)
-    model = transformer.objreg_load_model(
+    model = REGISTRY.load_model(
         "bert-base", VOCAB, (objreg.HeadSpec("mlm", "lm"),), {"num_layers": 1}, torch.Generator().manual_seed(0)
     )
-    assert model.config.num_layers == 1 and model.config.num_heads == 12 and model.hidden_size == 768
+    config = model.backbone.config
+    assert config.num_layers == 1 and config.num_heads == 12 and model.hidden_size == 768
     assert model.backbone.blocks[0].mlp.up.weight.shape == (3072, 768)
     assert model.backbone.blocks[0].attention.qkv.weight.shape == (3 * 768, 768)
     hidden = model(torch.tensor([[2, 9, 3]]), torch.ones(1, 3, 3, dtype=torch.bool), torch.arange(3)[None])
@@ -327,7 +331,7 @@ def test_bad_config_is_rejected_with_what_is_allowed(overrides, message):
 @pytest.mark.parametrize(
     ("heads", "message"),
     [
-        ((objreg.HeadSpec("x", "decoder"),), "unknown kind 'decoder'; allowed: lm, classifier, span"),
+        ((objreg.HeadSpec("x", "decoder"),), "unknown kind 'decoder'; registered kinds: classifier, generator, lm, "),
         ((objreg.HeadSpec("x", "classifier"),), "needs num_outputs >= 1, got 0"),
         ((objreg.HeadSpec("x", "projection", -1),), "needs num_outputs >= 1"),
         ((objreg.HeadSpec("x", "span", 3),), "2 outputs"),
@@ -343,17 +347,25 @@ def test_bad_heads_are_rejected(heads, message):
 # -- hooks through the registry -----------------------------------------------------------------------
 
 
-def test_hook_answers_only_for_its_own_names():
-    assert transformer.objreg_load_model("gpt2", VOCAB, (), {}, torch.Generator()) is None
-    names = {(p.kind, p.name) for p in transformer.objreg_providers()}
-    assert names == {("model", "default"), ("model", "bert-base")}
+def test_registers_its_two_models_and_builds_only_the_backbone():
+    provided = []
+    transformer.objreg_register_models(provided.append)
+    assert {(p.kind, p.name, p.accepts) for p in provided} == {("model", "default", None), ("model", "bert-base", None)}
+    backbone = provided[0].load("default", VOCAB, TINY, torch.Generator().manual_seed(0))
+    assert isinstance(backbone, objreg.Backbone) and isinstance(backbone, transformer.Backbone)
+    assert (backbone.hidden_size, backbone.vocab_size, backbone.num_layers, backbone.max_positions) == (16, 40, 2, 32)
+    assert backbone.input_embeddings() is backbone.token_embedding.weight
+    assert backbone.position_embeddings() is backbone.position_embedding.weight
+    # the same draws as the backbone of a model the host builds from the same seed
+    built = make_model(heads=())
+    assert all(torch.equal(p, q) for p, q in zip(backbone.parameters(), built.backbone.parameters()))
 
 
 def test_registry_loads_the_default_model_and_rejects_unknown_names():
     registry = objreg.Registry.load(load_entrypoints=False)
     heads = [objreg.HeadSpec("mlm", "lm")]
     model = registry.load_model("default", VOCAB, heads, TINY, torch.Generator().manual_seed(0))
-    assert isinstance(model, ObjregTransformer) and set(model.heads) == {"mlm"}
+    assert isinstance(model.backbone, transformer.Backbone) and set(model.heads) == {"mlm"}
     assert {"default", "bert-base"} <= {p.name for p in registry.providers() if p.kind == "model"}
     with pytest.raises(objreg.UnknownNameError, match="unknown model 'nosuch'.*bert-base, default"):
         registry.load_model("nosuch", VOCAB, heads, {}, torch.Generator())

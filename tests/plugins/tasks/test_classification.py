@@ -1,6 +1,7 @@
-"""Tests of the ``classification`` downstream task: GLUE TSV and JSONL loading (real SST-2 and RTE
-dev files where present), the label set, malformed files, the built-in same-document pairs, and
-the loss against an independent float64 computation and under vmap/jvp."""
+"""Tests of the ``classification`` downstream task: GLUE TSV and JSONL rows (real SST-2 and RTE dev
+files where present), heads sized from the data's labels, the built-in same-document pairs, and
+the loss against an independent float64 computation and under vmap/jvp. The file readers'
+validation is tested in tests/toolkit/test_taskfiles.py."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from torch import nn
 
 import objreg
 from objreg.plugins.tasks import classification as cls
+from objreg.toolkit.lengths import fit_lengths
+from objreg.toolkit.taskfiles import read_classification
 
 PARAMS = {"text_field": "", "text_pair_field": "", "label_field": "", "labels": "", "seed": 0}
 
@@ -32,8 +35,19 @@ def documents(texts) -> list[list[str]]:
     return [objreg.split_sentences(t) for t in texts]
 
 
-def load(path, tokenizer, seq_len=64, limit=1000, **params) -> objreg.CorruptedBatch:
+def load_data(path, tokenizer, seq_len=64, limit=1000, **params) -> objreg.TaskData:
     return cls.objreg_task_data(str(path), [], tokenizer, seq_len, limit, {**PARAMS, **params})
+
+
+def load(path, tokenizer, seq_len=64, limit=1000, **params) -> objreg.CorruptedBatch:
+    return load_data(path, tokenizer, seq_len, limit, **params).batch
+
+
+def num_classes(data: objreg.TaskData) -> int:
+    """The width of the classifier the task sized from its data."""
+    (head,) = data.heads
+    assert (head.name, head.kind) == ("classification", "classifier")
+    return head.num_outputs
 
 
 def write(tmp_path: Path, name: str, text: str) -> Path:
@@ -56,7 +70,8 @@ def row_texts(batch: objreg.CorruptedBatch, b: int, vocab: objreg.Vocabulary) ->
     return parts
 
 
-def check_layout(batch: objreg.CorruptedBatch, vocab: objreg.Vocabulary, seq_len: int, pair: bool) -> None:
+def check_layout(data: objreg.TaskData, vocab: objreg.Vocabulary, seq_len: int, pair: bool) -> None:
+    batch = data.batch
     B, T = batch.input_ids.shape
     assert T <= seq_len
     assert (batch.labels == objreg.IGNORE_INDEX).all()
@@ -65,18 +80,10 @@ def check_layout(batch: objreg.CorruptedBatch, vocab: objreg.Vocabulary, seq_len
     assert (batch.input_ids[:, 0] == vocab.cls_id).all()
     seps = (batch.input_ids == vocab.sep_id).sum(dim=1)
     assert (seps == (2 if pair else 1)).all()
-    segment = batch.extras["segment_ids"]
-    assert not (segment.bool() & batch.is_padding).any()
-    if pair:  # segment 1 runs from just after the first [SEP] to the last one, inclusive
-        first_sep = (batch.input_ids == vocab.sep_id).long().argmax(dim=1)
-        length = (~batch.is_padding).sum(dim=1)
-        j = torch.arange(T)[None]
-        assert torch.equal(segment.bool(), (j > first_sep[:, None]) & (j < length[:, None]))
-    else:
-        assert (segment == 0).all()
-    label, num_classes = batch.extras["label"], batch.extras["num_classes"]
-    assert label.shape == (B,) and num_classes.shape == (B,)
-    assert ((label >= 0) & (label < num_classes)).all()
+    assert set(batch.extras) == {"label"}  # no segment ids: no backbone reads them
+    label = batch.extras["label"]
+    assert label.shape == (B,)
+    assert ((label >= 0) & (label < num_classes(data))).all()
 
 
 # -- info and registry ----------------------------------------------------------------------------
@@ -85,7 +92,7 @@ def check_layout(batch: objreg.CorruptedBatch, vocab: objreg.Vocabulary, seq_len
 def test_registered_as_a_downstream_task(task):
     assert "classification" in objreg.Registry.load(load_entrypoints=False).tasks()
     assert task.info.kind == "downstream"
-    assert task.info.heads == (objreg.HeadSpec("classification", "classifier", cls.MAX_CLASSES),)
+    assert task.info.heads == (objreg.HeadSpec("classification", "classifier"),)  # sized from the data
     assert set(task.params) == set(PARAMS)
 
 
@@ -105,7 +112,7 @@ def longest_first_loop(lengths: list[int], budget: int) -> list[int]:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(0, 40), min_size=1, max_size=5), st.integers(0, 120))
 def test_fit_lengths_is_longest_first(lengths, budget):
-    assert cls.fit_lengths(lengths, budget) == longest_first_loop(lengths, budget)
+    assert fit_lengths(lengths, budget) == longest_first_loop(lengths, budget)
 
 
 def test_long_pair_is_cut_longest_first(tmp_path, tokenizer):
@@ -113,8 +120,9 @@ def test_long_pair_is_cut_longest_first(tmp_path, tokenizer):
     path = write(
         tmp_path, "pair.tsv", f"sentence1\tsentence2\tlabel\n{long}\tthe queen lays the eggs\tyes\nshort\t{long}\tno\n"
     )
-    batch = load(path, tokenizer, seq_len=40)
-    check_layout(batch, tokenizer.vocab, 40, pair=True)
+    data = load_data(path, tokenizer, seq_len=40)
+    check_layout(data, tokenizer.vocab, 40, pair=True)
+    batch = data.batch
     assert (~batch.is_padding).sum(dim=1).tolist() == [40, 40]
     short_ids = tokenizer.encode_with_offsets("the queen lays the eggs")[0]
     first, second = row_texts(batch, 0, tokenizer.vocab)
@@ -129,8 +137,10 @@ def test_long_pair_is_cut_longest_first(tmp_path, tokenizer):
 
 def test_sst2_dev(shared_file, tokenizer):
     path = shared_file("glue/SST-2/dev.tsv")
-    batch = load(path, tokenizer, seq_len=64)
-    check_layout(batch, tokenizer.vocab, 64, pair=False)
+    data = load_data(path, tokenizer, seq_len=64)
+    check_layout(data, tokenizer.vocab, 64, pair=False)
+    batch = data.batch
+    assert num_classes(data) == 2  # exactly the data's labels
     with path.open(encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
     assert batch.batch_size == len(rows) == 872
@@ -153,17 +163,18 @@ def test_sst2_limit_is_evenly_spaced(shared_file, tokenizer):
 
 def test_rte_dev(shared_file, tokenizer):
     path = shared_file("glue/RTE/dev.tsv")
-    batch = load(path, tokenizer, seq_len=128)
-    check_layout(batch, tokenizer.vocab, 128, pair=True)
+    data = load_data(path, tokenizer, seq_len=128)
+    check_layout(data, tokenizer.vocab, 128, pair=True)
+    batch = data.batch
     with path.open(encoding="utf-8", newline="") as f:  # this export is CSV-quoted
         rows = list(csv.DictReader(f, delimiter="\t"))
     assert batch.batch_size == len(rows) == 277
     assert torch.bincount(batch.extras["label"]).tolist() == [146, 131]
-    records, classes = cls.read_records(path, PARAMS)
-    assert classes == ["0", "1"]
-    assert [(r.text, r.pair, r.label) for r in records] == [(r["sentence1"], r["sentence2"], r["label"]) for r in rows]
-    quoted = records[13]  # line 15: "... famed as ""Dr. Death,"" has ..."
-    assert quoted.line == 15 and 'famed as "Dr. Death," has' in quoted.text and not quoted.text.startswith('"')
+    assert num_classes(data) == 2
+    records, _ = read_classification(path)
+    first, second = row_texts(batch, 13, tokenizer.vocab)  # the quoted record of line 15, unquoted
+    assert first == tokenizer.encode_with_offsets(records[13].text)[0][: len(first)]
+    assert second == tokenizer.encode_with_offsets(records[13].pair)[0][: len(second)]
 
 
 # -- synthetic files --------------------------------------------------------------------------------
@@ -178,14 +189,15 @@ def test_tsv_with_index_column_string_labels_and_quotes(tmp_path, tokenizer):
         "1\tRivers carry sediment.\tRivers move things.\tentailment\n"
         '2\tHe said "no" twice.\tHe spoke.\tentailment\n',  # a bare GLUE field with inner quotes stays as it is
     )
-    records, classes = cls.read_records(path, PARAMS)
-    assert classes == ["entailment", "not_entailment"]  # alphabetical
-    assert records[0].text == 'Bees said "hello" twice.' and records[2].text == 'He said "no" twice.'
-    batch = load(path, tokenizer)
-    assert batch.extras["label"].tolist() == [1, 0, 0]
-    assert batch.extras["num_classes"].tolist() == [2, 2, 2]
+    data = load_data(path, tokenizer)
+    batch = data.batch
+    assert batch.extras["label"].tolist() == [1, 0, 0]  # entailment, not_entailment: alphabetical
+    assert num_classes(data) == 2
+    assert row_texts(batch, 0, tokenizer.vocab)[0] == tokenizer.encode_with_offsets('Bees said "hello" twice.')[0]
     fixed = load(path, tokenizer, labels="not_entailment,entailment")  # the parameter fixes the order
     assert fixed.extras["label"].tolist() == [0, 1, 1]
+    wider = load_data(path, tokenizer, labels="not_entailment,entailment,neutral")  # and the head's width
+    assert num_classes(wider) == 3 and wider.batch.extras["label"].tolist() == [0, 1, 1]
 
 
 def test_jsonl_single_and_pair(tmp_path, tokenizer):
@@ -203,12 +215,10 @@ def test_jsonl_single_and_pair(tmp_path, tokenizer):
         )
         + "\n\n",
     )
-    records, classes = cls.read_records(single, PARAMS)
-    assert classes == ["2", "7", "10"]  # numeric order, not "10" < "2"
-    batch = load(single, tokenizer)
-    check_layout(batch, tokenizer.vocab, 64, pair=False)
-    assert batch.extras["label"].tolist() == [2, 0, 2, 1]
-    assert batch.extras["num_classes"].tolist() == [3] * 4
+    data = load_data(single, tokenizer)
+    check_layout(data, tokenizer.vocab, 64, pair=False)
+    assert data.batch.extras["label"].tolist() == [2, 0, 2, 1]  # classes "2", "7", "10": numeric order
+    assert num_classes(data) == 3
 
     pair = write(
         tmp_path,
@@ -221,8 +231,9 @@ def test_jsonl_single_and_pair(tmp_path, tokenizer):
             ]
         ),
     )
-    batch = load(pair, tokenizer)
-    check_layout(batch, tokenizer.vocab, 64, pair=True)
+    data = load_data(pair, tokenizer)
+    check_layout(data, tokenizer.vocab, 64, pair=True)
+    batch = data.batch
     first, second = row_texts(batch, 0, tokenizer.vocab)
     assert first == tokenizer.encode_with_offsets("Bees collect nectar.")[0]
     assert second == tokenizer.encode_with_offsets("They make honey.")[0]
@@ -243,11 +254,10 @@ def test_field_parameters(tmp_path, tokenizer):
     )
     with pytest.raises(objreg.DataError, match=r"custom\.jsonl: the first record \(line 1\) has no text field"):
         load(path, tokenizer)
-    batch = load(path, tokenizer, text_field="review", label_field="stars")
-    check_layout(batch, tokenizer.vocab, 64, pair=False)
-    batch = load(path, tokenizer, text_field="title", text_pair_field="review", label_field="stars")
-    check_layout(batch, tokenizer.vocab, 64, pair=True)
-    assert row_texts(batch, 0, tokenizer.vocab)[0] == tokenizer.encode_with_offsets("Bees")[0]
+    check_layout(load_data(path, tokenizer, text_field="review", label_field="stars"), tokenizer.vocab, 64, pair=False)
+    data = load_data(path, tokenizer, text_field="title", text_pair_field="review", label_field="stars")
+    check_layout(data, tokenizer.vocab, 64, pair=True)
+    assert row_texts(data.batch, 0, tokenizer.vocab)[0] == tokenizer.encode_with_offsets("Bees")[0]
 
 
 def test_skipped_records_warn(tmp_path, tokenizer):
@@ -269,82 +279,30 @@ def test_skipped_records_warn(tmp_path, tokenizer):
     assert batch.extras["label"].tolist() == [1, 0]  # contradiction, entailment; neutral only on a skipped line
 
 
-# -- malformed files --------------------------------------------------------------------------------
+# -- heads sized from the data ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("name", "text", "message"),
-    [
-        ("empty.tsv", "", r"empty\.tsv: the file is empty; allowed: a TSV file"),
-        ("blank.jsonl", "\n\n", r"blank\.jsonl: the file is empty"),
-        ("header.tsv", "sentence\tlabel\n", r"header\.tsv: no classification record after the header"),
-        (
-            "nolabel.tsv",
-            "sentence\tscore\nBees fly.\t1\n",
-            r"nolabel\.tsv: the header \(line 1\) has no label field \(its fields: 'sentence', 'score'\); expected one of label",
-        ),
-        ("notext.tsv", "words\tlabel\nBees fly.\t1\n", r"notext\.tsv: the header \(line 1\) has no text field"),
-        (
-            "fields.tsv",
-            "sentence\tlabel\nBees fly.\t1\nRain\tfalls.\t0\n",
-            r"fields\.tsv line 3: 3 tab-separated fields, but the header has 2 \(sentence, label\)",
-        ),
-        ("emptylabel.tsv", "sentence\tlabel\nBees fly.\t \n", r"emptylabel\.tsv line 2: empty 'label' field"),
-        (
-            "bad.jsonl",
-            '{"text": "a", "label": 1}\n{"text": "b", "label": 0}\n{"text": "c", "label": 1\n',
-            r"bad\.jsonl line 3: not valid JSON \(Expecting ',' delimiter, column 25\)",
-        ),
-        ("array.jsonl", '["text", "label"]\n', r"array\.jsonl line 1: a JSON array, not an object"),
-        (
-            "float.jsonl",
-            '{"text": "a", "label": 1}\n{"text": "b", "label": 0.5}\n',
-            r"float\.jsonl line 2: 'label' is a JSON number \(0\.5\); a label must be a non-empty string or an integer",
-        ),
-        ("bool.jsonl", '{"text": "a", "label": true}\n', r"line 1: 'label' is a JSON boolean \(true\)"),
-        ("null.jsonl", '{"text": "a", "label": null}\n', r"line 1: 'label' is a JSON null \(null\)"),
-        ("list.jsonl", '{"text": "a", "label": [1]}\n', r"line 1: 'label' is a JSON array \(\[1\]\)"),
-        ("nolabel.jsonl", '{"text": "a", "label": 1}\n{"text": "b"}\n', r"nolabel\.jsonl line 2: no 'label' field"),
-        ("textnum.jsonl", '{"text": 5, "label": 1}\n', r"line 1: 'text' must be a string, got integer"),
-        (
-            "nopair.jsonl",
-            '{"text": "a", "text_pair": "b", "label": 1}\n{"text": "c", "label": 0}\n',
-            r"nopair\.jsonl line 2: no 'text_pair' field, which the first record has",
-        ),
-        (
-            "oneclass.tsv",
-            "sentence\tlabel\nBees fly.\tpos\nRain falls.\tpos\n",
-            r"oneclass\.tsv: every record has the label 'pos'; classification needs 2 classes",
-        ),
-    ],
-)
-def test_malformed_files_name_file_line_and_what_is_allowed(tmp_path, tokenizer, name, text, message):
-    path = write(tmp_path, name, text)
-    with pytest.raises(objreg.DataError, match=message):
-        load(path, tokenizer)
+def test_head_has_as_many_outputs_as_labels(tmp_path, tokenizer):
+    rows = "".join(f"Bees fly {i}.\tc{i}\n" for i in range(129))
+    data = load_data(write(tmp_path, "many.tsv", "sentence\tlabel\n" + rows), tokenizer)
+    assert num_classes(data) == 129  # no cap: a head as wide as the label set
+    assert sorted(data.batch.extras["label"].tolist()) == list(range(129))
 
 
-def test_too_many_classes_and_labels_parameter(tmp_path, tokenizer):
-    rows = "".join(f"Bees fly {i}.\tc{i}\n" for i in range(cls.MAX_CLASSES + 1))
-    path = write(tmp_path, "many.tsv", "sentence\tlabel\n" + rows)
-    with pytest.raises(objreg.DataError, match=rf"{cls.MAX_CLASSES + 1} distinct labels; .* at most {cls.MAX_CLASSES}"):
-        load(path, tokenizer)
-    path = write(tmp_path, "two.tsv", "sentence\tlabel\nBees fly.\tpos\nRain falls.\tneutral\n")
-    with pytest.raises(
-        objreg.DataError, match=r"two\.tsv line 3: label 'neutral' is not in the labels parameter \(pos, neg\)"
-    ):
-        load(path, tokenizer, labels="pos,neg")
-
-
-def test_missing_file_and_bad_bytes(tmp_path, tokenizer):
-    with pytest.raises(objreg.DataError, match=r"nothere\.tsv does not exist"):
-        load(tmp_path / "nothere.tsv", tokenizer)
-    with pytest.raises(objreg.DataError, match=r"is a directory"):
-        load(tmp_path, tokenizer)
-    path = tmp_path / "latin1.tsv"
-    path.write_bytes("sentence\tlabel\ncaf\xe9 au lait\t1\n".encode("latin-1"))
-    with pytest.raises(objreg.DataError, match=r"latin1\.tsv line 2: not UTF-8 text"):
-        load(path, tokenizer)
+def test_sst2_builds_a_two_output_head(shared_file, tokenizer):
+    task = objreg.Registry.load(load_entrypoints=False).get_task("classification")
+    data = task.task_data(str(shared_file("glue/SST-2/dev.tsv")), [], tokenizer, seq_len=64, limit=8)
+    assert data.heads == (objreg.HeadSpec("classification", "classifier", 2),)
+    registry = objreg.Registry.load(load_entrypoints=False)
+    tiny = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32}
+    model = registry.load_model("default", tokenizer.vocab, data.heads, tiny, torch.Generator().manual_seed(0))
+    head = model.heads["classification"]
+    assert head.classifier.out_features == 2 and head.classifier.weight.shape == (2, 16)
+    batch = data.batch
+    hidden = model.encode(batch.input_ids, task.attention_mask(batch), batch.position_ids)
+    assert head(hidden).shape == (8, 2)
+    loss = task.loss(objreg.ModelOutputs(hidden, model), batch)
+    assert loss.shape == (8,) and torch.isfinite(loss).all()
 
 
 # -- the built-in same-document set ---------------------------------------------------------------
@@ -370,13 +328,13 @@ def test_same_document_label_rate(documents):
 
 
 def test_builtin_set_is_deterministic_and_seeded(task, tokenizer, documents):
-    a = task.task_data(None, documents, tokenizer, seq_len=64, limit=12)
-    b = task.task_data(None, documents, tokenizer, seq_len=64, limit=12)
-    check_layout(a, tokenizer.vocab, 64, pair=True)
+    data = task.task_data(None, documents, tokenizer, seq_len=64, limit=12)
+    a, b = data.batch, task.task_data(None, documents, tokenizer, seq_len=64, limit=12).batch
+    check_layout(data, tokenizer.vocab, 64, pair=True)
     assert a.batch_size == 12
     assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.extras["label"], b.extras["label"])
-    assert (a.extras["num_classes"] == 2).all()
-    other = cls.objreg_task_data(None, documents, tokenizer, 64, 12, {**PARAMS, "seed": 1})
+    assert num_classes(data) == 2
+    other = cls.objreg_task_data(None, documents, tokenizer, 64, 12, {**PARAMS, "seed": 1}).batch
     assert not torch.equal(a.input_ids, other.input_ids)
     # the first anchors come one document after another
     first_texts = [tokenizer.decode(row_texts(a, b, tokenizer.vocab)[0]) for b in range(len(documents))]
@@ -396,7 +354,7 @@ def test_builtin_set_needs_documents(tokenizer):
 
 
 @pytest.fixture(scope="module")
-def mixed_batch(tmp_path_factory, tokenizer) -> objreg.CorruptedBatch:
+def mixed_data(tmp_path_factory, tokenizer) -> objreg.TaskData:
     """Rows of a 3-class single-sentence file, labels of every class, padded rows included."""
     path = write(
         tmp_path_factory.mktemp("cls"),
@@ -405,12 +363,17 @@ def mixed_batch(tmp_path_factory, tokenizer) -> objreg.CorruptedBatch:
         "Bees collect nectar from flowers and store honey.\tb\nRain falls.\ta\nThe queen lays eggs.\tc\n"
         "Deltas form where the current slows.\ta\nMountains.\tc\n",
     )
-    return load(path, tokenizer)
+    return load_data(path, tokenizer)
 
 
-def stand_in_model(hidden_size: int) -> types.SimpleNamespace:
+@pytest.fixture(scope="module")
+def mixed_batch(mixed_data) -> objreg.CorruptedBatch:
+    return mixed_data.batch
+
+
+def stand_in_model(hidden_size: int, num_outputs: int = 3) -> types.SimpleNamespace:
     torch.manual_seed(0)
-    head = nn.Sequential(nn.Linear(hidden_size, cls.MAX_CLASSES))
+    head = nn.Sequential(nn.Linear(hidden_size, num_outputs))
     return types.SimpleNamespace(heads={"classification": lambda h: head(h[:, 0])}, head=head.double())
 
 
@@ -420,25 +383,36 @@ def test_attention_mask_is_bidirectional(task, mixed_batch):
     assert torch.equal(task.attention_mask(mixed_batch), expected)
 
 
-def test_loss_is_the_cross_entropy_of_a_num_classes_head(task, mixed_batch):
+def test_loss_is_the_cross_entropy_of_the_sized_head(task, mixed_data, mixed_batch):
     B, T = mixed_batch.input_ids.shape
     H = 8
+    assert num_classes(mixed_data) == 3
     model = stand_in_model(H)
     hidden = torch.randn(B, T, H, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     loss = task.loss(objreg.ModelOutputs(hidden, model), mixed_batch)
-    assert loss.shape == (B,) and mixed_batch.extras["num_classes"].tolist() == [3] * B
-    with torch.no_grad():  # a 3-way head made of the first three rows of the weight
-        small = model.head[0].weight[:3], model.head[0].bias[:3]
-        logits = hidden[:, 0] @ small[0].T + small[1]
+    assert loss.shape == (B,)
+    with torch.no_grad():  # the 3-way head
+        logits = hidden[:, 0] @ model.head[0].weight.T + model.head[0].bias
         expected = F.cross_entropy(logits, mixed_batch.extras["label"], reduction="none")
     torch.testing.assert_close(loss, expected, rtol=1e-12, atol=1e-12)
-    # the unused outputs carry no probability: raising them changes nothing
-    bumped = types.SimpleNamespace(
-        heads={
-            "classification": lambda h: model.heads["classification"](h) + 50.0 * (torch.arange(cls.MAX_CLASSES) >= 3)
-        }
-    )
-    torch.testing.assert_close(task.loss(objreg.ModelOutputs(hidden, bumped), mixed_batch), loss)
+
+
+def test_sized_head_equals_the_old_masked_wide_head(task, mixed_batch):
+    """A C-output head gives the loss the old 128-output head gave with its unused logits masked
+    (their exp is exactly 0), when its weight is the first C rows of the wide one."""
+    B, T = mixed_batch.input_ids.shape
+    H, wide = 8, 128
+    g = torch.Generator().manual_seed(4)
+    hidden = torch.randn(B, T, H, dtype=torch.float64, generator=g)
+    weight, bias = torch.randn(wide, H, dtype=torch.float64, generator=g), torch.randn(wide, dtype=torch.float64, generator=g)
+    logits = hidden[:, 0] @ weight.T + bias  # (B, 128)
+    floor = torch.finfo(logits.dtype).min
+    masked = torch.where(torch.arange(wide) < 3, logits, floor)  # the old loss's masking, num_classes = 3
+    old = torch.logsumexp(masked, dim=1) - masked.gather(1, mixed_batch.extras["label"][:, None]).squeeze(1)
+    sized = types.SimpleNamespace(heads={"classification": lambda h: logits[:, :3]})
+    assert torch.equal(task.loss(objreg.ModelOutputs(hidden, sized), mixed_batch), old)  # the same logits: bit for bit
+    narrow = types.SimpleNamespace(heads={"classification": lambda h: h[:, 0] @ weight[:3].T + bias[:3]})
+    torch.testing.assert_close(task.loss(objreg.ModelOutputs(hidden, narrow), mixed_batch), old, rtol=1e-13, atol=1e-13)
 
 
 def test_loss_is_transform_safe(task, mixed_batch):

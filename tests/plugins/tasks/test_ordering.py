@@ -29,8 +29,12 @@ def documents(texts) -> list[list[str]]:
     return [objreg.split_sentences(t) for t in texts]
 
 
-def build(documents, tokenizer, seq_len=96, limit=1000, **params) -> objreg.CorruptedBatch:
+def build_data(documents, tokenizer, seq_len=96, limit=1000, **params) -> objreg.TaskData:
     return ordering.objreg_task_data(None, documents, tokenizer, seq_len, limit, {**PARAMS, **params})
+
+
+def build(documents, tokenizer, seq_len=96, limit=1000, **params) -> objreg.CorruptedBatch:
+    return build_data(documents, tokenizer, seq_len, limit, **params).batch
 
 
 def segments(batch: objreg.CorruptedBatch, b: int, vocab: objreg.Vocabulary) -> list[list[int]]:
@@ -65,7 +69,7 @@ def expected_windows(documents, tokenizer, k) -> list[list[list[int]]]:
 def test_registered_as_a_downstream_task(task):
     assert "ordering" in objreg.Registry.load(load_entrypoints=False).tasks()
     assert task.info.kind == "downstream"
-    assert task.info.heads == (objreg.HeadSpec("ordering", "classifier", math.factorial(5)),)
+    assert task.info.heads == (objreg.HeadSpec("ordering", "classifier"),)  # sized from the data
     assert set(task.params) == set(PARAMS)
     with pytest.raises(objreg.InvalidParameterError, match="mode"):
         objreg.Registry.load(load_entrypoints=False).get_task("ordering", mode="reverse")
@@ -82,7 +86,8 @@ def test_permutations_are_lexicographic():
 @pytest.mark.parametrize("mode", ordering.MODES)
 def test_rows_are_the_window_in_the_drawn_order(documents, tokenizer, k, mode):
     vocab = tokenizer.vocab
-    batch = build(documents, tokenizer, num_sentences=k, mode=mode)
+    data = build_data(documents, tokenizer, num_sentences=k, mode=mode)
+    batch = data.batch
     windows = expected_windows(documents, tokenizer, k)
     assert batch.batch_size == len(windows)
     label, order = batch.extras["label"], batch.extras["order"]
@@ -102,7 +107,9 @@ def test_rows_are_the_window_in_the_drawn_order(documents, tokenizer, k, mode):
         if mode == "swap" and int(label[b]) == 1:
             moved = [j for j in range(k) if slot_order[j] != j]
             assert len(moved) == 2 and moved[1] == moved[0] + 1
-    assert (batch.extras["num_classes"] == (math.factorial(k) if mode == "permutation" else 2)).all()
+    classes = math.factorial(k) if mode == "permutation" else 2
+    assert data.heads == (objreg.HeadSpec("ordering", "classifier", classes),)  # k! or 2 outputs, no more
+    assert set(batch.extras) == {"label", "order", "sentence_ids"}
     # sentence_ids mark each segment's tokens with its slot
     for b in range(batch.batch_size):
         slots = batch.extras["sentence_ids"][b]
@@ -177,7 +184,7 @@ def test_limit_and_errors(documents, tokenizer):
 def test_text_file_as_source(tmp_path, tokenizer, texts):
     path = tmp_path / "docs.txt"
     path.write_text("\n\n".join(texts) + "\n", encoding="utf-8")
-    batch = ordering.objreg_task_data(str(path), [], tokenizer, 96, 1000, PARAMS)
+    batch = ordering.objreg_task_data(str(path), [], tokenizer, 96, 1000, PARAMS).batch
     documents = [objreg.split_sentences(t) for t in texts]
     assert batch.batch_size == len(expected_windows(documents, tokenizer, 3))
     assert torch.equal(batch.input_ids, build(documents, tokenizer).input_ids)
@@ -190,7 +197,7 @@ def test_text_file_as_source(tmp_path, tokenizer, texts):
 
 def test_wikitext_as_source(shared_file, tokenizer):
     path = shared_file("wikitext-2/valid.txt")
-    batch = ordering.objreg_task_data(str(path), [], tokenizer, 128, 50, PARAMS)
+    batch = ordering.objreg_task_data(str(path), [], tokenizer, 128, 50, PARAMS).batch
     assert batch.batch_size == 50
     assert ((batch.input_ids == tokenizer.vocab.sep_id).sum(dim=1) == 3).all()
 
@@ -200,12 +207,27 @@ def test_wikitext_as_source(shared_file, tokenizer):
 
 @pytest.fixture(scope="module")
 def perm_batch(documents, tokenizer) -> objreg.CorruptedBatch:
-    return build(documents, tokenizer, mode="permutation")
+    data = build_data(documents, tokenizer, mode="permutation")
+    assert data.heads == (objreg.HeadSpec("ordering", "classifier", 6),)
+    return data.batch
 
 
-def stand_in_model(hidden_size: int) -> types.SimpleNamespace:
+def test_a_built_model_has_a_k_factorial_head(task, documents, tokenizer):
+    data = task.task_data(None, documents, tokenizer, seq_len=96, limit=4)
+    assert data.heads == (objreg.HeadSpec("ordering", "classifier", 2),)  # shuffle: binary
+    permuted = objreg.Registry.load(load_entrypoints=False).get_task("ordering", mode="permutation", num_sentences=4)
+    longer = [list(a) + list(b) for a, b in zip(documents, documents[1:])]  # windows of 4 sentences
+    heads = permuted.task_data(None, longer, tokenizer, seq_len=96, limit=4).heads
+    assert heads == (objreg.HeadSpec("ordering", "classifier", 24),)
+    registry = objreg.Registry.load(load_entrypoints=False)
+    tiny = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32}
+    model = registry.load_model("default", tokenizer.vocab, heads, tiny, torch.Generator().manual_seed(0))
+    assert model.heads["ordering"].classifier.weight.shape == (24, 16)
+
+
+def stand_in_model(hidden_size: int, num_outputs: int = 6) -> types.SimpleNamespace:
     torch.manual_seed(0)
-    head = nn.Linear(hidden_size, ordering.MAX_CLASSES).double()
+    head = nn.Linear(hidden_size, num_outputs).double()
     return types.SimpleNamespace(heads={"ordering": lambda h: head(h[:, 0])}, head=head)
 
 
@@ -220,7 +242,7 @@ def test_loss_is_the_cross_entropy_over_the_permutations(task, perm_batch):
     hidden = torch.randn(B, T, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     loss = task.loss(objreg.ModelOutputs(hidden, model), perm_batch)
     with torch.no_grad():
-        logits = hidden[:, 0] @ model.head.weight[:6].T + model.head.bias[:6]  # a 6-way head
+        logits = hidden[:, 0] @ model.head.weight.T + model.head.bias  # the 6-way head
         expected = F.cross_entropy(logits, perm_batch.extras["label"], reduction="none")
     torch.testing.assert_close(loss, expected, rtol=1e-12, atol=1e-12)
 
@@ -241,3 +263,19 @@ def test_loss_is_transform_safe(task, perm_batch):
     direction = torch.randn_like(hidden)
     _, tangent = torch.func.jvp(lambda h: task.loss(objreg.ModelOutputs(h, model), perm_batch), (hidden,), (direction,))
     torch.testing.assert_close(tangent, (expected * direction).sum(dim=(1, 2)))
+
+
+def test_sized_head_equals_the_old_masked_wide_head(task, perm_batch):
+    """A 6-output head gives the loss of the old 120-output head with its unused logits masked,
+    when its weight is the first 6 rows of the wide one."""
+    B, T = perm_batch.input_ids.shape
+    g = torch.Generator().manual_seed(4)
+    hidden = torch.randn(B, T, 8, dtype=torch.float64, generator=g)
+    weight, bias = torch.randn(120, 8, dtype=torch.float64, generator=g), torch.randn(120, dtype=torch.float64, generator=g)
+    logits = hidden[:, 0] @ weight.T + bias
+    masked = torch.where(torch.arange(120) < 6, logits, torch.finfo(logits.dtype).min)
+    old = torch.logsumexp(masked, dim=1) - masked.gather(1, perm_batch.extras["label"][:, None]).squeeze(1)
+    sized = types.SimpleNamespace(heads={"ordering": lambda h: logits[:, :6]})
+    torch.testing.assert_close(task.loss(objreg.ModelOutputs(hidden, sized), perm_batch), old, rtol=1e-15, atol=1e-15)
+    narrow = types.SimpleNamespace(heads={"ordering": lambda h: h[:, 0] @ weight[:6].T + bias[:6]})
+    torch.testing.assert_close(task.loss(objreg.ModelOutputs(hidden, narrow), perm_batch), old, rtol=1e-13, atol=1e-13)

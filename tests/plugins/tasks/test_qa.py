@@ -1,5 +1,6 @@
-"""Tests of the ``qa`` downstream task: the built-in cloze set, SQuAD JSON loading and its errors,
-the attention mask, and the span loss against an independent float64 loop."""
+"""Tests of the ``qa`` downstream task: the built-in cloze set, SQuAD rows and windows, the
+attention mask, and the span loss against an independent float64 loop. The SQuAD reader's
+validation is tested in tests/toolkit/test_taskfiles.py."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from hypothesis import strategies as st
 from torch import nn
 
 import objreg
-from objreg.core.tokenizer import train_wordpiece
-from objreg.plugins.tasks import qa
+from objreg.plugins.tasks import cloze, qa
+from objreg.toolkit.wordpiece import train_wordpiece
 
 PARAMS = {"max_question_tokens": 32, "context_sentences": 2, "doc_stride": 128}
 
@@ -71,11 +72,15 @@ def check_layout(batch: objreg.CorruptedBatch, vocab: objreg.Vocabulary, seq_len
     assert (batch.input_ids[:, 0] == vocab.cls_id).all()
     assert ((batch.input_ids == vocab.sep_id).sum(dim=1) == 2).all()
     ctx = batch.extras["context_mask"]
-    seg = batch.extras["segment_ids"]
-    assert ctx.dtype == torch.bool and seg.dtype == torch.long
-    # context tokens are exactly the segment-1 tokens minus the closing [SEP]
-    assert torch.equal(ctx, (seg == 1) & (batch.input_ids != vocab.sep_id))
-    assert not (seg.bool() & batch.is_padding).any()
+    assert ctx.dtype == torch.bool
+    assert set(batch.extras) == {"start_positions", "end_positions", "context_mask"}  # no segment ids
+    # context tokens are exactly those between the first [SEP] and the closing one
+    is_sep = batch.input_ids == vocab.sep_id
+    first_sep = is_sep.long().argmax(dim=1)
+    length = (~batch.is_padding).sum(dim=1)
+    j = torch.arange(T)[None]
+    assert torch.equal(ctx, (j > first_sep[:, None]) & (j < length[:, None] - 1))
+    assert not (ctx & batch.is_padding).any()
     start, end = batch.extras["start_positions"], batch.extras["end_positions"]
     assert start.dtype == torch.long and end.dtype == torch.long
     assert (start <= end).all()
@@ -86,7 +91,6 @@ def check_answers_in_context(batch: objreg.CorruptedBatch) -> None:
     b = torch.arange(batch.batch_size)
     ctx = batch.extras["context_mask"]
     assert ctx[b, start].all() and ctx[b, end].all()
-    assert (batch.extras["segment_ids"][b, start] == 1).all()
 
 
 # -- info and registry ----------------------------------------------------------------------------
@@ -96,7 +100,9 @@ def test_registry_returns_the_task(task, tokenizer, documents):
     assert task.info.kind == "downstream"
     assert task.info.heads == (objreg.HeadSpec("qa", "span"),)
     assert "qa" in objreg.Registry.load(load_entrypoints=False).tasks()
-    batch = task.task_data(None, documents, tokenizer, seq_len=64, limit=5)
+    data = task.task_data(None, documents, tokenizer, seq_len=64, limit=5)
+    assert data.heads == (objreg.HeadSpec("qa", "span"),)  # a span head needs no size from the data
+    batch = data.batch
     assert batch.batch_size == 5
     check_layout(batch, tokenizer.vocab, 64)
 
@@ -115,26 +121,26 @@ def test_registry_returns_the_task(task, tokenizer, documents):
     ],
 )
 def test_cloze_answer_rule(sentence, answer):
-    span = qa.cloze_answer(sentence)
+    span = cloze.cloze_answer(sentence)
     assert span is not None
     assert sentence[span[0] : span[1]] == answer
 
 
 def test_cloze_answer_none_without_content_word():
-    assert qa.cloze_answer("It is on the way.") is None
-    assert qa.cloze_answer("") is None
+    assert cloze.cloze_answer("It is on the way.") is None
+    assert cloze.cloze_answer("") is None
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.text(alphabet=st.sampled_from("abcXYZ019 .,'-"), max_size=40))
 def test_cloze_answer_is_a_content_span(sentence):
-    span = qa.cloze_answer(sentence)
+    span = cloze.cloze_answer(sentence)
     if span is None:
         return
     text = sentence[span[0] : span[1]]
     assert text.strip() == text and text
     first = text.split()[0]
-    assert first.lower() not in qa.STOPWORDS
+    assert first.lower() not in cloze.STOPWORDS
     assert first.isdigit() or first[0].isupper() or (first.isalpha() and len(first) >= 5)
 
 
@@ -142,7 +148,7 @@ def test_cloze_answer_is_a_content_span(sentence):
 
 
 def test_cloze_answers_decode_and_questions_are_masked(task, tokenizer, documents):
-    batch = task.task_data(None, documents, tokenizer, seq_len=64, limit=100)
+    batch = task.task_data(None, documents, tokenizer, seq_len=64, limit=100).batch
     check_layout(batch, tokenizer.vocab, 64)
     check_answers_in_context(batch)
     assert batch.batch_size == sum(len(d) for d in documents)  # every fixture sentence has an answer
@@ -157,7 +163,7 @@ def test_cloze_answers_decode_and_questions_are_masked(task, tokenizer, document
 
 
 def test_cloze_round_robin_over_documents(task, tokenizer, documents):
-    batch = task.task_data(None, documents, tokenizer, seq_len=64, limit=len(documents))
+    batch = task.task_data(None, documents, tokenizer, seq_len=64, limit=len(documents)).batch
     doc_texts = [tokenizer.decode(tokenizer.backend.encode(" ".join(d)).ids) for d in documents]
     sources = []
     for b in range(batch.batch_size):
@@ -167,8 +173,8 @@ def test_cloze_round_robin_over_documents(task, tokenizer, documents):
 
 
 def test_cloze_is_deterministic(task, tokenizer, documents):
-    first = task.task_data(None, documents, tokenizer, seq_len=48, limit=9)
-    second = task.task_data(None, documents, tokenizer, seq_len=48, limit=9)
+    first = task.task_data(None, documents, tokenizer, seq_len=48, limit=9).batch
+    second = task.task_data(None, documents, tokenizer, seq_len=48, limit=9).batch
     for a, b in zip(first[:5], second[:5]):
         assert torch.equal(a, b)
     assert first.extras.keys() == second.extras.keys()
@@ -340,47 +346,10 @@ def test_squad_real_answers_decode(squad_tokenizer, squad_a):
     assert torch.equal(batch.input_ids, again.input_ids)
 
 
-# -- SQuAD errors -------------------------------------------------------------------------------------
-
-
-def test_missing_file(tmp_path, tokenizer):
-    with pytest.raises(objreg.DataError, match=r"nope\.json does not exist.*SQuAD"):
-        qa.objreg_task_data(str(tmp_path / "nope.json"), [], tokenizer, 64, 10, PARAMS)
-
-
-def test_invalid_json_names_line_and_column(tmp_path, tokenizer):
-    path = tmp_path / "bad.json"
-    path.write_text('{\n  "data": [\n    {"paragraphs": [}\n  ]\n}\n', encoding="utf-8")
-    # the stray "}" is character 21 of line 3
-    with pytest.raises(objreg.DataError, match=r"bad\.json: not valid JSON at line 3, column 21"):
-        qa.objreg_task_data(str(path), [], tokenizer, 64, 10, PARAMS)
+# -- SQuAD files: what is skipped ---------------------------------------------------------------------
 
 
 GOOD_QA = {"question": "What?", "answers": [{"text": "Bees", "answer_start": 0}]}
-
-
-@pytest.mark.parametrize(
-    ("data", "message"),
-    [
-        ([], r"the top level must be a JSON object, got list"),
-        ({"version": "1.1"}, r"the top level has no 'data' key"),
-        ({"data": {}}, r"the top level\.data must be a list, got object"),
-        ({"data": [{"title": "x"}]}, r"data\[0\] has no 'paragraphs' key"),
-        (squad([{"qas": []}]), r"data\[0\]\.paragraphs\[0\] has no 'context' key \(expected a string\)"),
-        (squad([{"context": 3, "qas": []}]), r"data\[0\]\.paragraphs\[0\]\.context must be a string, got integer"),
-        (squad([{"context": CONTEXT, "qas": [GOOD_QA, {"answers": []}]}]),
-         r"data\[0\]\.paragraphs\[0\]\.qas\[1\] has no 'question' key"),
-        (squad([{"context": CONTEXT, "qas": [{"question": "q"}]}]), r"qas\[0\] has no 'answers' key"),
-        (squad([{"context": CONTEXT, "qas": [{"question": "q", "answers": [{"text": "Bees", "answer_start": "0"}]}]}]),
-         r"qas\[0\]\.answers\[0\]\.answer_start must be an integer, got string"),
-        (squad([{"context": CONTEXT, "qas": [{"question": "q", "answers": [], "is_impossible": "yes"}]}]),
-         r"qas\[0\]\.is_impossible must be a boolean"),
-    ],
-)
-def test_wrong_shape_names_the_key_and_place(tmp_path, tokenizer, data, message):
-    with pytest.raises(objreg.DataError, match=message) as info:
-        qa.objreg_task_data(write_json(tmp_path, data), [], tokenizer, 64, 10, PARAMS)
-    assert "squad.json" in str(info.value)
 
 
 def test_mismatched_answers_are_skipped_and_counted(tmp_path, tokenizer):
@@ -436,7 +405,6 @@ def mixed_batch(tmp_path_factory, tokenizer, documents) -> objreg.CorruptedBatch
         "start_positions": torch.cat([p.extras["start_positions"] for p in parts]),
         "end_positions": torch.cat([p.extras["end_positions"] for p in parts]),
         "context_mask": torch.cat([pad(p.extras["context_mask"], False) for p in parts]),
-        "segment_ids": torch.cat([pad(p.extras["segment_ids"], 0) for p in parts]),
     }
     rows = torch.arange(B)[:, None].expand(B, T)
     return objreg.CorruptedBatch(

@@ -1,6 +1,7 @@
 """Tests of the ``token_classification`` downstream task: tag alignment to first subwords against a
-Hugging Face-style loop over word ids, CoNLL and JSONL loading and their errors, the built-in
-lexical tags, and the loss against a float64 loop, with padding and unlabelled positions inert."""
+Hugging Face-style loop over word ids, CoNLL and JSONL rows, heads sized from the data's tags, the
+built-in lexical tags, and the loss against a float64 loop, with padding and unlabelled positions
+inert. The file readers' validation is tested in tests/toolkit/test_taskfiles.py."""
 
 from __future__ import annotations
 
@@ -51,8 +52,19 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
     return path
 
 
-def load(path, tokenizer, seq_len=64, limit=1000, **params) -> objreg.CorruptedBatch:
+def load_data(path, tokenizer, seq_len=64, limit=1000, **params) -> objreg.TaskData:
     return tc.objreg_task_data(str(path), [], tokenizer, seq_len, limit, {**PARAMS, **params})
+
+
+def load(path, tokenizer, seq_len=64, limit=1000, **params) -> objreg.CorruptedBatch:
+    return load_data(path, tokenizer, seq_len, limit, **params).batch
+
+
+def num_tags(data: objreg.TaskData) -> int:
+    """The width of the token head the task sized from its data."""
+    (head,) = data.heads
+    assert (head.name, head.kind) == ("token_classification", "token_classifier")
+    return head.num_outputs
 
 
 def hf_style_labels(word_ids: list[int], tags: list[int], label_all_tokens: bool) -> list[int]:
@@ -94,7 +106,7 @@ def check_alignment(batch, sentences, tag_ids, tokenizer, label_all_tokens=False
 def test_registered_as_a_downstream_task(task):
     assert "token_classification" in objreg.Registry.load(load_entrypoints=False).tasks()
     assert task.info.kind == "downstream"
-    assert task.info.heads == (objreg.HeadSpec("token_classification", "token_classifier", tc.MAX_TAGS),)
+    assert task.info.heads == (objreg.HeadSpec("token_classification", "token_classifier"),)  # sized from the data
     assert set(task.params) == set(PARAMS)
 
 
@@ -112,12 +124,13 @@ TAG_IDS = {"B-ANIMAL": 0, "B-LOC": 1, "O": 2}  # alphabetical
 
 
 def test_conll_tags_land_on_first_subwords(tmp_path, tokenizer):
-    batch = load(write(tmp_path, "ner.conll", CONLL), tokenizer)
+    data = load_data(write(tmp_path, "ner.conll", CONLL), tokenizer)
+    batch = data.batch
     assert batch.batch_size == 2
     long_words = [w for w in SENTENCES[0][0] if len(tokenizer.encode_with_offsets(w)[0]) > 2]
     assert len(long_words) == 2  # the test exercises multi-subword words
     check_alignment(batch, SENTENCES, TAG_IDS, tokenizer)
-    assert batch.extras["num_tags"].tolist() == [3, 3]
+    assert num_tags(data) == 3 and set(batch.extras) == {"word_ids"}
     # labelled positions: one per word
     assert (batch.labels != IGNORE).sum(dim=1).tolist() == [6, 3]
 
@@ -135,25 +148,16 @@ def test_jsonl_with_integer_tags_in_numeric_order(tmp_path, tokenizer):
         {"id": "1", "tokens": ["The", "queen"], "ner_tags": [0, 10]},
     ]
     path = write(tmp_path, "ner.jsonl", "\n".join(json.dumps(r) for r in records) + "\n")
-    sentences, tags = tc.read_sentences(path, PARAMS)
-    assert tags == ["0", "2", "10"]
-    batch = load(path, tokenizer)
-    ids = {"0": 0, "2": 1, "10": 2}
+    data = load_data(path, tokenizer)
+    batch = data.batch
+    assert num_tags(data) == 3
+    ids = {"0": 0, "2": 1, "10": 2}  # numeric order
     check_alignment(batch, [(r["tokens"], [str(t) for t in r["ner_tags"]]) for r in records], ids, tokenizer)
-    fixed = load(path, tokenizer, labels="10,2,0,7")  # the parameter fixes order and size
-    assert fixed.extras["num_tags"].tolist() == [4, 4]
+    fixed_data = load_data(path, tokenizer, labels="10,2,0,7")  # the parameter fixes order and size
+    fixed = fixed_data.batch
+    assert num_tags(fixed_data) == 4
     first = fixed.labels[0][fixed.labels[0] != IGNORE].tolist()
     assert first == [0, 2, 1]
-
-
-def test_conll_with_tabs_and_sentence_line_numbers(tmp_path, tokenizer):
-    path = write(tmp_path, "pos.tsv", "Bees\tNNS\nfly\tVBP\n\n\nRain\tNN\n")  # no final blank line
-    sentences, tags = tc.read_sentences(path, PARAMS)
-    assert [(s.line, s.words, s.tags) for s in sentences] == [
-        (1, ("Bees", "fly"), ("NNS", "VBP")),
-        (5, ("Rain",), ("NN",)),
-    ]
-    assert tags == ["NN", "NNS", "VBP"]
 
 
 def test_limit_is_evenly_spaced(tmp_path, tokenizer):
@@ -183,60 +187,31 @@ def test_truncation_and_dropped_words_warn(tmp_path, tokenizer):
     assert not (word_ids == 1).any()
 
 
-# -- malformed files --------------------------------------------------------------------------------
+# -- heads sized from the data ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("name", "text", "message"),
-    [
-        ("empty.conll", "", r"empty\.conll: no tagged sentence in the file; allowed: CoNLL style"),
-        ("empty.jsonl", "\n", r"empty\.jsonl: the file is empty"),
-        ("notag.conll", "Bees\tNNS\nfly\n", r"notag\.conll line 2: 'fly' has no tag: expected a token and its tag"),
-        (
-            "bad.jsonl",
-            '{"tokens": ["a"], "tags": ["O"]}\n{"tokens": ["a"], "tags": ["O"}\n',
-            r"bad\.jsonl line 2: not valid JSON \(Expecting ',' delimiter",
-        ),
-        ("len.jsonl", '{"tokens": ["a", "b"], "tags": ["O"]}\n', r"len\.jsonl line 1: 2 tokens but 1 tags"),
-        (
-            "float.jsonl",
-            '{"tokens": ["a"], "tags": [0.5]}\n',
-            r"line 1: 'tags' holds a JSON number \(0\.5\); a tag must be a non-empty string or an integer",
-        ),
-        ("bool.jsonl", '{"tokens": ["a"], "tags": [true]}\n', r"'tags' holds a JSON boolean \(true\)"),
-        ("null.jsonl", '{"tokens": ["a"], "tags": [null]}\n', r"'tags' holds a JSON null"),
-        ("word.jsonl", '{"tokens": [1], "tags": ["O"]}\n', r"line 1: 'tokens' holds a JSON integer; every token is"),
-        ("str.jsonl", '{"tokens": "a b", "tags": ["O"]}\n', r"line 1: 'tokens' must be a list, got string"),
-        (
-            "keys.jsonl",
-            '{"text": "a b", "tags": ["O"]}\n',
-            r"keys\.jsonl line 1: no tokens list \(its fields: 'text', 'tags'\); expected one of tokens, words",
-        ),
-        (
-            "later.jsonl",
-            '{"tokens": ["a"], "tags": ["O"]}\n{"tokens": ["a"]}\n',
-            r"later\.jsonl line 2: no 'tags' field, which the first record has",
-        ),
-        ("object.jsonl", '["a", "O"]\n', r"object\.jsonl line 1: a JSON array, not an object"),
-    ],
-)
-def test_malformed_files(tmp_path, tokenizer, name, text, message):
-    with pytest.raises(objreg.DataError, match=message):
-        load(write(tmp_path, name, text), tokenizer)
+def test_head_has_as_many_outputs_as_tags(tmp_path, tokenizer):
+    data = load_data(write(tmp_path, "many.conll", "".join(f"w\tT{i}\n\n" for i in range(129))), tokenizer)
+    assert num_tags(data) == 129  # no cap: a head as wide as the tag set
+    task = objreg.Registry.load(load_entrypoints=False).get_task("token_classification")
+    assert task.task_data(str(tmp_path / "many.conll"), [], tokenizer, 64, 10).heads == data.heads
 
 
-def test_unknown_tag_too_many_tags_missing_file(tmp_path, tokenizer):
-    path = write(tmp_path, "ner.conll", CONLL)
-    with pytest.raises(objreg.DataError, match=r"ner\.conll line 3: tag 'B-ANIMAL' is not in the labels parameter"):
-        load(path, tokenizer, labels="O,B-LOC")
-    many = write(tmp_path, "many.conll", "".join(f"w\tT{i}\n" for i in range(tc.MAX_TAGS + 1)))
-    with pytest.raises(objreg.DataError, match=rf"{tc.MAX_TAGS + 1} distinct tags; .* at most {tc.MAX_TAGS}"):
-        load(many, tokenizer)
-    with pytest.raises(objreg.DataError, match=r"none\.conll does not exist"):
-        load(tmp_path / "none.conll", tokenizer)
+def test_empty_records_are_skipped_with_a_warning(tmp_path, tokenizer):
     empty = write(tmp_path, "empty.jsonl", '{"tokens": [], "tags": []}\n{"tokens": ["a"], "tags": ["O"]}\n')
     with pytest.warns(UserWarning, match=r"skipped 1 records with no tokens \(first: line 1\)"):
         assert load(empty, tokenizer).batch_size == 1
+
+
+def test_a_built_model_has_the_sized_head(task, tokenizer, documents):
+    data = task.task_data(None, documents, tokenizer, seq_len=64, limit=4)
+    registry = objreg.Registry.load(load_entrypoints=False)
+    tiny = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32}
+    model = registry.load_model("default", tokenizer.vocab, data.heads, tiny, torch.Generator().manual_seed(0))
+    assert model.heads["token_classification"].weight.shape == (len(tc.BUILTIN_TAGS), 16)
+    batch = data.batch
+    hidden = model.encode(batch.input_ids, task.attention_mask(batch), batch.position_ids)
+    assert torch.isfinite(task.loss(objreg.ModelOutputs(hidden, model), batch)).all()
 
 
 # -- the built-in lexical tags ----------------------------------------------------------------------
@@ -283,16 +258,17 @@ def test_builtin_words():
 
 
 def test_builtin_set(task, tokenizer, documents):
-    batch = task.task_data(None, documents, tokenizer, seq_len=64, limit=100)
-    a_again = task.task_data(None, documents, tokenizer, seq_len=64, limit=100)
+    data = task.task_data(None, documents, tokenizer, seq_len=64, limit=100)
+    batch = data.batch
+    a_again = task.task_data(None, documents, tokenizer, seq_len=64, limit=100).batch
     assert torch.equal(batch.input_ids, a_again.input_ids) and torch.equal(batch.labels, a_again.labels)
     order = [s for k in range(max(map(len, documents))) for d in documents if k < len(d) for s in [d[k]]]
     assert batch.batch_size == len(order)  # every sentence, one document after another
     tag_ids = {t: i for i, t in enumerate(tc.BUILTIN_TAGS)}
     sentences = [(tc.builtin_words(s), [tc.builtin_tag(w) for w in tc.builtin_words(s)]) for s in order]
     check_alignment(batch, sentences, tag_ids, tokenizer)
-    assert (batch.extras["num_tags"] == len(tc.BUILTIN_TAGS)).all()
-    small = task.task_data(None, documents, tokenizer, seq_len=64, limit=3)
+    assert num_tags(data) == len(tc.BUILTIN_TAGS)
+    small = task.task_data(None, documents, tokenizer, seq_len=64, limit=3).batch
     assert small.batch_size == 3
     with pytest.raises(objreg.DataError, match=r"too few held-out sentences"):
         task.task_data(None, [], tokenizer, seq_len=64, limit=3)
@@ -304,23 +280,23 @@ def test_builtin_set(task, tokenizer, documents):
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory, tokenizer) -> objreg.CorruptedBatch:
     path = write(tmp_path_factory.mktemp("tok"), "ner.conll", CONLL)
-    return load(path, tokenizer)
+    data = load_data(path, tokenizer)
+    assert num_tags(data) == 3
+    return data.batch
 
 
-def stand_in_model(hidden_size: int) -> types.SimpleNamespace:
+def stand_in_model(hidden_size: int, num_outputs: int = 3) -> types.SimpleNamespace:
     torch.manual_seed(0)
-    head = nn.Linear(hidden_size, tc.MAX_TAGS).double()
+    head = nn.Linear(hidden_size, num_outputs).double()
     return types.SimpleNamespace(heads={"token_classification": head})
 
 
 def loop_loss(logits: torch.Tensor, batch: objreg.CorruptedBatch) -> torch.Tensor:
-    """Per row, the mean float64 cross-entropy over the labelled positions, found one by one,
-    over the row's num_tags first logits."""
+    """Per row, the mean float64 cross-entropy over the labelled positions, found one by one."""
     out = []
     for b in range(logits.shape[0]):
-        k = int(batch.extras["num_tags"][b])
         terms = [
-            F.cross_entropy(logits[b, t, :k][None].double(), batch.labels[b, t][None])
+            F.cross_entropy(logits[b, t][None].double(), batch.labels[b, t][None])
             for t in range(logits.shape[1])
             if int(batch.labels[b, t]) != IGNORE and not bool(batch.is_padding[b, t])
         ]
@@ -344,11 +320,31 @@ def test_loss_matches_a_loop_over_labelled_positions(task, batch):
     with torch.no_grad():
         expected = loop_loss(model.heads["token_classification"](hidden), batch)
     torch.testing.assert_close(loss, expected, rtol=1e-12, atol=1e-12)
-    # unlabelled positions (later subwords, [CLS], [SEP], padding) and unused tag outputs are inert
-    inert = (batch.labels == IGNORE)[..., None] | (torch.arange(tc.MAX_TAGS) >= 3)
+    # unlabelled positions (later subwords, [CLS], [SEP], padding) are inert
+    inert = (batch.labels == IGNORE)[..., None].expand(B, T, 3)
     head = model.heads["token_classification"]
     bumped = types.SimpleNamespace(heads={"token_classification": lambda h: head(h) + 50.0 * inert})
     torch.testing.assert_close(task.loss(objreg.ModelOutputs(hidden, bumped), batch), loss)
+
+
+def test_sized_head_equals_the_old_masked_wide_head(task, batch):
+    """A C-output head gives the loss of the old 128-output head with its unused logits masked,
+    when its weight is the first C rows of the wide one."""
+    B, T = batch.input_ids.shape
+    H, wide = 8, 128
+    g = torch.Generator().manual_seed(4)
+    hidden = torch.randn(B, T, H, dtype=torch.float64, generator=g)
+    weight, bias = torch.randn(wide, H, dtype=torch.float64, generator=g), torch.randn(wide, dtype=torch.float64, generator=g)
+    logits = hidden @ weight.T + bias  # (B, T, 128)
+    masked = torch.where(torch.arange(wide) < 3, logits, torch.finfo(logits.dtype).min)  # num_tags = 3
+    labelled = (batch.labels != IGNORE) & ~batch.is_padding
+    target = torch.where(labelled, batch.labels, 0)
+    nll = torch.where(labelled, torch.logsumexp(masked, dim=2) - masked.gather(2, target[..., None]).squeeze(2), 0.0)
+    old = nll.sum(dim=1) / labelled.sum(dim=1).clamp(min=1)
+    sized = types.SimpleNamespace(heads={"token_classification": lambda h: logits[..., :3]})
+    assert torch.equal(task.loss(objreg.ModelOutputs(hidden, sized), batch), old)  # the same logits: bit for bit
+    narrow = types.SimpleNamespace(heads={"token_classification": lambda h: h @ weight[:3].T + bias[:3]})
+    torch.testing.assert_close(task.loss(objreg.ModelOutputs(hidden, narrow), batch), old, rtol=1e-13, atol=1e-13)
 
 
 def test_padding_is_excluded_by_position(task, batch):

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import objreg
+from objreg.toolkit.taskfiles import evenly_spaced, json_type, read_lines
 
 JSONL_SUFFIXES = (".jsonl", ".json")
 #: Names ending like this are meant as paths even when the file does not exist.
@@ -89,7 +90,7 @@ def read_file(path: Path, max_documents: int | None = None) -> list[Document]:
     ``MAX_DOCUMENTS``) evenly spaced ones (all of them for a smaller file)."""
     max_documents = max_documents or MAX_DOCUMENTS
     count = sum(1 for _ in _documents(path))
-    keep = _evenly_spaced(count, max_documents)
+    keep = set(evenly_spaced(count, max_documents))
     if count > max_documents:
         warnings.warn(
             f"corpus file '{path}' has {count:,} documents; using {max_documents:,} evenly spaced ones",
@@ -98,13 +99,9 @@ def read_file(path: Path, max_documents: int | None = None) -> list[Document]:
     return [doc for i, doc in enumerate(_documents(path)) if i in keep]
 
 
-def _evenly_spaced(n: int, k: int) -> set[int]:
-    return set(range(n)) if n <= k else {i * n // k for i in range(k)}
-
-
 def _documents(path: Path) -> Iterator[Document]:
     if path.suffix.lower() in JSONL_SUFFIXES:
-        return _parse_jsonl(path, _lines(path))
+        return _parse_jsonl(path)
     return _parse_text(path)
 
 
@@ -117,7 +114,7 @@ def _read_directory(path: Path) -> list[Document]:
         )
     # An empty file among others is harmless; the whole directory being empty is reported above.
     counts = [sum(1 for _ in _documents(file)) for file in files]
-    keep = _evenly_spaced(sum(counts), MAX_DOCUMENTS)
+    keep = set(evenly_spaced(sum(counts), MAX_DOCUMENTS))
     if sum(counts) > MAX_DOCUMENTS:
         warnings.warn(
             f"corpus directory '{path}' has {sum(counts):,} documents; using {MAX_DOCUMENTS:,} evenly spaced ones",
@@ -131,24 +128,14 @@ def _read_directory(path: Path) -> list[Document]:
 
 
 def _lines(path: Path) -> Iterator[str]:
-    """The file's lines, decoded one at a time, without line endings. Split on newlines only:
-    str.splitlines() also breaks at form feeds and U+2028, which would shift the line numbers
-    that error messages give."""
-    try:
-        with path.open("rb") as handle:
-            offset = 0
-            for number, raw in enumerate(handle):
-                try:
-                    line = raw.decode("utf-8-sig" if number == 0 else "utf-8")  # -sig: a BOM is not text
-                except UnicodeDecodeError as e:
-                    raise objreg.DataError(
-                        f"corpus file '{path}' is not UTF-8 text: invalid byte 0x{raw[e.start]:02x} at byte "
-                        f"offset {offset + e.start}; save it as UTF-8"
-                    ) from e
-                offset += len(raw)
-                yield line.rstrip("\n").rstrip("\r")
-    except OSError as e:
-        raise objreg.DataError(f"cannot read corpus file '{path}': {e.strerror or e}") from e
+    """The file's lines, streamed, without line endings (:func:`objreg.toolkit.taskfiles.read_lines`:
+    split on newlines only, a leading BOM dropped, errors that name the line and byte offset)."""
+    return (line for _, line in read_lines(path, "corpus file"))
+
+
+def is_heading(line: str) -> bool:
+    """A WikiText heading line (`` = Title = ``, `` = = Section = = ``)."""
+    return bool(_HEADING.match(line))
 
 
 def _parse_text(path: Path) -> Iterator[Document]:
@@ -164,7 +151,7 @@ def _parse_text(path: Path) -> Iterator[Document]:
     current: list[str] = []
     for line in _lines(path):
         # A heading ends a block too: the text under a new heading is a new document.
-        if line.strip() and not _HEADING.match(line):
+        if line.strip() and not is_heading(line):
             current.append(line)
             if blank_inside:
                 continue
@@ -179,8 +166,8 @@ def _parse_text(path: Path) -> Iterator[Document]:
             yield document
 
 
-def _parse_jsonl(path: Path, lines: Iterator[str]) -> Iterator[Document]:
-    for number, line in enumerate(lines, start=1):
+def _parse_jsonl(path: Path) -> Iterator[Document]:
+    for number, line in read_lines(path, "corpus file"):
         if not line.strip():
             continue  # blank lines (a trailing newline, spacing) carry no record
         try:
@@ -200,18 +187,11 @@ def _parse_jsonl(path: Path, lines: Iterator[str]) -> Iterator[Document]:
             yield sentences
 
 
-_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
-
-
 def _describe(record: object) -> str:
     """What a JSONL line held instead of an object with a string "text" field, in JSON terms."""
     if not isinstance(record, dict):
-        return f"a JSON {_json_type(record)}"
+        return f"a JSON {json_type(record)}"
     if "text" not in record:
         keys = ", ".join(json.dumps(k) for k in list(record)[:5]) or "none"
         return f'an object without a "text" field (its keys: {keys})'
-    return f'a "text" field that is a JSON {_json_type(record["text"])}, not a string'
-
-
-def _json_type(value: object) -> str:
-    return "null" if value is None else _JSON_TYPES.get(type(value), type(value).__name__)
+    return f'a "text" field that is a JSON {json_type(record["text"])}, not a string'

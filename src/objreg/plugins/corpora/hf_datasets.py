@@ -13,18 +13,17 @@ Written like a third-party plugin: it imports only the public ``objreg`` facade.
 from __future__ import annotations
 
 import itertools
-import re
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import objreg
 
+from .files import MAX_DOCUMENTS, is_heading
+
 PREFIX = "hf:"
-MAX_DOCUMENTS = 100_000
 #: Files ``save_to_disk`` writes; a directory holding one is a saved dataset, not a folder of text.
 SAVED_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
-_HEADING = re.compile(r"^\s*(= )+.*( =)+\s*$")
 
 
 def _datasets() -> Any:
@@ -60,7 +59,7 @@ def documents_from_records(records: Iterable[dict[str, Any]], column: str, limit
     documents = []
     for record in records:
         text = record.get(column)
-        if not isinstance(text, str) or not text.strip() or _HEADING.match(text):
+        if not isinstance(text, str) or not text.strip() or is_heading(text):
             continue
         sentences = tuple(objreg.split_sentences(text))
         if sentences:

@@ -198,8 +198,11 @@ class HFBackbone(nn.Module):
             )
         attention_mask = objreg.masks.dense(attention_mask)
         dtype = self.input_embeddings().dtype
-        # finfo.min, not -inf: a padding query with no allowed key gets a uniform row, not NaN.
-        additive = torch.where(attention_mask, 0.0, torch.finfo(dtype).min).to(dtype)[:, None]  # (B, 1, T, T)
+        # finfo.min, not -inf: a padding query with no allowed key gets a uniform row, not NaN. Both
+        # values in the model's dtype (float64's minimum does not fit the default float32).
+        zero = torch.zeros((), dtype=dtype, device=input_ids.device)
+        floor = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=input_ids.device)
+        additive = torch.where(attention_mask, zero, floor)[:, None]  # (B, 1, T, T)
         out = self.model(input_ids=input_ids, attention_mask=additive, position_ids=position_ids)
         return out.last_hidden_state  # (B, T, H)
 

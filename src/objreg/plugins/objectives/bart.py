@@ -28,12 +28,12 @@ rotate 0, insert 0) with the paper's λ = 3 (the recipe used 3.5; HF's Flax exam
 fairseq's task defaults turn everything off except ``rotate=0.5``.
 
 The target is the original row ``[CLS] text [SEP]``; the model sees ``[noised ; original]`` as a
-prefix LM (``objreg.spans``). Known bugs avoided: sentence boundaries come from the tokenizer's
+prefix LM (:mod:`objreg.toolkit.seq2seq`). Known bugs avoided: sentence boundaries come from the tokenizer's
 sentence ids, so permutation always has sentences to permute (fairseq#3803 stripped the
 separators and made it a no-op); random replacements never draw special tokens (fairseq draws
 from ``[1, len(vocab))``); ``[CLS]``, ``[SEP]`` and other special tokens are never masked.
 
-Written like a third-party plugin: it imports only ``objreg`` and ``torch``.
+Written like a third-party plugin: it imports only ``objreg``, its toolkit and ``torch``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 import objreg
-from objreg import spans
+from objreg.toolkit import selection, seq2seq
 
 #: Poisson span lengths are drawn in chunks until every row's budget is reached; this many chunks
 #: without reaching it means the budget cannot be reached (it never happens with λ >= 0.1).
@@ -95,7 +95,7 @@ def objreg_corrupt(
     batch: objreg.TokenBatch, generator: torch.Generator, params: Mapping[str, Any], vocab: objreg.Vocabulary
 ) -> objreg.CorruptedBatch:
     real = ~batch.is_padding  # (B, T)
-    tokens, ordinary, words = batch.input_ids, spans.ordinary_tokens(batch), batch.word_ids
+    tokens, ordinary, words = batch.input_ids, selection.maskable(batch), batch.word_ids
     length = real.sum(dim=1)  # (B,)
     if params["permute_sentences"] > 0:
         order = permuted_order(batch, params["permute_sentences"], generator)  # (B, T)
@@ -111,20 +111,20 @@ def objreg_corrupt(
         tokens, length = insert_tokens(tokens, length, inserts + extra, random_inserts, generator, vocab)
     if params["rotate"] > 0:
         tokens = rotate(tokens, length, params["rotate"], generator)
-    target, target_len = spans.compact(batch.input_ids, real, vocab.pad_id)
+    target, target_len = seq2seq.compact(batch.input_ids, real, vocab.pad_id)
     source = torch.where(torch.arange(tokens.shape[1], device=tokens.device)[None, :] < length[:, None],
                          tokens, vocab.pad_id)
-    return spans.seq2seq_batch((source, length, target, target_len), spans.row_document(batch), vocab.pad_id)
+    return seq2seq.seq2seq_batch((source, length, target, target_len), seq2seq.row_document(batch), vocab.pad_id)
 
 
 @objreg.hookimpl
-def objreg_attention_mask(batch: objreg.CorruptedBatch) -> torch.Tensor:
-    return spans.seq2seq_attention_mask(batch)  # (B, T, T)
+def objreg_attention_mask(batch: objreg.CorruptedBatch) -> objreg.AttentionMask:
+    return seq2seq.attention(batch)  # bidirectional over the source, causal over the target
 
 
 @objreg.hookimpl
 def objreg_loss(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> torch.Tensor:
-    return spans.seq2seq_loss(outputs, batch)  # (B,)
+    return seq2seq.seq2seq_loss(outputs, batch)  # (B,)
 
 
 # -- noising functions, each vectorised over the batch -----------------------------------------------
@@ -185,7 +185,7 @@ def span_lengths(budget: torch.Tensor, lam: float, generator: torch.Generator) -
     before = draws.cumsum(dim=1) - draws  # (B, N): masked so far
     used = before < budget[:, None]
     trimmed = torch.where(used, torch.minimum(draws, budget[:, None] - before), 0)
-    lengths, _ = spans.compact(trimmed, used & (trimmed > 0), 0)
+    lengths, _ = seq2seq.compact(trimmed, used & (trimmed > 0), 0)
     return lengths, (used & (trimmed == 0)).sum(dim=1)
 
 
@@ -236,7 +236,7 @@ def mask_spans(
     out = torch.where(replace, vocab.mask_id, tokens)
     if params["mask_random"] > 0:
         out = torch.where(replace & randomised, random_tokens((B, T), generator, vocab, device), out)
-    compacted, new_length = spans.compact(out, real & ~delete, vocab.pad_id)
+    compacted, new_length = seq2seq.compact(out, real & ~delete, vocab.pad_id)
     return compacted, new_length, inserts
 
 

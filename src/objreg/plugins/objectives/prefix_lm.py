@@ -15,7 +15,7 @@ other implementations get wrong: the loss covers the continuation only
 (``loss_on_targets_only=True``); padding is excluded by position (T5X's decoder mask assumes pad id
 0).
 
-Written like a third-party plugin: it imports only ``objreg`` and ``torch``.
+Written like a third-party plugin: it imports only ``objreg``, its toolkit and ``torch``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 import objreg
-from objreg import spans
+from objreg.toolkit import seq2seq
 
 
 @objreg.hookimpl
@@ -59,19 +59,15 @@ def objreg_objective_info() -> objreg.ObjectiveInfo:
 def objreg_corrupt(
     batch: objreg.TokenBatch, generator: torch.Generator, params: Mapping[str, Any], vocab: objreg.Vocabulary
 ) -> objreg.CorruptedBatch:
-    real = ~batch.is_padding  # (B, T)
-    # Text tokens: everything between the row's first token ([CLS]) and its last ([SEP]).
-    text = (real.sum(dim=1) - 2).clamp(min=0)  # (B,)
-    split = 1 + spans.random_prefix_length(text, params["noise_density"], generator)  # (B,): first target position
-    parts = spans.prefix_parts(batch.input_ids, real, split, vocab.pad_id)
-    return spans.seq2seq_batch(parts, spans.row_document(batch), vocab.pad_id)
+    parts = seq2seq.prefix_lm_parts(batch, params["noise_density"], generator, vocab.pad_id)
+    return seq2seq.seq2seq_batch(parts, seq2seq.row_document(batch), vocab.pad_id)
 
 
 @objreg.hookimpl
-def objreg_attention_mask(batch: objreg.CorruptedBatch) -> torch.Tensor:
-    return spans.seq2seq_attention_mask(batch)  # (B, T, T)
+def objreg_attention_mask(batch: objreg.CorruptedBatch) -> objreg.AttentionMask:
+    return seq2seq.attention(batch)  # bidirectional over the source, causal over the target
 
 
 @objreg.hookimpl
 def objreg_loss(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> torch.Tensor:
-    return spans.seq2seq_loss(outputs, batch)  # (B,)
+    return seq2seq.seq2seq_loss(outputs, batch)  # (B,)

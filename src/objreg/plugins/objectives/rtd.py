@@ -36,7 +36,7 @@ log-probability as the similarity ``s``; excluding the original (ELECTRA's ``dis
 removes the one false negative. Plausible-in-context replacements are the ones closest to the
 real token and the hardest to detect.
 
-Written exactly like a third-party plugin: it imports only ``objreg`` and ``torch``.
+Written exactly like a third-party plugin: it imports only ``objreg``, its toolkit and ``torch``.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ from torch import nn
 
 import objreg
 from objreg import IGNORE_INDEX, masks
+from objreg.toolkit import losses, selection
 from objreg.toolkit.layers import Block, TransformerConfig, attention_bias, check_inputs
-from objreg.toolkit.selection import maskable, selection_lists
 
 #: The backbone's width divided by the generator's: ELECTRA-small's generator_hidden_size=0.25.
 GENERATOR_DIVISOR = 4
@@ -122,7 +122,7 @@ def objreg_corrupt(
     ids, device = batch.input_ids, batch.input_ids.device
     selected = _select(batch, generator, params["mask_prob"])  # (B, T) bool
     to_mask = selected & (objreg.uniform(tuple(ids.shape), generator, device) < params["mask_replace_prob"])
-    positions, weights = selection_lists(selected)  # (B, K), (B, K)
+    positions, weights = selection.selection_lists(selected)  # (B, K), (B, K)
     noise = objreg.uniform(tuple(positions.shape), generator, device)  # (B, K): one draw per sample
     if params["hard_negatives"] and int(vocab.normal_token_weights().sum()) < 2:
         raise objreg.DataError("rtd: hard_negatives needs at least 2 ordinary tokens in the vocabulary")
@@ -166,9 +166,7 @@ def loss_parts(
     targets = batch.labels.gather(1, positions).clamp(min=0)  # (B, K); list padding -> 0, weight 0
 
     logits = model.heads["generator"](batch.input_ids, mask, batch.position_ids, positions)  # (B, K, V)
-    weights = real.to(logits.dtype)
-    nll = -torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (B, K)
-    generator_loss = (nll * weights).sum(dim=1) / weights.sum(dim=1).clamp(min=1)  # (B,)
+    generator_loss = losses.weighted_mean(losses.smoothed_nll(logits, targets), real)  # (B,)
 
     sampled = sample_replacements(logits.detach(), targets, extras["sample_noise"], params, vocab)  # (B, K)
     current = batch.input_ids.gather(1, positions)  # (B, K)
@@ -180,8 +178,7 @@ def loss_parts(
     scores = model.heads["discriminator"](hidden).squeeze(-1)  # (B, T)
     # Sigmoid cross-entropy, softplus(x) - y·x, over every real token.
     bce = F.softplus(scores) - is_fake.to(scores.dtype) * scores  # (B, T)
-    tokens = (~batch.is_padding).to(scores.dtype)  # (B, T)
-    discriminator_loss = (bce * tokens).sum(dim=1) / tokens.sum(dim=1).clamp(min=1)  # (B,)
+    discriminator_loss = losses.weighted_mean(bce, ~batch.is_padding)  # (B,)
     return {"generator": generator_loss, "discriminator": discriminator_loss, "replaced": replaced,
             "is_replaced": is_fake}
 
@@ -218,7 +215,7 @@ def _select(batch: objreg.TokenBatch, generator: torch.Generator, mask_prob: flo
     uniformly without replacement as the smallest of random keys."""
     B, T = batch.input_ids.shape
     device = batch.input_ids.device
-    can = maskable(batch)  # (B, T)
+    can = selection.maskable(batch)  # (B, T)
     n = can.sum(dim=1)  # (B,)
     count = torch.where(n > 0, torch.round(n * mask_prob).long().clamp(min=1), 0)  # (B,)
     keys = torch.where(can, objreg.uniform((B, T), generator, device), 2.0)  # (B, T)
@@ -285,5 +282,5 @@ class GeneratorHead(nn.Module):
         for block in self.blocks:
             x = block(x, bias)  # (B, T, h)
         x = self.final_norm(x)
-        picked = x.gather(1, positions.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # (B, K, h)
+        picked = losses.gather_positions(x, positions)  # (B, K, h)
         return self.decoder(self.norm(F.gelu(self.dense(picked))))  # (B, K, V)

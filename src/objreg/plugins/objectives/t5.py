@@ -5,7 +5,7 @@ tokens in ``max(1, round(noise / mean_noise_span_length))`` spans, ``n`` countin
 ordinary tokens (T5's ``random_spans_noise_mask``). Span ``k`` becomes the sentinel
 ``vocab.sentinel_ids[k]`` in the input; the target is ``[S0] span_0 [S1] span_1 … [EOS]``, so
 input and target together give back the row exactly. The model sees ``[input ; target]`` as a
-prefix LM (bidirectional input, causal target, loss on the target only; ``objreg.spans``).
+prefix LM (bidirectional input, causal target, loss on the target only; :mod:`objreg.toolkit.seq2seq`).
 
 Known bugs of the references avoided here:
 
@@ -15,10 +15,10 @@ Known bugs of the references avoided here:
 * Tokens are kept or dropped by position, never by id, so a literal ``<pad>``/0 id inside the
   text neither disappears nor breaks the lengths (transformers#15443, #23248).
 * The mask does not always end with a noise span (t5#905): the outer non-noise gaps may be empty,
-  so spans fall anywhere while the noise and span counts stay exact (``objreg.spans``).
+  so spans fall anywhere while the noise and span counts stay exact (:mod:`objreg.toolkit.spans`).
 
-Special tokens never become noise. Written like a third-party plugin: it imports only ``objreg``
-and ``torch``.
+Special tokens never become noise. Written like a third-party plugin: it imports only ``objreg``,
+its toolkit and ``torch``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 import objreg
-from objreg import spans
+from objreg.toolkit import seq2seq
 
 
 @objreg.hookimpl
@@ -65,22 +65,17 @@ def objreg_objective_info() -> objreg.ObjectiveInfo:
 def objreg_corrupt(
     batch: objreg.TokenBatch, generator: torch.Generator, params: Mapping[str, Any], vocab: objreg.Vocabulary
 ) -> objreg.CorruptedBatch:
-    ordinary = spans.ordinary_tokens(batch)  # (B, T)
-    noise = spans.random_spans_noise_mask(
-        ordinary, params["noise_density"], params["mean_noise_span_length"], generator
-    )  # (B, T)
-    sentinels = spans.sentinel_tensor(vocab, spans.count_spans(noise), "t5", noise.device)
-    parts = spans.sentinel_parts(
-        batch.input_ids, ~batch.is_padding, noise, sentinels, spans.end_of_text_id(vocab), vocab.pad_id
+    parts = seq2seq.span_corruption_parts(
+        batch, params["noise_density"], params["mean_noise_span_length"], generator, vocab, "t5"
     )
-    return spans.seq2seq_batch(parts, spans.row_document(batch), vocab.pad_id)
+    return seq2seq.seq2seq_batch(parts, seq2seq.row_document(batch), vocab.pad_id)
 
 
 @objreg.hookimpl
-def objreg_attention_mask(batch: objreg.CorruptedBatch) -> torch.Tensor:
-    return spans.seq2seq_attention_mask(batch)  # (B, T, T)
+def objreg_attention_mask(batch: objreg.CorruptedBatch) -> objreg.AttentionMask:
+    return seq2seq.attention(batch)  # bidirectional over the source, causal over the target
 
 
 @objreg.hookimpl
 def objreg_loss(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> torch.Tensor:
-    return spans.seq2seq_loss(outputs, batch)  # (B,)
+    return seq2seq.seq2seq_loss(outputs, batch)  # (B,)

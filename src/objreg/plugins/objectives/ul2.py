@@ -2,7 +2,7 @@
 a mode token.
 
 * R (regular) and X (extreme) denoisers are T5 span corruption with mean span length ``μ`` and
-  noise density ``r`` (``objreg.spans``, shared with ``t5``); R rows start with ``[NLU]``, X rows
+  noise density ``r`` (:mod:`objreg.toolkit.seq2seq`, shared with ``t5``); R rows start with ``[NLU]``, X rows
   with ``[NLG]``.
 * The S (sequential) denoiser is a prefix LM whose continuation holds about ``r`` of the text (T5's
   ``random_prefix_noise_mask``, shared with ``prefix_lm``); its rows start with ``[S2S]``.
@@ -20,7 +20,7 @@ The mode token is a real vocabulary token (``vocab.named_ids``); the paper code 
 ``prepend_prompt`` (google-research#1405, t5x#939) and NeMo reuses ``<extra_id_*>`` sentinels,
 which collide with the span sentinels. ``extras["denoiser"]`` records each row's choice.
 
-Written like a third-party plugin: it imports only ``objreg`` and ``torch``.
+Written like a third-party plugin: it imports only ``objreg``, its toolkit and ``torch``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 import objreg
-from objreg import spans
+from objreg.toolkit import seq2seq
 
 DEFAULT_DENOISERS = "R:3:0.15, R:8:0.15, X:3:0.5, X:8:0.5, X:64:0.15, X:64:0.5, S:0.25"
 DEFAULT_WEIGHTS = "0.13, 0.13, 0.13, 0.13, 0.13, 0.13, 0.22"
@@ -102,34 +102,28 @@ def objreg_corrupt(
     sequential = is_sequential[choice]  # (B,): S rows
     density = torch.tensor([d.density for d in denoisers], dtype=torch.float64, device=device)[choice]
     mean = torch.tensor([d.mean for d in denoisers], dtype=torch.float64, device=device)[choice]
-    real = ~batch.is_padding
 
     # R/X rows: span corruption; S rows get density 0 here, so no spans.
-    noise = spans.random_spans_noise_mask(spans.ordinary_tokens(batch), torch.where(sequential, 0.0, density),
-                                          mean, generator)  # (B, T)
-    sentinels = spans.sentinel_tensor(vocab, spans.count_spans(noise), "ul2", device)
-    corrupted = spans.sentinel_parts(ids, real, noise, sentinels, spans.end_of_text_id(vocab), vocab.pad_id)
-    # S rows: prefix LM split after k text tokens ([CLS] stays in the prefix).
-    text = (real.sum(dim=1) - 2).clamp(min=0)
-    split = 1 + spans.random_prefix_length(text, density, generator)  # (B,)
-    prefixed = spans.prefix_parts(ids, real, split, vocab.pad_id)
-    parts = spans.choose_parts(sequential, prefixed, corrupted, vocab.pad_id)
+    corrupted = seq2seq.span_corruption_parts(batch, torch.where(sequential, 0.0, density), mean, generator, vocab,
+                                              "ul2")
+    prefixed = seq2seq.prefix_lm_parts(batch, density, generator, vocab.pad_id)  # S rows: prefix LM
+    parts = seq2seq.choose_parts(sequential, prefixed, corrupted, vocab.pad_id)
 
     if params["mode_tokens"]:
-        table = torch.tensor([spans.named_id(vocab, MODE_TOKENS[d.kind], "ul2") for d in denoisers], device=device)
-        source, source_len = spans.prepend_tokens(parts[0], parts[1], table[choice])
+        table = torch.tensor([seq2seq.named_id(vocab, MODE_TOKENS[d.kind], "ul2") for d in denoisers], device=device)
+        source, source_len = seq2seq.prepend_tokens(parts[0], parts[1], table[choice])
         parts = (source, source_len, parts[2], parts[3])
-    return spans.seq2seq_batch(parts, spans.row_document(batch), vocab.pad_id, extras={"denoiser": choice})
+    return seq2seq.seq2seq_batch(parts, seq2seq.row_document(batch), vocab.pad_id, extras={"denoiser": choice})
 
 
 @objreg.hookimpl
-def objreg_attention_mask(batch: objreg.CorruptedBatch) -> torch.Tensor:
-    return spans.seq2seq_attention_mask(batch)  # (B, T, T)
+def objreg_attention_mask(batch: objreg.CorruptedBatch) -> objreg.AttentionMask:
+    return seq2seq.attention(batch)  # bidirectional over the source, causal over the target
 
 
 @objreg.hookimpl
 def objreg_loss(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> torch.Tensor:
-    return spans.seq2seq_loss(outputs, batch)  # (B,)
+    return seq2seq.seq2seq_loss(outputs, batch)  # (B,)
 
 
 # -- the mixture specification ------------------------------------------------------------------

@@ -23,14 +23,13 @@ reordering them would change nothing.
 
 Source of the windows: the held-out documents of the corpus (the default corpus, or the file
 given with ``--corpus``), or ``--downstream-data PATH``: a text or JSONL file (or a directory of
-them) read exactly as ``--corpus`` reads it (documents are blank-line-separated blocks, or one per
+them) read exactly as ``--corpus`` reads it (:func:`objreg.toolkit.taskfiles.read_documents`) (documents are blank-line-separated blocks, or one per
 line), all of whose documents are used (so it should not be the ``--corpus`` file as well, or
 the model pre-trains on the evaluation text). Windows come one document after another in turn, each
 document's windows sliding by one sentence, up to ``limit``.
 
-The class count (2 or ``k!``) is carried by every row as ``num_classes``; the head has
-``MAX_CLASSES = 5! = 120`` outputs and the loss uses the first ``num_classes`` (see
-``classification`` for why this is exactly a ``num_classes``-way head).
+The classifier has exactly as many outputs as there are classes: 2 for ``shuffle`` and ``swap``,
+``k!`` for ``permutation`` (returned with the batch, :class:`objreg.TaskData`).
 """
 
 from __future__ import annotations
@@ -38,18 +37,18 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
 import objreg
+from objreg.toolkit.lengths import fit_lengths
+from objreg.toolkit.losses import label_nll
+from objreg.toolkit.taskfiles import read_documents, round_robin
 
 NAME = "ordering"
 HEAD = "ordering"
 MAX_SENTENCES = 5
-#: Outputs of the classifier head: enough for every permutation of ``MAX_SENTENCES`` sentences.
-MAX_CLASSES = math.factorial(MAX_SENTENCES)
 MODES = ("shuffle", "swap", "permutation")
 
 
@@ -60,7 +59,7 @@ def objreg_objective_info() -> objreg.ObjectiveInfo:
         description="Sentence-order coherence: is a window of sentences in its original order, or which order?",
         kind="downstream",
         attention="bidirectional",
-        heads=(objreg.HeadSpec(HEAD, "classifier", MAX_CLASSES),),
+        heads=(objreg.HeadSpec(HEAD, "classifier"),),  # sized from the data: 2 or k!
         params=(
             objreg.Param("num_sentences", 3, "Consecutive sentences per window (k)", int, low=2, high=MAX_SENTENCES),
             objreg.Param(
@@ -88,36 +87,19 @@ def permutations(k: int) -> list[tuple[int, ...]]:
     return list(itertools.permutations(range(k)))
 
 
-def fit_lengths(lengths: Sequence[int], budget: int) -> list[int]:
-    """Lengths cut to fit ``budget`` in total, longest first (the result of removing one token at a
-    time from the currently longest sentence; ties: the earlier sentence keeps the extra token)."""
-    if sum(lengths) <= budget:
-        return list(lengths)
-    cap = max(c for c in range(max(lengths) + 1) if sum(min(n, c) for n in lengths) <= budget)
-    out = [min(n, cap) for n in lengths]
-    left = budget - sum(out)
-    for i, n in enumerate(lengths):
-        if left and n > cap:
-            out[i] += 1
-            left -= 1
-    return out
-
-
 def windows(encoded: Sequence[Sequence[list[int]]], k: int, limit: int) -> list[tuple[int, int]]:
     """``(document, first sentence)`` of up to ``limit`` windows of ``k`` sentences, one document
-    after another in turn, each document's windows sliding by one. A window is skipped when a
-    sentence has no token or two sentences have the same tokens."""
-    out: list[tuple[int, int]] = []
-    for start in range(max((len(doc) - k + 1 for doc in encoded), default=0)):
-        for d, doc in enumerate(encoded):
-            if start + k > len(doc):
-                continue
-            sentences = [tuple(ids) for ids in doc[start : start + k]]
-            if all(sentences) and len(set(sentences)) == k:
-                out.append((d, start))
-                if len(out) == limit:
-                    return out
-    return out
+    after another in turn, each document's windows sliding by one. A window is skipped (its turn
+    passes) when a sentence has no token or two sentences have the same tokens."""
+
+    def usable(doc: Sequence[list[int]], start: int) -> bool:
+        sentences = [tuple(ids) for ids in doc[start : start + k]]
+        return all(sentences) and len(set(sentences)) == k
+
+    return round_robin(
+        [[(d, start) if usable(doc, start) else None for start in range(len(doc) - k + 1)] for d, doc in enumerate(encoded)],
+        limit,
+    )
 
 
 def draw_orders(n: int, k: int, mode: str, seed: int) -> list[tuple[tuple[int, ...], int]]:
@@ -144,10 +126,7 @@ def draw_orders(n: int, k: int, mode: str, seed: int) -> list[tuple[tuple[int, .
 
 
 def _assemble(
-    examples: Sequence[tuple[list[list[int]], tuple[int, ...], int]],
-    vocab: objreg.Vocabulary,
-    num_classes: int,
-    seq_len: int,
+    examples: Sequence[tuple[list[list[int]], tuple[int, ...], int]], vocab: objreg.Vocabulary, seq_len: int
 ) -> objreg.CorruptedBatch:
     """Rows ``[CLS] s_order[0] [SEP] ... s_order[k-1] [SEP]``, right-padded."""
     k = len(examples[0][1])
@@ -176,24 +155,10 @@ def _assemble(
         document_ids=torch.where(is_padding, -1, rows_index),
         extras={
             "label": torch.tensor([label for _, _, label in examples], dtype=torch.long),
-            "num_classes": torch.full((B,), num_classes, dtype=torch.long),
             "order": torch.tensor([order for _, order, _ in examples], dtype=torch.long),  # (B, k)
             "sentence_ids": sentence_ids,  # slot of each sentence token, -1 at [CLS], [SEP], padding
         },
     )
-
-
-def _documents_from(source: str) -> list[tuple[str, ...]]:
-    """The documents of a text/JSONL file or directory, read by the corpus plugins exactly as
-    ``--corpus`` reads it."""
-    path = Path(source).expanduser()
-    if not path.exists():
-        raise objreg.DataError(
-            f"ordering data {source} does not exist; give a plain-text file (documents separated by blank "
-            f'lines, or one per line), a JSONL file with a "text" field, or a directory of them'
-        )
-    registry = objreg.Registry.load()
-    return [tuple(doc) for doc in registry.load_corpus(str(path), objreg.cache_dir()).documents]
 
 
 def ordering_task_data(
@@ -203,7 +168,7 @@ def ordering_task_data(
     seq_len: int,
     limit: int,
     params: Mapping[str, Any],
-) -> objreg.CorruptedBatch:
+) -> objreg.TaskData:
     k = params["num_sentences"]
     if seq_len < 2 * k + 1:
         raise objreg.InvalidParameterError(
@@ -225,7 +190,9 @@ def ordering_task_data(
     drawn = draw_orders(len(chosen), k, mode, params["seed"])
     examples = [(encoded[d][start : start + k], order, label) for (d, start), (order, label) in zip(chosen, drawn)]
     num_classes = math.factorial(k) if mode == "permutation" else 2
-    return _assemble(examples, tokenizer.vocab, num_classes, seq_len)
+    return objreg.TaskData(
+        _assemble(examples, tokenizer.vocab, seq_len), (objreg.HeadSpec(HEAD, "classifier", num_classes),)
+    )
 
 
 # -- the hooks ----------------------------------------------------------------------------------
@@ -239,28 +206,21 @@ def objreg_task_data(
     seq_len: int,
     limit: int,
     params: Mapping[str, Any],
-) -> objreg.CorruptedBatch:
+) -> objreg.TaskData:
     if limit < 1:
         raise objreg.InvalidParameterError(f"ordering: limit must be at least 1, got {limit}")
     if source is None:
         return ordering_task_data(documents, "the held-out corpus", tokenizer, seq_len, limit, params)
-    return ordering_task_data(_documents_from(source), f"ordering data {source}", tokenizer, seq_len, limit, params)
+    documents = read_documents(source, "ordering data")
+    return ordering_task_data(documents, f"ordering data {source}", tokenizer, seq_len, limit, params)
 
 
 @objreg.hookimpl
-def objreg_attention_mask(batch: objreg.CorruptedBatch) -> torch.Tensor:
-    return objreg.masks.bidirectional(batch.is_padding)
+def objreg_attention_mask(batch: objreg.CorruptedBatch) -> objreg.AttentionMask:
+    return objreg.AttentionMask.bidirectional(batch.is_padding)
 
 
 @objreg.hookimpl
 def objreg_loss(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> torch.Tensor:
-    """Cross-entropy of the order label over the row's ``num_classes`` first logits. Written with
-    ``where``, ``logsumexp`` and ``gather`` so it is vmap/jvp-safe."""
-    logits = outputs.model.heads[HEAD](outputs.hidden)  # (B, C): C = MAX_CLASSES
-    C = logits.shape[-1]
-    used = torch.arange(C, device=logits.device) < batch.extras["num_classes"][:, None]  # (B, C)
-    # finfo.min rather than -inf: exp underflows to exactly 0, and no inf - inf NaN can appear.
-    floor = torch.full((), torch.finfo(logits.dtype).min, dtype=logits.dtype, device=logits.device)
-    masked = torch.where(used, logits, floor)  # (B, C)
-    picked = masked.gather(1, batch.extras["label"][:, None]).squeeze(1)  # (B,)
-    return torch.logsumexp(masked, dim=1) - picked  # (B,)
+    """Cross-entropy of the order label over the head's classes (vmap/jvp-safe)."""
+    return label_nll(outputs.model.heads[HEAD](outputs.hidden), batch.extras["label"])  # logits (B, C)
