@@ -23,7 +23,7 @@ import torch
 import objreg
 from objreg.analysis.curvature import Curvature
 from objreg.analysis.functional import ObjectiveFunction, Params, detached, shared_parameters
-from objreg.core.registry import merge_heads
+from objreg.analysis.prepare import build_model
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -215,10 +215,9 @@ def build_workload(
     generator = torch.Generator().manual_seed(seed)
     main = loaded[objective]
     batch = main.corrupt(tokens.sample(batch_size, generator, min_sentences=main.info.min_sentences), generator)
-    task_batch = task.task_data(None, heldout.documents, tokenizer, seq_len, downstream_size)
-    heads = merge_heads([o.info for o in loaded.values()] + [task.info])
-    model = registry.load_model(model_name, tokenizer.vocab, heads, {}, torch.Generator().manual_seed(seed))
-    model.to(device)
+    task_batch, task_heads = task.task_data(None, heldout.documents, tokenizer, seq_len, downstream_size)
+    owners = {**{n: o.info.heads for n, o in loaded.items()}, task.name: task_heads}
+    model = build_model(registry, model_name, tokenizer.vocab, owners, seed).to(device)
     function = ObjectiveFunction(model, main, batch.to(device))
     shared = detached(shared_parameters(model))
     downstream_functions = list(ObjectiveFunction(model, task, task_batch.to(device)).chunks(downstream_size))

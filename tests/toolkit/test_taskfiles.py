@@ -56,6 +56,11 @@ def test_label_order_and_json_types():
     ]
 
 
+def test_wikitext_headings():
+    assert taskfiles.is_heading(" = Valkyria Chronicles III = ") and taskfiles.is_heading(" = = Gameplay = = ")
+    assert not taskfiles.is_heading("The game = a sequel.") and not taskfiles.is_heading("")
+
+
 def test_read_lines(tmp_path):
     path = tmp_path / "bom.txt"
     path.write_bytes("\ufeffFirst line.\r\nSecond\x0cline.\n\nFourth.".encode())

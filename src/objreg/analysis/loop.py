@@ -145,7 +145,9 @@ class Trainer:
             )
             # Prepared on the model's device (e.g. the model's surprisal of each token), corrupted
             # on the CPU, where the generators are.
-            tokens[name] = objective.prepare(sampled.to(self.device), self.model).to("cpu")
+            if objective.prepares:
+                sampled = objective.prepare(sampled.to(self.device), self.model).to("cpu")
+            tokens[name] = sampled
             batches[name] = objective.corrupt(tokens[name], self.corrupt_generator).to(self.device)
         return tokens, batches
 

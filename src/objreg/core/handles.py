@@ -89,13 +89,18 @@ class Objective(_Handle):
             raise InvalidParameterError(f"objective {self.name!r} needs a vocabulary to corrupt: pass vocab=")
         return self.vocab
 
+    @property
+    def prepares(self) -> bool:
+        """Whether the plugin prepares batches with the model (``objreg_prepare_batch``)."""
+        return bool(self._hooks["objreg_prepare_batch"].get_hookimpls())
+
     @torch.no_grad()
     def prepare(self, batch: TokenBatch, model: Model) -> TokenBatch:
         """``batch`` with what corruption needs from the current ``model`` (the plugin's
         ``objreg_prepare_batch``; most objectives need nothing). ``model`` is put in eval mode for
         the call and given back in the mode it was in."""
         vocab = self._need_vocab()
-        if not self._hooks["objreg_prepare_batch"].get_hookimpls():
+        if not self.prepares:
             return batch
         training = getattr(model, "training", False)
         if training:

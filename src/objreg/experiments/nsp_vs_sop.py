@@ -40,6 +40,9 @@ outside ``0.5 ± 0.05`` on the ordering probe, or SOP below NSP there. ``inconcl
 in particular when a model has not learned its own task in the steps given (then the probe
 accuracies say nothing about what the objective teaches). The alignment figures are reported, not
 part of the verdict.
+
+This module runs past 300 lines because the claim has four checks (a topic detector, two trained
+models on two probes, an ``analyze`` run), each with its statistics, read together with the verdict.
 """
 
 from __future__ import annotations

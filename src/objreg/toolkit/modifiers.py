@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from objreg.core.types import Param
 from objreg.toolkit.selection import POLICIES
 
-#: The modifier parameters every masking objective declares (``objreg.masking.MODIFIER_PARAMS``).
+#: The modifier parameters every masking objective declares (``objreg.toolkit.modifiers.MODIFIER_PARAMS``).
 MODIFIER_PARAMS: tuple[Param, ...] = (
     Param(
         "masking_policy", "uniform", "Which tokens are masked more often: uniform; entropy (probability "
@@ -65,7 +65,7 @@ MODIFIERS: tuple[Modifier, ...] = (
     Modifier("consistency", "KL(p(v1) || sg[p(v2)]) between two independently masked views, true stop-gradient.",
              MODIFIER_PARAMS[2:3]),
     Modifier("char_noise", "Character insert/delete/substitute noise on the text before tokenising "
-             "(objreg.masking.char_noise).", (CHAR_NOISE_PARAM,), scope="text"),
+             "(objreg.toolkit.noise.char_noise).", (CHAR_NOISE_PARAM,), scope="text"),
 )
 
 

@@ -107,7 +107,7 @@ def policy_weights(batch: TokenBatch, policy: str, vocab: Vocabulary, owner: str
         if vocab.token_counts is None:
             raise DataError(
                 f"{owner}: masking_policy=inverse_frequency needs token frequencies, but the vocabulary has no "
-                f"token_counts; use TokenizedCorpus(...).vocab or objreg.masking.vocab_with_counts(vocab, batch)"
+                f"token_counts; use TokenizedCorpus(...).vocab or objreg.toolkit.selection.vocab_with_counts(vocab, batch)"
             )
         counts = vocab.token_counts.to(batch.input_ids.device, torch.float64)
         # Add-one smoothing: an id never seen in the corpus gets a large but finite weight.

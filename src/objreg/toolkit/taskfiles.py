@@ -1,5 +1,6 @@
 """Reading downstream task files: GLUE-style TSV and JSONL classification records, CoNLL and JSONL
-tagged sentences, SQuAD v1.1/v2.0 JSON, and the documents of a text corpus.
+tagged sentences, SQuAD v1.1/v2.0 JSON, and the documents of a text corpus (whose line reader,
+JSON type names and heading rule the corpus plugins share).
 
 Every reader validates the file and raises :class:`objreg.DataError` naming the file, the line
 (or the JSON path) and what is allowed; records it skips (no gold label, an empty text, an answer
@@ -9,7 +10,7 @@ plugins build batches from what these return and read no file themselves.
 It also holds how a task picks its examples: evenly spaced over a file (:func:`evenly_spaced`) or
 one document after another (:func:`round_robin`).
 
-One module by design, about 500 lines: issue 15 asks for task file I/O in one place, and the
+One module by design, about 550 lines: issue 15 asks for task file I/O in one place, and the
 formats share the line reader, the JSON records, the JSON type names and the label order.
 """
 
@@ -27,6 +28,7 @@ from objreg.core.errors import DataError
 
 T = TypeVar("T")
 _END = object()
+_HEADING = re.compile(r"^\s*(= )+.*( =)+\s*$")
 _JSON_TYPES = {dict: "object", list: "array", str: "string", int: "integer", float: "number", bool: "boolean"}
 
 
@@ -94,6 +96,11 @@ def read_lines(path: Path, what: str, allowed: str = "") -> Iterator[tuple[int, 
         raise DataError(f"cannot read {what} '{path}': {e.strerror or e}") from e
 
 
+def is_heading(line: str) -> bool:
+    """A WikiText heading line (`` = Title = ``, `` = = Section = = ``), which is not prose."""
+    return bool(_HEADING.match(line))
+
+
 def is_jsonl(path: Path, what: str, allowed: str) -> bool:
     """JSONL by suffix, or by a first non-blank line that opens a JSON object."""
     if path.suffix.lower() in (".jsonl", ".json", ".ndjson"):
@@ -122,7 +129,8 @@ def _label_set(path: Path, given: str, found: list[str], line_of: Mapping[str, i
     if not given:
         return label_order(found)
     classes = [label.strip() for label in given.split(",") if label.strip()]
-    unknown = [label for label in line_of if label not in set(classes)]
+    allowed = set(classes)
+    unknown = [label for label in line_of if label not in allowed]
     if unknown:
         first = min(unknown, key=line_of.__getitem__)
         raise DataError(

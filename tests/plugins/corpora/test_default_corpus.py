@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 import objreg
-from objreg.plugins.corpora import default, stdlib_prose
+from objreg.plugins.corpora import default
 
 
 @pytest.fixture(scope="session")
@@ -66,7 +66,7 @@ def test_default_corpus_cache_is_written_and_reloads_equal(default_corpus, sessi
 
 def test_default_corpus_build_is_deterministic(default_corpus):
     # A fresh build (no cache) equals the first one, which the session fixture cached.
-    assert stdlib_prose.build_corpus() == default_corpus
+    assert default.build_corpus() == default_corpus
 
 
 def test_corrupt_cache_is_rebuilt_not_an_error(tmp_path, monkeypatch):
@@ -123,7 +123,7 @@ def test_prose_sentences_drop_code_markup_and_argument_lists():
         A last sentence of plain prose closes the docstring.
         """
     )
-    assert stdlib_prose.prose_sentences(docstring) == [
+    assert default.prose_sentences(docstring) == [
         "Return the parsed configuration of the named section as a mapping.",
         "The section is read lazily, so a missing file is reported only here.",
         "A last sentence of plain prose closes the docstring.",
@@ -149,7 +149,7 @@ def test_source_texts_are_docstrings_and_comments_in_source_order(tmp_path):
         ),
         encoding="utf-8",
     )
-    assert stdlib_prose._source_texts(source) == [
+    assert default._source_texts(source) == [
         "The module docstring comes first in the file.",
         "A comment block explains why the next function exists.\nIt spans two lines of the source file.",
         "The function docstring comes after the comment.",
@@ -166,14 +166,14 @@ def test_build_skips_tests_and_tools(tmp_path):
         (tmp_path / folder / "mod.py").write_text(skip, encoding="utf-8")
     (tmp_path / "test_something.py").write_text(skip, encoding="utf-8")
     (tmp_path / "broken.py").write_text("def (:\n", encoding="utf-8")  # skipped, not an error
-    corpus = stdlib_prose.build_corpus(tmp_path)
+    corpus = default.build_corpus(tmp_path)
     assert corpus.documents == (("This module is kept in the corpus because it is library code.",),)
 
 
 def test_build_of_a_tree_without_prose_is_a_data_error(tmp_path):
     (tmp_path / "mod.py").write_text("x = 1\n", encoding="utf-8")
     with pytest.raises(objreg.DataError, match="default corpus is empty"):
-        stdlib_prose.build_corpus(tmp_path)
+        default.build_corpus(tmp_path)
 
 
 # -- the tokenizer --------------------------------------------------------------------------------

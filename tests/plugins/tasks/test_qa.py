@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import objreg
-from objreg.plugins.tasks import cloze, qa
+from objreg.plugins.tasks import qa
 from objreg.toolkit.wordpiece import train_wordpiece
 
 PARAMS = {"max_question_tokens": 32, "context_sentences": 2, "doc_stride": 128}
@@ -121,26 +121,26 @@ def test_registry_returns_the_task(task, tokenizer, documents):
     ],
 )
 def test_cloze_answer_rule(sentence, answer):
-    span = cloze.cloze_answer(sentence)
+    span = qa.cloze_answer(sentence)
     assert span is not None
     assert sentence[span[0] : span[1]] == answer
 
 
 def test_cloze_answer_none_without_content_word():
-    assert cloze.cloze_answer("It is on the way.") is None
-    assert cloze.cloze_answer("") is None
+    assert qa.cloze_answer("It is on the way.") is None
+    assert qa.cloze_answer("") is None
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.text(alphabet=st.sampled_from("abcXYZ019 .,'-"), max_size=40))
 def test_cloze_answer_is_a_content_span(sentence):
-    span = cloze.cloze_answer(sentence)
+    span = qa.cloze_answer(sentence)
     if span is None:
         return
     text = sentence[span[0] : span[1]]
     assert text.strip() == text and text
     first = text.split()[0]
-    assert first.lower() not in cloze.STOPWORDS
+    assert first.lower() not in qa.STOPWORDS
     assert first.isdigit() or first[0].isupper() or (first.isalpha() and len(first) >= 5)
 
 

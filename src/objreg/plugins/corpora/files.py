@@ -13,20 +13,18 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import objreg
-from objreg.toolkit.taskfiles import evenly_spaced, json_type, read_lines
+from objreg.toolkit.taskfiles import evenly_spaced, is_heading, json_type, read_lines
 
 JSONL_SUFFIXES = (".jsonl", ".json")
 #: Names ending like this are meant as paths even when the file does not exist.
 PATH_SUFFIXES = (".txt", ".jsonl", ".json", ".md")
 DIRECTORY_PATTERNS = ("*.txt", "*.jsonl")
 
-_HEADING = re.compile(r"^\s*(= )+.*( =)+\s*$")
 _JSONL_SHAPE = 'one JSON object per line with a string "text" field, like {"text": "First sentence. Second."}'
 
 
@@ -131,11 +129,6 @@ def _lines(path: Path) -> Iterator[str]:
     """The file's lines, streamed, without line endings (:func:`objreg.toolkit.taskfiles.read_lines`:
     split on newlines only, a leading BOM dropped, errors that name the line and byte offset)."""
     return (line for _, line in read_lines(path, "corpus file"))
-
-
-def is_heading(line: str) -> bool:
-    """A WikiText heading line (`` = Title = ``, `` = = Section = = ``)."""
-    return bool(_HEADING.match(line))
 
 
 def _parse_text(path: Path) -> Iterator[Document]:

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import objreg
-
-from .files import MAX_DOCUMENTS, is_heading
+from objreg.toolkit.taskfiles import is_heading
 
 PREFIX = "hf:"
+MAX_DOCUMENTS = 100_000
 #: Files ``save_to_disk`` writes; a directory holding one is a saved dataset, not a folder of text.
 SAVED_MARKERS = ("dataset_info.json", "state.json", "dataset_dict.json")
 

@@ -23,10 +23,8 @@ Two sources of examples:
   sentence of a document with at least two sentences is paired with another sentence of the same
   document (label ``same_document``) or, with probability 1/2, with a sentence of another
   document (``different_document``); the draws come from a generator seeded with ``seed``. The
-  signal is shared topic words and names (a docstring's sentences talk about the same function):
-  on the default corpus's 1,051 held-out pairs the rule "the two sentences share a content word
-  of 4+ letters" is right 70% of the time (labels are 50/50), so a model that learns to match
-  tokens across the two segments can learn it. It is a coherence task close to BERT's
+  signal is shared topic words and names (a docstring's sentences talk about the same function),
+  so a model that learns to match tokens across the two segments can learn it. It is a coherence task close to BERT's
   next-sentence prediction, but the positive partner is any sentence of the document, not only
   the next one. Use a real file (SST-2, RTE) for claims about semantics.
 

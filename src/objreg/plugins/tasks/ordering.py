@@ -23,8 +23,8 @@ reordering them would change nothing.
 
 Source of the windows: the held-out documents of the corpus (the default corpus, or the file
 given with ``--corpus``), or ``--downstream-data PATH``: a text or JSONL file (or a directory of
-them) read exactly as ``--corpus`` reads it (:func:`objreg.toolkit.taskfiles.read_documents`) (documents are blank-line-separated blocks, or one per
-line), all of whose documents are used (so it should not be the ``--corpus`` file as well, or
+them) read exactly as ``--corpus`` reads it (documents are blank-line-separated blocks, or one per
+line; :func:`objreg.toolkit.taskfiles.read_documents`), all of whose documents are used (so it should not be the ``--corpus`` file as well, or
 the model pre-trains on the evaluation text). Windows come one document after another in turn, each
 document's windows sliding by one sentence, up to ``limit``.
 
@@ -96,10 +96,8 @@ def windows(encoded: Sequence[Sequence[list[int]]], k: int, limit: int) -> list[
         sentences = [tuple(ids) for ids in doc[start : start + k]]
         return all(sentences) and len(set(sentences)) == k
 
-    return round_robin(
-        [[(d, start) if usable(doc, start) else None for start in range(len(doc) - k + 1)] for d, doc in enumerate(encoded)],
-        limit,
-    )
+    streams = [[(d, s) if usable(doc, s) else None for s in range(len(doc) - k + 1)] for d, doc in enumerate(encoded)]
+    return round_robin(streams, limit)
 
 
 def draw_orders(n: int, k: int, mode: str, seed: int) -> list[tuple[tuple[int, ...], int]]:
