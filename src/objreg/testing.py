@@ -191,7 +191,7 @@ def _check_gradients(
     checks: _Checks,
 ) -> None:
     built = registry.load_model(model, tokenizer.vocab, merge_heads({objective.name: objective.info.heads}),
-                                dict(model_config or TINY_MODEL), torch.Generator().manual_seed(seed))
+                                dict(TINY_MODEL if model_config is None else model_config), torch.Generator().manual_seed(seed))
     built = built.to(torch.float64).eval()
     function = ObjectiveFunction(built, objective, batch)
     shared = detached(shared_parameters(built))

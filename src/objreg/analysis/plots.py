@@ -14,7 +14,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from objreg.analysis.atomic import atomic_file
+from objreg.toolkit.atomic import atomic_file
 
 
 def write_plots(report: dict[str, Any], out_dir: Path) -> list[Path]:

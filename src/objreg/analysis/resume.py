@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from objreg.analysis.atomic import atomic_file
+from objreg.toolkit.atomic import atomic_file
 from objreg.analysis.config import AnalysisConfig
 from objreg.analysis.loop import Trainer
 from objreg.core.errors import DataError, InvalidParameterError

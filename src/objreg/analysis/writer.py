@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from objreg.analysis.atomic import atomic_file
+from objreg.toolkit.atomic import atomic_file
 from objreg.analysis.report import AlignmentReport, report_csv
 from objreg.analysis.resume import remove_checkpoint, save_checkpoint
 from objreg.core.errors import DataError

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from objreg.analysis.atomic import atomic_file
+from objreg.toolkit.atomic import atomic_file
 
 CONFIRMED, REFUTED, INCONCLUSIVE = "confirmed", "refuted", "inconclusive"
 VERDICTS = (CONFIRMED, REFUTED, INCONCLUSIVE)

@@ -1,6 +1,6 @@
 """Reusable building blocks for objective and task authors, one concept per module.
 
-=================  ==========================================================================
+================= ===========================================================================================
 ``selection``      which positions to mask: maskable tokens, whole words, policy weights, budgets
 ``replacement``    BERT's 80/10/10 among the selected positions
 ``masked_lm``      the masked-LM batch, attention and loss (``mlm``, ``wwm``, ``span``)
@@ -8,15 +8,16 @@
 ``spans``          T5's span noise: counts, segmentations, noise masks, prefix lengths
 ``seq2seq``        the ``[source ; target]`` prefix-LM layout, its attention and loss
 ``segments``       splitting a row into a sentence pair (``sop``, ``nsp``, ``contrastive``)
-``losses``         gathers at position lists, (smoothed) NLL, stop-gradient KL, weighted means
-``lengths``        span-length distributions
+``losses``         gathers at position lists, (smoothed) NLL, per-label NLL, stop-gradient KL, weighted means
+``lengths``        span-length distributions; longest-first truncation of text pairs (``fit_lengths``)
 ``noise``          character noise on text
 ``heads``          the built-in head modules
 ``layers``         Transformer layers that ``vmap``, ``jvp`` and double backward go through
 ``tokenizer``      tokenisation into ``TokenBatch`` rows; ``wordpiece`` objreg's own WordPiece
 ``surprisal``      a model's surprisal of each token (the entropy masking policy)
-``taskfiles``      reading downstream task files (SQuAD, GLUE TSV, JSONL, CoNLL)
-=================  ==========================================================================
+``taskfiles``      reading downstream task files (SQuAD, GLUE TSV, JSONL, CoNLL), even spacing, round robin
+``atomic``         files written atomically (a temporary file renamed into place)
+================= ===========================================================================================
 
 Import the module you need: ``from objreg.toolkit import selection``.
 """

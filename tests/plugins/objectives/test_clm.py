@@ -65,7 +65,9 @@ def test_packed_documents_do_not_predict_or_see_each_other():
     # Token 12 ends document 0: it does not predict 13, the first token of document 1.
     assert cb.labels.tolist() == [[11, 12, IGNORE_INDEX, 14, IGNORE_INDEX, IGNORE_INDEX]]
     assert cb.position_ids[0, :5].tolist() == [0, 1, 2, 0, 1]
-    mask = clm.objreg_attention_mask(batch=cb)
+    described = clm.objreg_attention_mask(batch=cb)
+    assert isinstance(described, objreg.AttentionMask) and described.pattern == "causal"
+    mask = described.dense()
     docs = [0, 0, 0, 1, 1, -1]
     expected = torch.tensor([[j <= i and docs[i] == docs[j] and docs[j] >= 0 for j in range(6)] for i in range(6)])
     assert torch.equal(mask[0], expected)

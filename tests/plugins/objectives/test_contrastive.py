@@ -84,6 +84,8 @@ def test_rows_become_two_views_of_one_document(registry, tokenizer, texts):
 def test_the_views_never_attend_to_each_other(registry, tokenizer, batch):
     objective = registry.get("contrastive", vocab=tokenizer.vocab)
     cb = objective.corrupt(batch, torch.Generator().manual_seed(0))
+    described = objective.attention(cb)  # each view a block of its own
+    assert isinstance(described, objreg.AttentionMask) and described.pattern == "bidirectional"
     mask = objective.attention_mask(cb)
     views = cb.extras["view_ids"]
     expected = (views[:, :, None] == views[:, None, :]) & (views[:, None, :] >= 0)
@@ -136,7 +138,9 @@ def loop_losses(hidden: torch.Tensor, cb: objreg.CorruptedBatch, head: nn.Module
 @pytest.mark.parametrize("temperature", [0.05, 0.5])
 def test_loss_equals_a_float64_loop_that_drops_duplicates(registry, tokenizer, batch, temperature):
     objective = registry.get("contrastive", vocab=tokenizer.vocab, temperature=temperature)
-    cb = objective.corrupt(batch, torch.Generator().manual_seed(1))
+    # The temperature is the loss's parameter, not data of the batch: any corruption serves.
+    cb = registry.get("contrastive", vocab=tokenizer.vocab).corrupt(batch, torch.Generator().manual_seed(1))
+    assert set(cb.extras) == {"view_ids", "second_view_start", "view_groups"}
     torch.manual_seed(0)
     head = FirstTokenProjection().double()
     model = types.SimpleNamespace(heads=nn.ModuleDict({"embedding": head}))
@@ -182,7 +186,7 @@ def test_a_row_without_negatives_is_an_error(registry, tokenizer, texts):
 
 def test_one_sentence_row_is_an_error(registry, tokenizer, texts):
     batch = tokenizer.batch_from_texts([texts[0], "Only one sentence here."])
-    with pytest.raises(objreg.DataError, match="at least 2 sentences in each row .*row 1 has 1"):
+    with pytest.raises(objreg.DataError, match="contrastive needs at least 2 sentences in each row; row 1 has 1"):
         registry.get("contrastive", vocab=tokenizer.vocab).corrupt(batch, torch.Generator())
 
 

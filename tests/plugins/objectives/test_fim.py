@@ -63,7 +63,15 @@ def expected_row(text: list[int], cuts: tuple[int, int], mode: int) -> tuple[lis
 def test_defaults_and_attention(registry):
     info = registry.info("fim")
     assert info.defaults() == {"fim_rate": 0.5, "fim_spm_rate": 0.5}
-    assert info.attention == "fim"
+    assert info.attention == "custom"  # a permuted causal mask: none of AttentionMask's patterns
+
+
+def test_the_mask_is_a_dense_tensor(registry):
+    objective = registry.get("fim", vocab=VOCAB, fim_rate=1.0)
+    cb = objective.corrupt(synthetic_batch([5, 9], seed=1), torch.Generator().manual_seed(0))
+    described = objective.attention(cb)
+    assert isinstance(described, torch.Tensor) and described.dtype == torch.bool
+    assert described.shape == (2, cb.input_ids.shape[1], cb.input_ids.shape[1])
 
 
 def test_fim_and_spm_rates(registry):

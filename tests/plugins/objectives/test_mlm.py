@@ -190,7 +190,9 @@ def test_parameter_validation(registry):
 def test_mask_is_bidirectional_within_documents():
     docs = torch.tensor([[0, 0, 0, 1, 1, -1]])
     cb = objreg.CorruptedBatch(docs.clamp(min=0), docs, docs < 0, docs, docs, {})
-    mask = mlm.objreg_attention_mask(batch=cb)[0]
+    described = mlm.objreg_attention_mask(batch=cb)
+    assert isinstance(described, objreg.AttentionMask) and described.pattern == "bidirectional"
+    mask = described.dense()[0]
     d = docs[0].tolist()
     assert mask.tolist() == [[d[i] == d[j] and d[j] >= 0 for j in range(6)] for i in range(6)]
 
@@ -211,7 +213,7 @@ def test_registry_handle_runs_end_to_end(registry, tokenizer, texts):
 
 def test_keeps_the_contract_with_label_smoothing_and_consistency():
     passed = check_objective_contract("mlm", params={"label_smoothing": 0.1, "consistency_weight": 0.5})
-    assert "per-sample dots from jvp equal the per-example loop" in passed
+    assert "per-sample dots by jvp equal the per-example loop" in passed
 
 
 def test_label_smoothing_loss_equals_torch_cross_entropy(registry, tokenizer, texts):

@@ -66,6 +66,8 @@ def check_rows(batch: objreg.TokenBatch, cb: objreg.CorruptedBatch, vocab: objre
     exactly the rest of the row; a negative's B starts at a sentence boundary of a row of ANOTHER
     document and is that row's text from there (cut only where the row is full)."""
     B, T = batch.input_ids.shape
+    assert set(cb.extras) == {"next_sentence_label", "next_document"}  # no segment_ids: no model reads them
+    assert torch.equal(cb.position_ids, torch.arange(T + 1).expand(B, T + 1))
     docs = batch.document_ids[:, 0].tolist()
     rows = [body_and_boundaries(batch, r) for r in range(B)]
     for b in range(B):
@@ -77,7 +79,6 @@ def check_rows(batch: objreg.TokenBatch, cb: objreg.CorruptedBatch, vocab: objre
         end = len(a) + len(seg_b) + 2  # index of the final [SEP]
         assert cb.is_padding[b].tolist() == [j > end for j in range(T + 1)]
         assert all(t == vocab.pad_id for t in row[end + 1 :])
-        assert cb.extras["segment_ids"][b].tolist() == [int(len(a) + 2 <= j <= end) for j in range(T + 1)]
         assert cb.document_ids[b].tolist() == [docs[b] if j <= end else -1 for j in range(T + 1)]
         if cb.extras["next_sentence_label"][b] == 0:
             assert seg_b == own[len(a) :], f"row {b}: a positive's B must be the true continuation"
@@ -179,6 +180,8 @@ def test_packed_row_is_an_error(registry, tokenizer, batch):
 def test_the_two_segments_attend_to_each_other(registry, tokenizer, batch):
     objective = registry.get("nsp", vocab=tokenizer.vocab, random_next_prob=1.0)
     cb = objective.corrupt(batch, torch.Generator().manual_seed(0))
+    described = objective.attention(cb)
+    assert isinstance(described, objreg.AttentionMask) and described.pattern == "bidirectional"
     mask = objective.attention_mask(cb)
     real = ~cb.is_padding
     # Every real query sees every real key, across the segment boundary, even though B is from another document.

@@ -90,6 +90,9 @@ def test_mask_matches_a_brute_force_loop(registry):
     batch = synthetic_batch([12, 5, 9], seed=4)
     objective = registry.get("prefix_lm", vocab=VOCAB)
     cb = objective.corrupt(batch, torch.Generator().manual_seed(5))
+    described = objective.attention(cb)
+    assert isinstance(described, objreg.AttentionMask) and described.pattern == "prefix"
+    assert torch.equal(described.prefix_length, cb.extras["prefix_length"])
     mask = objective.attention_mask(cb)
     B, T = cb.input_ids.shape
     for b in range(B):

@@ -97,22 +97,18 @@ def test_sampling_draws_the_generator_distribution_without_special_tokens(tokeni
     V, N = 12, 40000
     logits = torch.randn(1, 1, V, dtype=torch.float64, generator=torch.Generator().manual_seed(0)).expand(N, 1, V)
     specials = torch.tensor([0, 3])
-    extras = {
-        "special_ids": specials.expand(N, -1),
-        "sampling_scale": torch.ones(N, dtype=torch.float64),
-        "exclude_original": torch.zeros(N, dtype=torch.bool),
-        "sample_noise": torch.rand(N, 1, generator=torch.Generator().manual_seed(1)),
-    }
+    small = objreg.Vocabulary(size=V, pad_id=0, unk_id=0, cls_id=0, sep_id=3, mask_id=3, special_ids=(0, 3))
+    noise = torch.rand(N, 1, generator=torch.Generator().manual_seed(1))
+    plain = {"hard_negatives": False, "hard_negative_beta": 5.0, "temperature": 1.0}  # beta unused without hard
     targets = torch.full((N, 1), 5)
-    sampled = rtd.sample_replacements(logits, targets, extras)[:, 0]
+    sampled = rtd.sample_replacements(logits, targets, noise, plain, small)[:, 0]
     probs = torch.softmax(logits[0, 0].masked_fill(torch.isin(torch.arange(V), specials), float("-inf")), dim=0)
     counts = torch.bincount(sampled, minlength=V)
     assert counts[specials].sum() == 0
     assert all(within_4_sigma(int(counts[w]), N, float(probs[w])) for w in range(V)), counts.tolist()
     # Hard negatives: tilted by p^(1+β), the original never drawn.
-    hard = {**extras, "sampling_scale": torch.full((N,), 3.0, dtype=torch.float64),
-            "exclude_original": torch.ones(N, dtype=torch.bool)}
-    sampled = rtd.sample_replacements(logits, targets, hard)[:, 0]
+    hard = {"hard_negatives": True, "hard_negative_beta": 2.0, "temperature": 1.0}
+    sampled = rtd.sample_replacements(logits, targets, noise, hard, small)[:, 0]
     tilted = probs ** 3
     tilted[5] = 0
     tilted /= tilted.sum()
@@ -120,12 +116,23 @@ def test_sampling_draws_the_generator_distribution_without_special_tokens(tokeni
     assert counts[5] == 0 and counts[specials].sum() == 0
     assert all(within_4_sigma(int(counts[w]), N, float(tilted[w])) for w in range(V)), counts.tolist()
     assert v.mask_id in v.special_ids  # the real vocabulary's [MASK] is among the excluded ids
+    # The temperature divides the logits: 0.5 samples from softmax(2 · logits).
+    sampled = rtd.sample_replacements(logits, targets, noise, {**plain, "temperature": 0.5}, small)[:, 0]
+    sharp = torch.softmax(2 * logits[0, 0].masked_fill(torch.isin(torch.arange(V), specials), float("-inf")), dim=0)
+    counts = torch.bincount(sampled, minlength=V)
+    assert all(within_4_sigma(int(counts[w]), N, float(sharp[w])) for w in range(V)), counts.tolist()
 
 
-def expected_losses(model: StandInModel, cb: objreg.CorruptedBatch, disc_weight: float = 50.0) -> torch.Tensor:
+def parts_of(objective: objreg.Objective, model, cb: objreg.CorruptedBatch) -> dict[str, torch.Tensor]:
+    """``rtd.loss_parts`` with the objective's parameters, mask and vocabulary, as its loss calls it."""
+    return rtd.loss_parts(model, cb, objective.params, objective.attention_mask(cb), objective.vocab)
+
+
+def expected_losses(model: StandInModel, cb: objreg.CorruptedBatch, vocab: objreg.Vocabulary,
+                    disc_weight: float = 50.0) -> torch.Tensor:
     """The loss written out per row and position, with a float64 CDF walk for the samples."""
     generator, disc = model.heads["generator"], model.heads["discriminator"]
-    specials = set(cb.extras["special_ids"][0].tolist())
+    specials = set(vocab.special_ids)
     out = []
     for b in range(cb.batch_size):
         ids = cb.input_ids[b].tolist()
@@ -160,8 +167,11 @@ def test_loss_equals_a_per_position_loop(registry, tokenizer, batch):
     model = StandInModel(tokenizer.vocab.size)
     loss = objective.loss(objreg.ModelOutputs(torch.zeros(1), model), cb)
     with torch.no_grad():
-        torch.testing.assert_close(loss, expected_losses(model, cb), rtol=1e-9, atol=1e-9)
-    parts = rtd.loss_parts(objreg.ModelOutputs(torch.zeros(1), model), cb)
+        torch.testing.assert_close(loss, expected_losses(model, cb, tokenizer.vocab), rtol=1e-9, atol=1e-9)
+        weighted = registry.get("rtd", vocab=tokenizer.vocab, discriminator_weight=3.0)
+        torch.testing.assert_close(weighted.loss(objreg.ModelOutputs(None, model), cb),
+                                   expected_losses(model, cb, tokenizer.vocab, disc_weight=3.0), rtol=1e-9, atol=1e-9)
+    parts = parts_of(objective, model, cb)
     replaced = parts["replaced"] != cb.labels.clamp(min=0)
     assert parts["is_replaced"].any() and not (parts["is_replaced"] & (cb.labels == IGNORE_INDEX)).any()
     # Every position the discriminator is told "replaced" really holds another token.
@@ -180,14 +190,14 @@ def test_a_sample_equal_to_the_original_counts_as_original(registry, tokenizer, 
     # The discriminator then sees the original text, and every label says "original".
     sure = types.SimpleNamespace(heads={"discriminator": model.heads["discriminator"], "generator": sure_generator},
                                  encode=model.encode)
-    parts = rtd.loss_parts(objreg.ModelOutputs(torch.zeros(1), sure), cb)
+    parts = parts_of(objective, sure, cb)
     original = torch.where(cb.labels == IGNORE_INDEX, cb.input_ids, cb.labels)
     assert torch.equal(parts["replaced"], original)
     assert not parts["is_replaced"].any()
     # With hard negatives the original is never drawn: every selected position is replaced.
     hard_objective = registry.get("rtd", vocab=tokenizer.vocab, hard_negatives=True)
     hard = hard_objective.corrupt(batch, torch.Generator().manual_seed(4))
-    parts = rtd.loss_parts(objreg.ModelOutputs(torch.zeros(1), sure), hard)
+    parts = parts_of(hard_objective, sure, hard)
     assert torch.equal(parts["is_replaced"], hard.labels != IGNORE_INDEX)
 
 
@@ -196,7 +206,7 @@ def generator_gradients(model: nn.Module, objective: objreg.Objective, cb: objre
     own = {n: p for n, p in model.named_parameters() if n.startswith("heads.generator.")}
     mask = objective.attention_mask(cb)
     outputs = objreg.ModelOutputs(model.encode(cb.input_ids, mask, cb.position_ids), model)
-    loss = objective.loss(outputs, cb) if part is None else rtd.loss_parts(outputs, cb)[part]
+    loss = objective.loss(outputs, cb) if part is None else parts_of(objective, model, cb)[part]
     grads = torch.autograd.grad(loss.sum(), list(own.values()), allow_unused=True)
     return dict(zip(own, grads))
 
@@ -214,12 +224,11 @@ def test_no_gradient_from_the_discriminator_into_the_generator(registry, tokeniz
     assert from_disc and all(g is None or not g.any() for g in from_disc.values())
     # The whole loss: the generator's gradient does not depend on the discriminator's weight ...
     with_50 = generator_gradients(model, objective, cb)
-    zero = cb._replace(extras={**cb.extras, "discriminator_weight": torch.zeros(cb.batch_size, dtype=torch.float64)})
-    with_0 = generator_gradients(model, objective, zero)
+    with_0 = generator_gradients(model, registry.get("rtd", vocab=tokenizer.vocab, discriminator_weight=0.0), cb)
     assert all(torch.equal(with_50[n], with_0[n]) for n in with_50)
     assert all(g is not None and g.any() for g in with_50.values())  # ... and the MLM loss does train it
     # The discriminator does train the backbone it shares, embeddings included (ELECTRA shares them).
-    disc_loss = rtd.loss_parts(objreg.ModelOutputs(torch.zeros(1), model), cb)["discriminator"].sum()
+    disc_loss = parts_of(objective, model, cb)["discriminator"].sum()
     (g,) = torch.autograd.grad(disc_loss, [model.backbone.token_embedding.weight])
     assert g.any()
 
@@ -244,7 +253,9 @@ def test_loss_is_a_deterministic_function_of_parameters_and_batch(registry, toke
             objective.loss(objreg.ModelOutputs(model.encode(cb.input_ids, mask, cb.position_ids), model), cb)
             for _ in range(2)
         )
-    assert torch.equal(first, second) and torch.isfinite(first).all()
+        hosted = objective.losses(model, cb)  # the host's path: rtd runs the backbone itself, the host does not
+    assert objective.info.runs_backbone
+    assert torch.equal(first, second) and torch.equal(first, hosted) and torch.isfinite(first).all()
 
 
 def test_hard_negatives_are_more_probable_under_the_generator(registry, tokenizer, batch):
@@ -255,7 +266,7 @@ def test_hard_negatives_are_more_probable_under_the_generator(registry, tokenize
     for hard in (False, True):
         objective = registry.get("rtd", vocab=tokenizer.vocab, hard_negatives=hard)
         cb = objective.corrupt(big, torch.Generator().manual_seed(7))
-        parts = rtd.loss_parts(objreg.ModelOutputs(torch.zeros(1), model), cb)
+        parts = parts_of(objective, model, cb)
         fake = parts["is_replaced"]
         # log p_G(replacement) under the generator's own softmax over ordinary tokens.
         generator_lp = torch.log_softmax(table[cb.input_ids], dim=-1)  # (B, T, V)
@@ -288,4 +299,4 @@ def test_hard_negatives_keep_the_contract(registry):
     from objreg.testing import check_objective_contract
 
     passed = check_objective_contract("rtd", registry=registry, params={"hard_negatives": True})
-    assert "forward-over-reverse HVP equals double backward" in passed
+    assert "HVPs by the analyzer's forward_over_reverse path equal double backward" in passed

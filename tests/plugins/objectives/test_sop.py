@@ -67,12 +67,10 @@ def test_rows_are_split_at_a_sentence_boundary_and_maybe_swapped(registry, token
         assert row in candidates(ids, sentences, bool(labels[b]), v.cls_id, v.sep_id), b
         assert (cb.input_ids[b, n + 1 :] == v.pad_id).all()
         assert cb.is_padding[b].tolist() == [j > n for j in range(T + 1)]
-        # Segment 1 runs from after the middle [SEP] through the final [SEP].
-        middle = row.index(v.sep_id)
-        assert cb.extras["segment_ids"][b].tolist() == [int(middle < j <= n) for j in range(T + 1)]
         assert cb.document_ids[b].tolist() == [b if j <= n else -1 for j in range(T + 1)]
     assert (cb.labels == IGNORE_INDEX).all()
-    assert torch.equal(cb.position_ids[0], torch.arange(T + 1))
+    assert torch.equal(cb.position_ids, torch.arange(T + 1).expand(B, T + 1))
+    assert set(cb.extras) == {"order_label"}  # no segment_ids: no model reads them
 
 
 def within_4_sigma(count: float, n: float, p: float) -> bool:
@@ -133,9 +131,12 @@ def test_registry_handle_runs_end_to_end(registry, tokenizer, batch):
     assert objective.info.min_sentences == 2 and objective.info.heads[0].num_outputs == 2
     cb = objective.corrupt(batch, torch.Generator().manual_seed(0))
     B, T = cb.input_ids.shape
+    described = objective.attention(cb)
+    assert isinstance(described, objreg.AttentionMask) and described.pattern == "bidirectional"
     mask = objective.attention_mask(cb)
     assert mask.shape == (B, T, T) and mask.dtype == torch.bool
-    assert torch.equal(mask[:, 0, :], ~cb.is_padding)  # bidirectional over real tokens
+    real = ~cb.is_padding
+    assert torch.equal(mask, real[:, :, None] & real[:, None, :])  # bidirectional over real tokens
     hidden = torch.randn(B, T, H, dtype=torch.float64)
     loss = objective.loss(objreg.ModelOutputs(hidden, stand_in_model()), cb)
     assert loss.shape == (B,) and torch.isfinite(loss).all()

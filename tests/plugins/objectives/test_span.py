@@ -8,13 +8,15 @@ import pytest
 import torch
 
 import objreg
-from objreg import IGNORE_INDEX, masking
+from objreg import IGNORE_INDEX
 from objreg.plugins.objectives import span
 from objreg.testing import check_objective_contract
+from objreg.toolkit import lengths as span_lengths
+from objreg.toolkit import selection
 
 # 0..4 special ([PAD] [UNK] [CLS] [SEP] [MASK]), 5..59 ordinary.
 VOCAB = objreg.Vocabulary(size=60, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4, special_ids=tuple(range(5)))
-GEOMETRIC = dict(zip(range(1, 11), masking.geometric_lengths(0.2, 1, 10).probs.tolist()))
+GEOMETRIC = dict(zip(range(1, 11), span_lengths.geometric_lengths(0.2, 1, 10).probs.tolist()))
 
 
 @pytest.fixture(scope="module")
@@ -52,13 +54,13 @@ def budget_of(batch: objreg.TokenBatch, generator: torch.Generator, mask_prob: f
     return torch.where(n > 0, (n * mask_prob + rounding).floor().long().clamp(min=1), 0)
 
 
-def pooled_lengths(batch: objreg.TokenBatch, distribution: masking.LengthDistribution, seed: int) -> torch.Tensor:
+def pooled_lengths(batch: objreg.TokenBatch, distribution: span_lengths.LengthDistribution, seed: int) -> torch.Tensor:
     """Drawn lengths of the spans a corruption uses (those taken whole and the one cut at the
     budget). The stopping rule only looks at spans already drawn, so by Wald's identity their
     pooled histogram follows the length distribution."""
-    w = masking.words(batch)
+    w = selection.words(batch)
     g = torch.Generator().manual_seed(seed)
-    spans = span.select_spans(w, masking.per_word((~batch.is_special).float(), w), distribution, budget_of(batch, g), g)
+    spans = span.select_spans(w, selection.per_word((~batch.is_special).float(), w), distribution, budget_of(batch, g), g)
     used = torch.arange(w.size.shape[1])[None, :] < spans.used[:, None]
     return spans.lengths[used]
 
@@ -68,7 +70,7 @@ def histogram(lengths: torch.Tensor, support: int) -> torch.Tensor:
 
 
 def assert_whole_words(batch: objreg.TokenBatch, selected: torch.Tensor) -> None:
-    w = masking.words(batch)
+    w = selection.words(batch)
     count = torch.zeros(w.size.shape[0], w.size.shape[1] + 1, dtype=torch.long)
     count = count.scatter_add(1, torch.where(w.index >= 0, w.index, w.size.shape[1]), selected.long())[:, :-1]
     assert ((count == 0) | (count == w.size)).all()
@@ -82,7 +84,7 @@ def test_complete_words_and_the_budget(registry):
     assert_whole_words(batch, selected)
     taken, budget = selected.sum(dim=1), budget_of(batch, torch.Generator().manual_seed(0))
     # Each row meets its budget to within half of the word where the last span is cut.
-    w = masking.words(batch)
+    w = selection.words(batch)
     assert ((taken - budget).abs() <= w.size.amax(dim=1) / 2).all()
     difference = (taken - budget).double()
     # Cut at the nearest word boundary: no bias (a plain cut would undershoot by half a word).
@@ -100,12 +102,12 @@ def test_spans_are_contiguous_runs_of_words(registry):
     starts = (selected[:, 1:] - selected[:, :-1]) == 1
     runs = int(starts.sum())
     mean_run = float(selected.sum()) / runs
-    assert runs > 1500 and abs(mean_run - masking.geometric_lengths(0.2).mean) < 0.35
+    assert runs > 1500 and abs(mean_run - span_lengths.geometric_lengths(0.2).mean) < 0.35
 
 
 def test_geometric_length_histogram(registry):
     batch = word_batch(512, 512, seed=3)
-    lengths = pooled_lengths(batch, masking.geometric_lengths(0.2, 1, 10), seed=4)
+    lengths = pooled_lengths(batch, span_lengths.geometric_lengths(0.2, 1, 10), seed=4)
     assert len(lengths) > 4000 and lengths.min() >= 1 and lengths.max() <= 10
     expected = torch.tensor(list(GEOMETRIC.values()), dtype=torch.float64)
     sigma = (expected * (1 - expected) / len(lengths)).sqrt()
@@ -115,7 +117,7 @@ def test_geometric_length_histogram(registry):
 
 def test_empirical_length_histogram(registry):
     batch = word_batch(512, 128, seed=5)
-    distribution = masking.parse_lengths("1:0.5,4:0.3,7:0.2")
+    distribution = span_lengths.parse_lengths("1:0.5,4:0.3,7:0.2")
     lengths = pooled_lengths(batch, distribution, seed=6)
     expected = torch.tensor([0.5, 0, 0, 0.3, 0, 0, 0.2], dtype=torch.float64)
     assert set(lengths.unique().tolist()) == {1, 4, 7}
@@ -126,10 +128,10 @@ def test_empirical_length_histogram(registry):
 
 
 def test_answer_lengths_of_squad_drive_the_spans(registry, shared_file, tokenizer):
-    distribution = masking.answer_length_distribution(shared_file("squad_v1.1/dev-v1.1.half-b.json"), tokenizer,
+    distribution = span_lengths.answer_length_distribution(shared_file("squad_v1.1/dev-v1.1.half-b.json"), tokenizer,
                                                       max_length=10)
     objective = registry.get("span", vocab=VOCAB, length_distribution="empirical",
-                             empirical_lengths=masking.format_lengths(distribution))
+                             empirical_lengths=span_lengths.format_lengths(distribution))
     lengths = pooled_lengths(word_batch(512, 128, seed=8), span.length_distribution(objective.params), seed=9)
     expected = torch.tensor([distribution.get(n, 0.0) for n in range(1, 11)], dtype=torch.float64)
     assert (histogram(lengths, 10) - expected).abs().max() < 4.5 * math.sqrt(0.25 / len(lengths))
@@ -141,13 +143,13 @@ def test_replacement_is_decided_per_span(registry):
     cb = registry.get("span", vocab=VOCAB, **params).corrupt(batch, torch.Generator().manual_seed(11))
     # Redraw the same spans and fates from the same seed (the order the objective draws them).
     g = torch.Generator().manual_seed(11)
-    w = masking.words(batch)
-    spans = span.select_spans(w, masking.per_word((~batch.is_special).float(), w),
-                              masking.geometric_lengths(0.2), budget_of(batch, g), g)
+    w = selection.words(batch)
+    spans = span.select_spans(w, selection.per_word((~batch.is_special).float(), w),
+                              span_lengths.geometric_lengths(0.2), budget_of(batch, g), g)
     fate = objreg.uniform(tuple(w.size.shape), g).gather(1, spans.owner.clamp(max=w.size.shape[1] - 1))
     selected = selected_mask(cb)
-    assert torch.equal(selected, masking.per_token(spans.chosen, w, fill=False))
-    token_fate = masking.per_token(fate, w, fill=1.0)
+    assert torch.equal(selected, selection.per_token(spans.chosen, w, fill=False))
+    token_fate = selection.per_token(fate, w, fill=1.0)
     masked = cb.input_ids == VOCAB.mask_id
     kept = cb.input_ids == batch.input_ids
     assert torch.equal(masked & selected, selected & (token_fate < 0.5))  # one draw decides the whole span
@@ -187,4 +189,4 @@ def test_parameter_validation(registry):
 def test_keeps_the_contract_with_label_smoothing_and_consistency():
     passed = check_objective_contract("span", params={"label_smoothing": 0.1, "consistency_weight": 0.5,
                                                       "mask_prob": 0.3})
-    assert "per-sample dots from jvp equal the per-example loop" in passed
+    assert "per-sample dots by jvp equal the per-example loop" in passed

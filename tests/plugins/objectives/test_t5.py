@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import objreg
-from objreg import IGNORE_INDEX, spans
+from objreg import IGNORE_INDEX
+from objreg.toolkit import spans
 
 # 0..79 special: the BERT five, 64 sentinels (5..68), [EOS] = 69; 80..199 ordinary.
 SENTINELS = tuple(range(5, 69))
@@ -155,6 +156,7 @@ def test_spans_do_not_always_end_the_row(registry):
 def test_padding_rows_of_different_lengths(registry):
     batch = synthetic_batch([3, 50, 20, 0], T=60, seed=6)
     cb = corrupt(registry, batch)
+    assert registry.get("t5", vocab=VOCAB).attention(cb).pattern == "prefix"
     mask = registry.get("t5", vocab=VOCAB).attention_mask(cb)
     B, W = cb.input_ids.shape
     total = (~cb.is_padding).sum(dim=1)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import objreg
-from objreg import spans
+from objreg.toolkit import spans
 
 SENTINELS = tuple(range(5, 69))
 NAMED = {"[EOS]": 69, "[NLU]": 70, "[NLG]": 71, "[S2S]": 72}

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 import objreg
-from objreg import IGNORE_INDEX, masking
-from objreg.core.tokenizer import train_wordpiece
+from objreg import IGNORE_INDEX
 from objreg.testing import check_objective_contract
+from objreg.toolkit import selection
+from objreg.toolkit.wordpiece import train_wordpiece
 
 # 0..4 special ([PAD] [UNK] [CLS] [SEP] [MASK]), 5..9 more specials (sentinels), 10..59 ordinary.
 VOCAB = objreg.Vocabulary(size=60, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4, special_ids=tuple(range(10)))
@@ -49,7 +50,7 @@ def selected_mask(cb: objreg.CorruptedBatch) -> torch.Tensor:
 
 def assert_whole_words(batch: objreg.TokenBatch, selected: torch.Tensor) -> None:
     """Every word (maximal run of one word id between maskable tokens) is all in or all out."""
-    w = masking.words(batch)
+    w = selection.words(batch)
     count = torch.zeros(w.size.shape[0], w.size.shape[1] + 1, dtype=torch.long)
     count.scatter_add_(1, torch.where(w.index >= 0, w.index, w.size.shape[1]), selected.long())
     count = count[:, :-1]
@@ -63,8 +64,8 @@ def test_whole_words_for_a_tokenizer_without_wordpiece_prefixes(registry):
     selected = selected_mask(cb)
     assert_whole_words(batch, selected)
     # Multi-piece words are masked, not only single tokens (token-level masking would split them).
-    w = masking.words(batch)
-    sizes = masking.per_token(w.size, w)
+    w = selection.words(batch)
+    sizes = selection.per_token(w.size, w)
     assert (selected & (sizes >= 3)).sum() > 100
 
 
@@ -91,7 +92,7 @@ def test_greedy_budget_of_google_bert(registry):
     taken = selected.sum(dim=1)
     assert (taken <= budget).all()
     # Greedy completeness: no word left out would still have fitted into what is left.
-    w = masking.words(batch)
+    w = selection.words(batch)
     chosen = torch.zeros(w.size.shape[0], w.size.shape[1] + 1, dtype=torch.long)
     chosen = chosen.scatter_add(1, torch.where(w.index >= 0, w.index, w.size.shape[1]), selected.long())[:, :-1] > 0
     valid = torch.arange(w.size.shape[1])[None, :] < w.count[:, None]
@@ -112,7 +113,7 @@ def test_replacement_is_decided_per_token(registry):
     assert abs(int(masked.sum()) - 0.8 * N) <= 4 * math.sqrt(N * 0.16)
     # Two neighbouring pieces of one selected word are both [MASK] with probability 0.8^2 = 0.64
     # when each piece draws its own fate (0.8 if the word drew one fate for all).
-    w = masking.words(batch)
+    w = selection.words(batch)
     pair = selected[:, 1:] & selected[:, :-1] & (w.index[:, 1:] == w.index[:, :-1]) & (w.index[:, 1:] >= 0)
     M = int(pair.sum())
     both = int((pair & masked[:, 1:] & masked[:, :-1]).sum())
@@ -152,4 +153,4 @@ def test_parameter_validation(registry):
 def test_keeps_the_contract_with_label_smoothing_and_consistency():
     passed = check_objective_contract("wwm", params={"label_smoothing": 0.1, "consistency_weight": 0.5,
                                                      "mask_prob": 0.3})
-    assert "per-sample dots from jvp equal the per-example loop" in passed
+    assert "per-sample dots by jvp equal the per-example loop" in passed

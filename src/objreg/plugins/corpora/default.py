@@ -26,13 +26,13 @@ import os
 import re
 import sys
 import sysconfig
-import tempfile
 import textwrap
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import objreg
+from objreg.toolkit.atomic import atomic_path
 from objreg.toolkit.wordpiece import train_wordpiece, wordpiece_from_vocab, wordpiece_tokenizer
 
 NAME = "default"
@@ -327,20 +327,9 @@ def _write_cache(path: Path, write: Callable[[Path], object]) -> None:
     """Write a cache file atomically: a temp file in the same directory, synced, then renamed,
     so a reader never sees a half-written file. The cache is an optimisation: when it cannot
     be written the caller goes on without it (with a warning)."""
-    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-        tmp = Path(name)
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
+        with atomic_path(path) as tmp:
+            write(tmp)
     except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception for I/O errors
         warnings.warn(f"objreg: could not write cache file {path}: {e}", RuntimeWarning, stacklevel=2)
-    finally:
-        if tmp is not None:
-            tmp.unlink(missing_ok=True)

@@ -11,23 +11,31 @@ from typing import IO, Any
 
 
 @contextlib.contextmanager
-def atomic_file(path: Path, mode: str = "wb") -> Iterator[IO[Any]]:
-    """Open a temporary file beside ``path``; on success it is synced and renamed over ``path``,
-    on any error removed. ``mode``: ``"wb"`` or ``"w"`` (UTF-8)."""
+def atomic_path(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` for the caller to write (e.g. a library that saves to a
+    path); on success the file is synced and renamed over ``path``, on any error removed."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(name)
     try:
         # mkstemp makes the file private (0600); the result should have the mode an ordinary
         # open() would give it, as every other output of a run has.
         os.chmod(tmp, 0o666 & ~_umask())
-        with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
-            yield f
-            f.flush()
+        yield tmp
+        with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def atomic_file(path: Path, mode: str = "wb") -> Iterator[IO[Any]]:
+    """:func:`atomic_path` opened for writing: ``mode`` ``"wb"`` or ``"w"`` (UTF-8)."""
+    with atomic_path(path) as tmp, open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+        yield f
 
 
 def _umask() -> int:

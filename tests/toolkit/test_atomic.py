@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from objreg.analysis.atomic import atomic_file
+from objreg.toolkit.atomic import atomic_file
 
 
 def test_success_replaces_and_failure_keeps_the_old_file(tmp_path):

@@ -1,22 +1,15 @@
-"""objreg.spans: T5 counts, segmentations, noise masks, prefix splits and the [source ; target]
-prefix-LM layout, each checked against a loop or an exact distribution."""
+"""objreg.toolkit.spans: T5 counts, segmentations, noise masks and prefix lengths, each checked
+against a loop or an exact distribution."""
 
 from __future__ import annotations
 
 import collections
-import itertools
 import math
-import types
 
 import pytest
 import torch
-from torch import nn
 
-import objreg
-from objreg import IGNORE_INDEX, spans
-
-VOCAB = objreg.Vocabulary(size=50, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4, special_ids=tuple(range(10)),
-                          sentinel_ids=(5, 6, 7), named_ids={"[EOS]": 8})
+from objreg.toolkit import spans
 
 
 def within_4_sigma(count: float, n: float, p: float) -> bool:
@@ -121,80 +114,3 @@ def test_random_prefix_length_range_and_share():
         # Uniform over [low, 39]: each value about 4000 / (40 - low) times.
         counts = torch.bincount(k, minlength=40)[low:]
         assert all(within_4_sigma(int(c), 4000, 1 / (40 - low)) for c in counts)
-
-
-def test_compact_matches_a_loop():
-    g = torch.Generator().manual_seed(5)
-    tokens = torch.randint(10, 50, (7, 12), generator=g)
-    keep = torch.rand(7, 12, generator=g) < 0.4
-    out, lengths = spans.compact(tokens, keep, fill=-1)
-    for b in range(7):
-        kept = tokens[b][keep[b]].tolist()
-        assert lengths[b] == len(kept)
-        assert out[b].tolist() == kept + [-1] * (out.shape[1] - len(kept))
-    assert out.shape[1] == max(1, int(keep.sum(dim=1).max()))
-
-
-def test_sentinel_parts_spell_out_each_span():
-    ids = torch.tensor([[2, 11, 12, 13, 14, 15, 16, 3, 0]])
-    real = torch.tensor([[True] * 8 + [False]])
-    noise = torch.tensor([[False, True, True, False, False, True, False, False, False]])
-    source, slen, target, tlen = spans.sentinel_parts(ids, real, noise, torch.tensor([5, 6, 7]), eos_id=8, pad_id=0)
-    assert source[0, : slen[0]].tolist() == [2, 5, 13, 14, 6, 16, 3]
-    assert target[0, : tlen[0]].tolist() == [5, 11, 12, 6, 15, 8]
-    assert spans.count_spans(noise) == 2
-
-
-def test_missing_sentinels_and_named_tokens_are_data_errors():
-    with pytest.raises(objreg.DataError, match="needs 4 span sentinels for this batch but the vocabulary has 3"):
-        spans.sentinel_tensor(VOCAB, 4, "t5", torch.device("cpu"))
-    assert spans.sentinel_tensor(VOCAB, 3, "t5", torch.device("cpu")).tolist() == [5, 6, 7]
-    with pytest.raises(objreg.DataError, match=r"ul2 needs the special token \[NLU\].*it has: \[EOS\]"):
-        spans.named_id(VOCAB, "[NLU]", "ul2")
-    assert spans.end_of_text_id(VOCAB) == 8
-    no_eos = objreg.Vocabulary(size=20, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4, special_ids=(0, 1, 2, 3, 4))
-    assert spans.end_of_text_id(no_eos) == 3
-
-
-def two_rows() -> spans.Parts:
-    source = torch.tensor([[20, 21, 22, 0], [30, 31, 32, 33]])
-    target = torch.tensor([[40, 41, 0], [50, 51, 52]])
-    return source, torch.tensor([3, 4]), target, torch.tensor([2, 3])
-
-
-def test_seq2seq_batch_layout_labels_and_mask_match_a_loop():
-    cb = spans.seq2seq_batch(two_rows(), torch.tensor([7, 9]), pad_id=0)
-    assert cb.input_ids.tolist() == [[20, 21, 22, 40, 41, 0, 0], [30, 31, 32, 33, 50, 51, 52]]
-    assert cb.is_padding.tolist() == [[False] * 5 + [True] * 2, [False] * 7]
-    assert cb.document_ids.tolist() == [[7] * 5 + [-1] * 2, [9] * 7]
-    assert cb.position_ids.tolist() == [list(range(7))] * 2
-    # The last source token predicts the first target token; the last target token predicts nothing.
-    assert cb.labels[0].tolist() == [IGNORE_INDEX] * 2 + [40, 41] + [IGNORE_INDEX] * 3
-    assert cb.labels[1].tolist() == [IGNORE_INDEX] * 3 + [50, 51, 52, IGNORE_INDEX]
-    assert cb.extras["target_positions"].tolist() == [[2, 3, 0], [3, 4, 5]]
-    assert cb.extras["target_weights"].tolist() == [[1, 1, 0], [1, 1, 1]]
-    mask = spans.seq2seq_attention_mask(cb)
-    for b, (n, p) in enumerate(((5, 3), (7, 4))):
-        for i, j in itertools.product(range(7), range(7)):
-            allowed = i < n and j < n and (j < p or j <= i)  # padding queries see nothing
-            assert bool(mask[b, i, j]) == allowed, (b, i, j)
-
-
-def test_choose_parts_picks_rows():
-    a, b = two_rows(), tuple(t.flip(0) for t in two_rows())
-    chosen = spans.choose_parts(torch.tensor([True, False]), a, b, pad_id=0)
-    assert chosen[0].tolist() == [[20, 21, 22, 0], [20, 21, 22, 0]]
-    assert chosen[1].tolist() == [3, 3] and chosen[3].tolist() == [2, 2]
-
-
-def test_seq2seq_loss_is_the_mean_target_nll():
-    torch.manual_seed(0)
-    cb = spans.seq2seq_batch(two_rows(), torch.tensor([0, 1]), pad_id=0)
-    head = nn.Linear(4, 60).double()
-    hidden = torch.randn(2, cb.input_ids.shape[1], 4, dtype=torch.float64)
-    model = types.SimpleNamespace(heads={"lm": head})
-    loss = spans.seq2seq_loss(objreg.ModelOutputs(hidden, model), cb)
-    for b in range(2):
-        terms = [-torch.log_softmax(head(hidden[b, t]), -1)[cb.labels[b, t]]
-                 for t in range(cb.input_ids.shape[1]) if cb.labels[b, t] != IGNORE_INDEX]
-        assert torch.allclose(loss[b], torch.stack(terms).mean())
