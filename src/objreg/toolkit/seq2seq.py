@@ -8,10 +8,14 @@ predicts the first target token, seqio's "inputs + 1" bidirectional region) to t
 target token. Position ids continue from the source into the target, as in a decoder-only
 sequence. The row becomes ``len(source) + len(target)`` tokens wide.
 
-Sources and targets are built as :data:`Parts`: compact, left-aligned, right-padded token rows and
-their lengths: :func:`span_corruption_parts` (T5's ``span_corruption``: noise spans to sentinels,
-:func:`sentinel_parts`) and :func:`prefix_lm_parts` (T5's ``prefix_lm``: a random split,
-:func:`prefix_parts`), for ``t5``, ``ul2``, ``prefix_lm``; ``bart`` builds its own source.
+Sources and targets are :data:`Parts`: compact, left-aligned, right-padded token rows and their
+lengths, built by :func:`span_corruption_parts` (T5's ``span_corruption``: noise spans to
+sentinels) and :func:`prefix_lm_parts` (T5's ``prefix_lm``: a random split); ``ul2`` picks one of
+them per row (:func:`choose_parts`) and puts its mode token in front (:func:`prepend_tokens`);
+``bart`` compacts its own noised rows (:func:`compact`). The special ids a layout needs (sentinels,
+``[EOS]``, named markers) come from the vocabulary (:func:`sentinel_tensor`,
+:func:`end_of_text_id`, :func:`named_id`), with a :class:`DataError` naming the objective when one
+is missing.
 """
 
 from __future__ import annotations
@@ -162,7 +166,9 @@ def choose_parts(use_first: torch.Tensor, first: Parts, second: Parts, pad_id: i
     return (out[0], torch.where(use_first, first[1], second[1]), out[1], torch.where(use_first, first[3], second[3]))
 
 
-def seq2seq_batch(parts: Parts, document: torch.Tensor, pad_id: int, extras: dict | None = None) -> CorruptedBatch:
+def seq2seq_batch(
+    parts: Parts, document: torch.Tensor, pad_id: int, extras: dict[str, torch.Tensor] | None = None
+) -> CorruptedBatch:
     """``[source ; target]`` rows as a :class:`CorruptedBatch` (layout in the module docstring).
 
     ``document``: ``[B]`` document id of each row. Extras added: ``prefix_length`` ``[B]`` (the

@@ -1,5 +1,5 @@
 """T5's span noise: how many tokens and spans a row gets, random segmentations, the noise mask,
-and random prefix lengths (shared by ``t5``, ``ul2``, ``bart`` and ``prefix_lm``).
+and random prefix lengths (``t5``, ``ul2`` and ``prefix_lm``, through :mod:`objreg.toolkit.seq2seq`).
 
 Everything is vectorised over the batch; rows may have different lengths and every count is
 computed from each row's own length. Positions are found from masks (``is_padding``,
@@ -136,5 +136,3 @@ def span_starts(noise: torch.Tensor) -> torch.Tensor:
 def count_spans(noise: torch.Tensor) -> int:
     """Most noise runs in any row (how many sentinels the batch needs)."""
     return int(span_starts(noise).sum(dim=1).max()) if noise.numel() else 0
-
-

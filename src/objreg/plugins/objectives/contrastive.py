@@ -13,11 +13,12 @@ positive from being solved by matching identical tokens.
 
 Both views go through ONE backbone pass: the row becomes ``[CLS] A [SEP] [CLS] B [SEP]`` (width
 ``T + 2``; the split and the layout are :mod:`objreg.toolkit.segments`, shared with ``sop`` and
-``nsp``) with positions restarting at the second ``[CLS]`` and an attention mask that keeps the
-two views apart (each view its own block), so each view is encoded exactly as if alone. The ``projection`` head embeds each
-view's ``[CLS]``; the loss is SimCSE's: cosine similarities divided by ``temperature`` (SimCSE
-``temp=0.05``; sentence-transformers' ``scale=20``), cross-entropy of view A of row i against the
-B views of all rows, the positive being row i's own.
+``nsp``) with positions restarting at the second ``[CLS]`` and a bidirectional attention mask in
+which each view is a block of its own, so each view is encoded exactly as if alone. The
+``projection`` head embeds each view's ``[CLS]``; the loss is SimCSE's: cosine similarities
+divided by the ``temperature`` parameter (SimCSE ``temp=0.05``; sentence-transformers'
+``scale=20``), cross-entropy of view A of row i against the B views of all rows, the positive
+being row i's own.
 
 What it avoids: duplicates of a positive are not counted as negatives (false in-batch negatives,
 PaddleNLP#8019; sentence-transformers asks for a NO_DUPLICATES sampler instead). Row j is left out

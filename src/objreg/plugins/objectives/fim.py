@@ -26,8 +26,8 @@ truncated back to its length (bigcode cuts off the end of a long middle); paddin
 position (bigcode keeps ``<fim_pad>`` in the loss); empty fragments keep their sentinels
 (NVIDIA/Megatron-LM PR #7552).
 
-The mask is no pattern of :class:`objreg.AttentionMask` (``attention="custom"``): a dense
-``[B, T, T]`` tensor.
+A permuted causal mask is none of the patterns of :class:`objreg.AttentionMask`, so the objective
+declares ``attention="custom"`` and returns the dense ``[B, T, T]`` mask.
 
 Written like a third-party plugin: it imports only ``objreg``, its toolkit and ``torch``.
 """
