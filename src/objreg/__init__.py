@@ -71,10 +71,6 @@ _LAZY = {
     "AlignmentReport": ("objreg.analysis.report", "AlignmentReport"),
     "experiments": ("objreg.experiments", None),
     "toolkit": ("objreg.toolkit", None),
-    # Transitional names of the restructure; removed when the plugins import objreg.toolkit.
-    "masking": ("objreg.core.masking", None),
-    "spans": ("objreg.core.spans", None),
-    "heads": ("objreg.toolkit.heads", None),
 }
 
 

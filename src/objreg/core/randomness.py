@@ -1,2 +1,0 @@
-# Transitional re-export.
-from objreg.toolkit.randomness import *  # noqa: F401,F403
