@@ -291,7 +291,7 @@ def t5_rows(
     rows = fixed_rows(tokens, B * N, expanded)
     batches = [rows[i * B : (i + 1) * B] for i in range(N)]
     hf_examples = [[{"input_ids": r} for r in batch] for batch in batches]
-    objreg_batches = [[Row(0, ((r, list(range(len(r)))),)) for r in batch] for batch in batches]
+    objreg_batches = [[Row(0, ((r, None),)) for r in batch] for batch in batches]  # token ids only, as HF gets
     eos = v.named_ids.get("[EOS]", v.sep_id)
     hf = HFT5SpanCorruption(v.size, eos, v.pad_id, 0.15, 3.0, T, target_length)
     t5 = registry.get("t5", vocab=v)

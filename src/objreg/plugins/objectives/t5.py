@@ -65,10 +65,9 @@ def objreg_objective_info() -> objreg.ObjectiveInfo:
 def objreg_corrupt(
     batch: objreg.TokenBatch, generator: torch.Generator, params: Mapping[str, Any], vocab: objreg.Vocabulary
 ) -> objreg.CorruptedBatch:
-    parts = seq2seq.span_corruption_parts(
+    return seq2seq.span_corruption_batch(
         batch, params["noise_density"], params["mean_noise_span_length"], generator, vocab, "t5"
     )
-    return seq2seq.seq2seq_batch(parts, seq2seq.row_document(batch), vocab.pad_id)
 
 
 @objreg.hookimpl
