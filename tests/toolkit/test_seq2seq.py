@@ -125,8 +125,17 @@ def test_span_corruption_parts_are_t5_noise_in_the_sentinel_format():
     source, source_len, target, target_len = parts
     assert source[1, : source_len[1]].tolist() == batch.input_ids[1, :5].tolist()
     assert target[1, : target_len[1]].tolist() == [8]
-    with pytest.raises(objreg.DataError, match="ul2 needs 20 span sentinels for this batch but the vocabulary has 3"):
-        seq2seq.span_corruption_parts(framed_batch([40]), 0.5, 1.0, torch.Generator(), VOCAB, "ul2")
+    # 20 spans and 3 sentinels: the sentinels restart every 3 spans, in the source and the target alike.
+    source, source_len, target, target_len = seq2seq.span_corruption_parts(
+        framed_batch([40]), 0.5, 1.0, torch.Generator(), VOCAB, "ul2"
+    )
+    in_source = [t for t in source[0, : source_len[0]].tolist() if t in VOCAB.sentinel_ids]
+    in_target = [t for t in target[0, : target_len[0]].tolist() if t in VOCAB.sentinel_ids]
+    assert in_source == in_target == [5, 6, 7] * 6 + [5, 6]
+    no_sentinels = objreg.Vocabulary(size=50, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4,
+                                     special_ids=tuple(range(10)), named_ids={"[EOS]": 8})
+    with pytest.raises(objreg.DataError, match="ul2 needs span sentinels but the vocabulary declares none"):
+        seq2seq.span_corruption_parts(framed_batch([40]), 0.5, 1.0, torch.Generator(), no_sentinels, "ul2")
 
 
 def test_prefix_lm_parts_split_the_text_after_the_cls_token():
