@@ -63,10 +63,10 @@ def random_segmentation(
     if B and int(num_items.min()) < items:  # rows of different lengths: their missing gaps come last
         keys = torch.where(valid_gap, keys, 2.0)
     cut = smallest_keys(keys, num_segments - 1)  # (B, G): item g+1 starts a segment
-    segment = torch.cat([torch.zeros_like(num_items)[:, None], cut.long().cumsum(dim=1)], dim=1)  # (B, items)
+    segment = torch.cat([torch.zeros_like(num_items)[:, None], cut.cumsum(dim=1)], dim=1)  # (B, items)
     valid_item = torch.arange(items, device=device)[None, :] < num_items[:, None]  # (B, items)
     lengths = torch.zeros(B, S, dtype=torch.long, device=device)
-    return lengths.scatter_add_(1, segment.clamp(max=S - 1), valid_item.long())
+    return lengths.scatter_add_(1, segment.clamp_(max=S - 1), valid_item.long())
 
 
 def random_spans_noise_mask(
@@ -101,8 +101,8 @@ def random_spans_noise_mask(
     delta = torch.zeros(B, T + 1, dtype=torch.long, device=candidates.device)
     delta.scatter_add_(1, starts[:, 1::2], torch.ones_like(noise_lengths))
     delta.scatter_add_(1, ends[:, 1::2], -torch.ones_like(noise_lengths))
-    compressed = delta.cumsum(dim=1)[:, :T] > 0  # (B, T): noise by rank among the candidates
-    rank = (candidates.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, T)
+    compressed = delta.cumsum_(dim=1)[:, :T] > 0  # (B, T): noise by rank among the candidates
+    rank = candidates.cumsum(dim=1).sub_(1).clamp_(min=0)  # (B, T)
     return candidates & compressed.gather(1, rank)
 
 

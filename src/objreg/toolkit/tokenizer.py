@@ -147,6 +147,8 @@ class Tokenizer:
         per_row = [len(chunk.sentences) for chunk in chunks]
         documents = [chunk.document for chunk in chunks]
         N, S, B = len(ids), len(sentences), len(chunks)
+        if not given and S == B and lengths[0] > 0 and lengths.count(lengths[0]) == B and per_row.count(1) == B:
+            return self._assemble_equal(ids, lengths[0], documents, seq_len)
         integers = ids + words + lengths + words_in + per_row + documents
         flat = torch.frombuffer(bytearray(struct.pack(f"{len(integers)}q", *integers)), dtype=torch.long)
         token_id = flat[:N]
@@ -194,6 +196,33 @@ class Tokenizer:
         is_special = plane(True, special)  # [CLS], [SEP] and padding keep the fill
         is_padding = torch.arange(T)[None, :] >= length[:, None]  # (B, T)
         document_ids = torch.where(is_padding, -1, document[:, None])
+        return TokenBatch(input_ids, is_padding, is_special, word_ids, sentence_ids, document_ids)
+
+    def _assemble_equal(self, ids: list[int], length: int, documents: list[int], seq_len: int) -> TokenBatch:
+        """:meth:`assemble` of rows of token ids only, one run of ``length`` ids each (the rows of
+        a ``group_texts`` pipeline): the same batch, built as ``[B, length]`` blocks instead of a
+        scatter of every token."""
+        B = len(documents)
+        flat = torch.frombuffer(bytearray(struct.pack(f"{len(ids) + B}q", *ids, *documents)), dtype=torch.long)
+        n = min(length, seq_len - 2)  # content tokens a row keeps
+        tokens = flat[: B * length].view(B, length)[:, :n]
+        v = self.vocab
+        T = n + 2
+        input_ids = torch.empty(B, T, dtype=torch.long)
+        input_ids[:, 0] = v.cls_id
+        input_ids[:, 1 : n + 1] = tokens
+        input_ids[:, n + 1] = v.sep_id
+        table = self._special_table()
+        special = table.index_select(0, tokens.clamp(-1, table.shape[0] - 1).flatten()).view(B, n)
+        is_special = torch.ones(B, T, dtype=torch.bool)
+        is_special[:, 1 : n + 1] = special
+        drop = special.long()  # (B, n): 1 at literal special tokens, whose word and sentence ids are -1
+        word_ids = torch.full((B, T), -1, dtype=torch.long)
+        word_ids[:, 1 : n + 1] = torch.arange(n) - drop * torch.arange(1, n + 1)  # position in the row, or -1
+        sentence_ids = torch.full((B, T), -1, dtype=torch.long)
+        sentence_ids[:, 1 : n + 1] = -drop
+        is_padding = torch.zeros(B, T, dtype=torch.bool)
+        document_ids = flat[B * length :, None].expand(B, T).clone()
         return TokenBatch(input_ids, is_padding, is_special, word_ids, sentence_ids, document_ids)
 
     def _special_table(self) -> torch.Tensor:
