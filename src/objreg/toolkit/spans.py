@@ -63,10 +63,16 @@ def random_segmentation(
     if B and int(num_items.min()) < items:  # rows of different lengths: their missing gaps come last
         keys = torch.where(valid_gap, keys, 2.0)
     cut = smallest_keys(keys, num_segments - 1)  # (B, G): item g+1 starts a segment
-    segment = torch.cat([torch.zeros_like(num_items)[:, None], cut.cumsum(dim=1)], dim=1)  # (B, items)
-    valid_item = torch.arange(items, device=device)[None, :] < num_items[:, None]  # (B, items)
-    lengths = torch.zeros(B, S, dtype=torch.long, device=device)
-    return lengths.scatter_add_(1, segment.clamp_(max=S - 1), valid_item.long())
+    # Segment s > 0 starts at the item after the s-th cut: scatter each cut's item to its segment
+    # (column 0 takes the rest), then lengths are the gaps between consecutive starts, the last
+    # segment ending at num_items.
+    segments = num_segments.clamp(min=1)
+    starts = torch.zeros(B, S + 1, dtype=torch.long, device=device)
+    starts.scatter_(1, cut.cumsum(dim=1).mul_(cut).clamp_(max=S), (gaps + 1).expand(B, -1))
+    starts[:, 0] = 0
+    column = torch.arange(S + 1, device=device)[None, :]
+    ends = starts.mul_(column < segments[:, None]).scatter_(1, segments[:, None], num_items[:, None])
+    return (ends[:, 1:] - ends[:, :-1]).clamp_(min=0)
 
 
 def random_spans_noise_mask(
