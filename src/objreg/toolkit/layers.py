@@ -174,10 +174,10 @@ class StructuredAttention:
             self.kind = "causal"
         elif single and suffix and mask.pattern == "prefix":
             self.kind = "prefix"
-            self.prefix = int(mask.prefix_length.max()) if B else 0
+            self.prefix = min(int(mask.prefix_length.max()), T) if B else 0
             j = torch.arange(self.prefix, device=padding.device)
-            inside = j[None, :] < mask.prefix_length[:, None]  # (B, P): the keys of each row's prefix
-            self.key_bias = _additive(inside, dtype)[:, None, None, :]  # (B, 1, 1, P)
+            inside = j[None, :] < mask.prefix_length[:, None]  # (B, P): the positions of each row's prefix
+            self.key_bias = _additive(inside & ~padding[:, : self.prefix], dtype)[:, None, None, :]  # (B, 1, 1, P)
             self.in_prefix = inside[:, None, :, None]  # (B, 1, P, 1): queries inside the prefix
         else:
             self.kind = "blocks"

@@ -286,16 +286,16 @@ def smallest_keys(keys: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     K = int(count.max()) if B and G else 0
     if K == 0:
         return torch.zeros_like(keys, dtype=torch.bool)
-    top = smallest_sorted(keys, min(K + 1, G))  # (B, K + 1), ascending
+    k = min(K + 1, G)
+    top = smallest_sorted(keys, k)  # (B, k), ascending
     last = top.gather(1, (count - 1).clamp(min=0)[:, None])  # (B, 1): the count-th smallest
     picked = (keys <= last) & (count > 0)[:, None]
-    if K + 1 <= G:
-        following = top.gather(1, count.clamp(max=K)[:, None])  # the count+1-th smallest
-        tied = ((following == last)[:, 0] & (count > 0) & (count < G)).nonzero().flatten()
-        if len(tied):
-            order = keys[tied].argsort(dim=1)
-            first = torch.arange(G, device=keys.device)[None, :] < count[tied][:, None]
-            picked[tied] = torch.zeros_like(first).scatter_(1, order, first)
+    following = top.gather(1, count.clamp(max=k - 1)[:, None])  # the count+1-th smallest (where count < G)
+    tied = ((following == last)[:, 0] & (count > 0) & (count < G)).nonzero().flatten()
+    if len(tied):
+        order = keys[tied].argsort(dim=1)
+        first = torch.arange(G, device=keys.device)[None, :] < count[tied][:, None]
+        picked[tied] = torch.zeros_like(first).scatter_(1, order, first)
     return picked
 
 
