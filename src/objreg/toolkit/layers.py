@@ -166,10 +166,10 @@ class StructuredAttention:
         B, T = padding.shape
         self.query_padding = padding[:, None, :, None]  # (B, 1, T, 1)
         single = _one_document_per_row(mask)
-        suffix = T < 2 or not bool((padding[:, :-1] & ~padding[:, 1:]).any())  # padding only at the end
+        suffix = single and mask.pattern != "bidirectional" and _padding_at_the_end(padding)
         if single and mask.pattern == "bidirectional":
             self.kind = "keys"
-            self.key_bias = _additive(~padding, dtype)[:, None, None, :]  # (B, 1, 1, T)
+            self.key_bias = padding.to(dtype).mul_(torch.finfo(dtype).min)[:, None, None, :]  # (B, 1, 1, T)
         elif single and suffix and mask.pattern == "causal":
             self.kind = "causal"
         elif single and suffix and mask.pattern == "prefix":
@@ -239,14 +239,31 @@ def block_mask(mask: AttentionMask, start: int, end: int, keys: int) -> torch.Te
     return allowed.expand(-1, end - start, -1)
 
 
+def _padding_at_the_end(padding: torch.Tensor) -> bool:
+    """Every row's padding is a block at its end (right padding): of all sets of ``n`` positions,
+    the last ``n`` are the only one whose indices sum to ``n (2T - n - 1) / 2`` (one matrix-vector
+    product, exact: float32 while every partial sum stays below 2^24, float64 beyond)."""
+    B, T = padding.shape
+    if B == 0 or T == 0:
+        return True
+    dtype = torch.float32 if T * (T - 1) // 2 < 2**24 else torch.float64
+    flags = padding.to(dtype)
+    count = flags.sum(dim=1)  # (B,)
+    index_sum = flags @ torch.arange(T, dtype=dtype, device=padding.device)  # (B,)
+    return bool((index_sum == count * (2 * T - count - 1) / 2).all())
+
+
 def _one_document_per_row(mask: AttentionMask) -> bool:
-    """No row holds two documents: documents only add padding's exclusion there."""
+    """No row holds two documents among its real tokens (so documents only add what padding
+    already excludes), and none of them has a negative document (never attended). Rows that start
+    with padding fail the test unless they are all padding; they take the blocked path."""
     documents = mask.document_ids
     if documents is None or documents.numel() == 0:
         return True
-    row = documents.amax(dim=1, keepdim=True)  # (B, 1): the document of each row's real tokens
-    real = ~mask.is_padding
-    return not bool(((documents != row) & real).any()) and not bool(((documents < 0) & real).any())
+    first = documents[:, :1]  # (B, 1)
+    if not bool(((first >= 0) | mask.is_padding[:, :1]).all()):
+        return False
+    return bool((documents == first).logical_or_(mask.is_padding).all())
 
 
 def _additive(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
