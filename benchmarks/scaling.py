@@ -49,6 +49,7 @@ from benchmarks.corruption import Row, hf_tokenizer
 from benchmarks.references import HFT5SpanCorruption, compute_input_and_target_lengths
 
 SEQ_LENS = (512, 1024, 2048, 4096, 8192)
+REFERENCES = {"mlm": "HF collator", "clm": "HF collator (mlm=False)", "t5": "HF T5 collator"}
 BATCH_SIZES = (32, 128, 256, 512)
 
 
@@ -111,9 +112,13 @@ def attention_paths(w: Workload, name: str, B: int, T: int) -> dict[str, Callabl
     objective = w.registry.get(name, vocab=w.vocab)
     generator = torch.Generator().manual_seed(0)
     batch = objective.corrupt(w.tokenizer.assemble(rows, seq_len), generator)
+    assembled = w.tokenizer.assemble(rows, seq_len)
     return {
-        "structured": lambda: prepare_attention(objective.attention(batch), torch.float32),
-        "dense": lambda: attention_bias(objective.attention_mask(batch), torch.float32),
+        "structured": lambda: objective.attention(batch),
+        "structured_plan": lambda: prepare_attention(objective.attention(batch), torch.float32),
+        "dense": lambda: objective.attention_mask(batch),
+        "dense_bias": lambda: attention_bias(objective.attention_mask(batch), torch.float32),
+        "corrupt": lambda: objective.corrupt(assembled, generator),
         "corruption": lambda: objective.corrupt(w.tokenizer.assemble(rows, seq_len), generator),
     }
 
@@ -160,6 +165,8 @@ def paths_of(w: Workload, point: tuple[str, str, int, int], args: Any) -> dict[s
     if part == "attention":
         paths = attention_paths(w, name, B, T)
         if B * T * T * 5 / 2**30 > args.dense_limit_gib:  # the bool mask and its float bias
+            del paths["dense_bias"]
+        if B * T * T / 2**30 > args.dense_limit_gib:
             del paths["dense"]
         return paths
     return training_paths(w, name, B, T, args.dense_limit_gib)
@@ -224,10 +231,11 @@ def plot(result: dict[str, Any], path: str) -> None:
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(2, 3, figsize=(15, 8.5))
-    panels = (("corruption", "corruption per batch", ("objreg", "reference")),
-              ("attention", "attention for one pass", ("structured", "dense")),
-              ("training", "one training step", ("structured", "dense")))
-    styles = {"objreg": "-", "structured": "-", "reference": "--", "dense": "--"}
+    panels = (("corruption", "corruption per batch (assemble + corrupt)", ("objreg", "reference")),
+              ("attention", "attention for one pass", ("structured_plan", "dense", "dense_bias")),
+              ("training", "one training step (default model)", ("structured", "dense")))
+    styles = {"objreg": "-", "structured": "-", "structured_plan": "-", "reference": "--", "dense": "--",
+              "dense_bias": ":"}
     for column, (part, title, sides) in enumerate(panels):
         for row, (measure, unit) in enumerate((("ms", "ms per batch"), ("mib", "peak MiB per batch"))):
             ax = axes[row, column]
@@ -236,7 +244,7 @@ def plot(result: dict[str, Any], path: str) -> None:
                     xs = [p["T"] for p in series if side in p.get(measure, {})]
                     ys = [max(p[measure][side], 1e-3) for p in series if side in p.get(measure, {})]
                     if xs:
-                        label = f"{name} {side if side in ('objreg', 'structured', 'dense') else 'reference'}"
+                        label = f"{name} {REFERENCES.get(name, 'reference') if side == 'reference' else side}"
                         ax.plot(xs, ys, styles[side], marker="o", label=label)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
@@ -342,9 +350,10 @@ def done_when(points_: dict[str, Any], args: Any) -> dict[str, Any]:
             if not record:
                 continue
             ms = record["ms"]
-            out[f"{name}_T{T}_attention_share_of_corruption"] = rounded(ms["structured"] / ms["corruption"])
-            if "dense" in ms:
-                out[f"{name}_T{T}_dense_attention_share_of_corruption"] = rounded(ms["dense"] / ms["corruption"])
+            for path in ("structured", "structured_plan", "dense", "dense_bias"):
+                if path in ms:
+                    out[f"{name}_T{T}_{path}_share_of_corrupt"] = rounded(ms[path] / ms["corrupt"])
+                    out[f"{name}_T{T}_{path}_share_of_assemble_and_corrupt"] = rounded(ms[path] / ms["corruption"])
     return out
 
 
