@@ -234,6 +234,7 @@ def plot(result: dict[str, Any], path: str) -> None:
     panels = (("corruption", "corruption per batch (assemble + corrupt)", ("objreg", "reference")),
               ("attention", "attention for one pass", ("structured_plan", "dense", "dense_bias")),
               ("training", "one training step (default model)", ("structured", "dense")))
+    colors = {"mlm": "C0", "clm": "C1", "t5": "C2"}
     styles = {"objreg": "-", "structured": "-", "structured_plan": "-", "reference": "--", "dense": "--",
               "dense_bias": ":"}
     for column, (part, title, sides) in enumerate(panels):
@@ -245,7 +246,7 @@ def plot(result: dict[str, Any], path: str) -> None:
                     ys = [max(p[measure][side], 1e-3) for p in series if side in p.get(measure, {})]
                     if xs:
                         label = f"{name} {REFERENCES.get(name, 'reference') if side == 'reference' else side}"
-                        ax.plot(xs, ys, styles[side], marker="o", label=label)
+                        ax.plot(xs, ys, styles[side], marker="o", label=label, color=colors.get(name, "C3"))
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xlabel("T (tokens per row)")
