@@ -43,8 +43,17 @@ import numpy as np
 import torch
 
 import objreg
-from benchmarks.common import MEMORY_ENV, REPO, _status_mib, apply_threads, base_parser, emit, interleaved, machine
-from benchmarks.common import rounded
+from benchmarks.common import (
+    MEMORY_ENV,
+    REPO,
+    _status_mib,
+    apply_threads,
+    base_parser,
+    emit,
+    interleaved,
+    machine,
+    rounded,
+)
 from benchmarks.corruption import Row, hf_tokenizer
 from benchmarks.references import HFT5SpanCorruption, compute_input_and_target_lengths
 

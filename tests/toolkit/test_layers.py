@@ -7,7 +7,6 @@ import pytest
 import torch
 from torch.func import jvp
 
-import objreg
 from objreg.core import masks
 from objreg.plugins.models.transformer import build_backbone, build_config
 from objreg.toolkit import layers
