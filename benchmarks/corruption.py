@@ -76,13 +76,22 @@ def corpus_rows(tokens: objreg.TokenizedCorpus, count: int) -> list[Row]:
     return [Row(c.document, c.sentences) for c in (chunks[i % len(chunks)] for i in range(count))]
 
 
+#: Give objreg one word per token explicitly instead of ``None`` (``--word-ids``): the same batch,
+#: for code that predates id-only rows (to measure a base commit with this harness).
+EXPLICIT_WORD_IDS = False
+
+
+def id_only(ids: list[int]) -> tuple[list[int], list[int] | None]:
+    return ids, (list(range(len(ids))) if EXPLICIT_WORD_IDS else None)
+
+
 def id_rows(rows: list[Row], length: int | None = None) -> list[Row]:
     """The same examples as token ids only (one run of ids per row, word ids ``None``), cut to
     ``length`` content tokens when given: what a reference collator gets."""
     out = []
     for r in rows:
         ids = [i for s, _ in r.sentences for i in s]
-        out.append(Row(r.document, ((ids if length is None else ids[:length], None),)))
+        out.append(Row(r.document, (id_only(ids if length is None else ids[:length]),)))
     return out
 
 
@@ -192,7 +201,7 @@ def build_case(name: str, registry: objreg.Registry, tokenizer: objreg.Tokenizer
     if name == "t5":
         expanded, target_length = compute_input_and_target_lengths(T, 0.15, 3.0)
         rows = fixed_rows(tokens, B * N, expanded)
-        batches = [[Row(0, ((r, None),)) for r in rows[i * B : (i + 1) * B]] for i in range(N)]
+        batches = [[Row(0, (id_only(r),)) for r in rows[i * B : (i + 1) * B]] for i in range(N)]
         inputs = [[{"input_ids": r} for r in rows[i * B : (i + 1) * B]] for i in range(N)]
         eos = v.named_ids.get("[EOS]", v.sep_id)
         hf = HFT5SpanCorruption(v.size, eos, v.pad_id, 0.15, 3.0, T, target_length)
@@ -373,7 +382,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--objectives", default=",".join(OBJECTIVES),
                         help=f"comma-separated, from {', '.join(OBJECTIVES)} (default: all)")
     parser.add_argument("--profile", action="store_true", help="count the ATen operations of each objreg call")
+    parser.add_argument("--word-ids", action="store_true",
+                        help="give objreg explicit word ids (one per token) instead of None: the same batches, "
+                             "for code that predates id-only rows")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    global EXPLICIT_WORD_IDS
+    EXPLICIT_WORD_IDS = args.word_ids
     apply_threads(args.threads)
     torch.manual_seed(0)
     np.random.seed(0)
