@@ -257,6 +257,31 @@ def base_parser(description: str, threads_default: int | None = None) -> argpars
     return parser
 
 
+def keep_freed_memory() -> bool:
+    """Tell glibc to keep freed memory instead of returning it to the kernel (``M_TRIM_THRESHOLD``
+    1 GiB, ``M_MMAP_THRESHOLD`` 32 MiB, its largest), as ``MALLOC_TRIM_THRESHOLD_`` /
+    ``MALLOC_MMAP_THRESHOLD_`` in the environment would, or jemalloc/tcmalloc, which PyTorch's
+    CPU tuning guide recommends. Whole-batch tensor code allocates megabyte tensors per operation;
+    with glibc's defaults each one can come back as fresh pages, and every page costs a fault.
+    Returns whether both settings were accepted (False where glibc is not the allocator)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+        return bool(libc.mallopt(M_TRIM_THRESHOLD, 1 << 30)) and bool(libc.mallopt(M_MMAP_THRESHOLD, 32 << 20))
+    except (OSError, AttributeError):
+        return False
+
+
+def page_faults() -> int:
+    """Minor page faults of this process so far."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def apply_threads(threads: int | None) -> None:
     """On an oversubscribed CPU, a second OpenMP thread that is not scheduled stalls every parallel
     kernel; a fixed count keeps runs comparable. Recorded in ``machine.torch_threads``."""

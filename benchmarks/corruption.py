@@ -47,7 +47,16 @@ import numpy as np
 import torch
 
 import objreg
-from benchmarks.common import apply_threads, base_parser, emit, interleaved, machine, rounded
+from benchmarks.common import (
+    apply_threads,
+    base_parser,
+    emit,
+    interleaved,
+    keep_freed_memory,
+    machine,
+    page_faults,
+    rounded,
+)
 from benchmarks.references import (
     ElectraMasking,
     FairseqDenoising,
@@ -174,6 +183,11 @@ def run_case(case: Case, generator: torch.Generator, B: int, repeats: int, token
     paths = {"objreg": objreg_run, "reference": reference_run, "objreg_assemble_only": assemble_only,
              "objreg_corrupt_only": corrupt_only}
     times = interleaved(paths, repeats, torch.device("cpu"))
+    faults = {}
+    for name in ("objreg", "reference"):
+        before = page_faults()
+        paths[name]()
+        faults[name] = (page_faults() - before) / len(case.batches)
     examples = B * len(case.batches)
     result: dict[str, Any] = {
         "objreg_examples_per_s": rounded(examples / times["objreg"]),
@@ -182,6 +196,8 @@ def run_case(case: Case, generator: torch.Generator, B: int, repeats: int, token
         "objreg_assemble_only_examples_per_s": rounded(examples / times["objreg_assemble_only"]),
         "objreg_corrupt_only_examples_per_s": rounded(examples / times["objreg_corrupt_only"]),
         "corrupt_only_speedup": rounded(times["reference"] / times["objreg_corrupt_only"]),
+        "objreg_page_faults_per_batch": rounded(faults["objreg"]),
+        "reference_page_faults_per_batch": rounded(faults["reference"]),
         "padded_shape": list(prepared[0].input_ids.shape),
         "reference": case.reference,
     }
@@ -382,12 +398,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--objectives", default=",".join(OBJECTIVES),
                         help=f"comma-separated, from {', '.join(OBJECTIVES)} (default: all)")
     parser.add_argument("--profile", action="store_true", help="count the ATen operations of each objreg call")
+    parser.add_argument("--keep-freed-memory", action="store_true",
+                        help="glibc keeps freed memory (mallopt M_TRIM_THRESHOLD / M_MMAP_THRESHOLD), for both "
+                             "sides: no page fault per fresh tensor (benchmarks.common.keep_freed_memory)")
     parser.add_argument("--word-ids", action="store_true",
                         help="give objreg explicit word ids (one per token) instead of None: the same batches, "
                              "for code that predates id-only rows")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     global EXPLICIT_WORD_IDS
     EXPLICIT_WORD_IDS = args.word_ids
+    kept = keep_freed_memory() if args.keep_freed_memory else False
     apply_threads(args.threads)
     torch.manual_seed(0)
     np.random.seed(0)
@@ -397,7 +417,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result: dict[str, Any] = {
         "benchmark": "corruption",
         "machine": machine(torch.device("cpu")),
-        "config": {"batch_size": B, "seq_len": T, "batches": N, "repeats": repeats, "vocab_size": tokenizer.vocab.size},
+        "config": {"batch_size": B, "seq_len": T, "batches": N, "repeats": repeats, "vocab_size": tokenizer.vocab.size,
+                   "allocator": "glibc, freed memory kept" if kept else "glibc defaults"},
     }
     for name in [n.strip() for n in args.objectives.split(",") if n.strip()]:
         try:

@@ -51,6 +51,7 @@ from benchmarks.common import (
     base_parser,
     emit,
     interleaved,
+    keep_freed_memory,
     machine,
     rounded,
 )
@@ -264,7 +265,8 @@ def plot(result: dict[str, Any], path: str) -> None:
             ax.set_title(f"{title}, B={batch}")
             ax.grid(True, which="both", alpha=0.3)
             ax.legend(fontsize=7)
-    figure.suptitle(f"objreg scaling with T, one CPU thread ({result['machine']['cpu']})", fontsize=10)
+    figure.suptitle(f"objreg scaling with T, one CPU thread ({result['machine']['cpu']}; "
+                    f"{result['config']['allocator']} for the times)", fontsize=10)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)
@@ -287,6 +289,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--dense-limit-gib", type=float, default=4.0,
                         help="skip a dense path whose [B, T, T] tensors would pass this")
     parser.add_argument("--no-memory", action="store_true")
+    parser.add_argument("--keep-freed-memory", action="store_true",
+                        help="glibc keeps freed memory for the timings (benchmarks.common.keep_freed_memory)")
     parser.add_argument("--plot", default=None, help="write the figure here (PNG)")
     parser.add_argument("--memory-child", action="store_true", help=argparse_hidden())
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
@@ -298,13 +302,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if args.memory_child:
         memory_child(w, args)
         return {}
+    kept = keep_freed_memory() if args.keep_freed_memory else False
     repeats = args.repeats or 3
     result: dict[str, Any] = {
         "benchmark": "scaling",
         "machine": machine(torch.device("cpu")),
         "config": {"objectives": args.objectives, "seq_lens": list(args.seq_lens), "batch_size": args.batch_size,
                    "batch_sizes": list(args.batch_sizes), "train_batch_size": args.train_batch_size,
-                   "repeats": repeats, "dense_limit_gib": args.dense_limit_gib, "gpu": "none (CPU only)"},
+                   "repeats": repeats, "dense_limit_gib": args.dense_limit_gib, "gpu": "none (CPU only)",
+                   "allocator": "glibc, freed memory kept" if kept else "glibc defaults"},
         "points": {},
     }
     for point in points(args):
