@@ -48,12 +48,24 @@ def masked_lm_batch(batch: TokenBatch, view: MaskedView, second: MaskedView | No
         }
     return CorruptedBatch(
         input_ids=view.input_ids,
-        labels=torch.where(view.selected, batch.input_ids, IGNORE_INDEX),
+        labels=batch.input_ids.sub(IGNORE_INDEX).mul_(view.selected).add_(IGNORE_INDEX),  # IGNORE_INDEX unselected
         is_padding=batch.is_padding.clone(),
-        position_ids=masks.positions_within_documents(batch.document_ids),
+        position_ids=document_positions(batch.document_ids),
         document_ids=batch.document_ids.clone(),
         extras=extras,
     )
+
+
+def document_positions(document_ids: torch.Tensor) -> torch.Tensor:
+    """:func:`objreg.masks.positions_within_documents`, with a shortcut for batches whose rows
+    hold one document each (what ``Tokenizer.assemble`` builds): no document starts after the
+    first token, so the positions are ``0 … T-1`` (the same tensor, without the scan)."""
+    B, T = document_ids.shape
+    if T > 1:
+        later = document_ids[:, 1:]
+        if not bool(((later != document_ids[:, :-1]) & (later >= 0)).any()):
+            return torch.arange(T, device=document_ids.device).expand(B, T).clone()
+    return masks.positions_within_documents(document_ids)
 
 
 def attention(batch: CorruptedBatch) -> masks.AttentionMask:

@@ -261,14 +261,14 @@ def selection_lists(selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     0) and ``weights`` [B, K] float (1.0 real, 0.0 padding), K = most selections in a row (>= 1).
     One scatter of each selected position to its rank among the row's selections (no sort)."""
     B, T = selected.shape
-    rank = selected.long().cumsum(dim=1)  # (B, T): selections up to and including each position
-    count = rank[:, -1] if T else rank.sum(dim=1)  # (B,)
+    rank = selected.cumsum(dim=1)  # (B, T) long: selections up to and including each position
+    count = rank[:, -1].clone() if T else rank.sum(dim=1)  # (B,)
     K = max(1, int(count.max())) if B else 1
-    index = torch.where(selected, rank - 1, K)  # the rest go to a spare column
     positions = torch.zeros(B, K + 1, dtype=torch.long, device=selected.device)
-    positions.scatter_(1, index, torch.arange(T, device=selected.device).expand(B, T))
+    # Selection r (1-based) goes to column r; the rest to column 0, dropped.
+    positions.scatter_(1, rank.mul_(selected), torch.arange(T, device=selected.device).expand(B, T))
     real = torch.arange(K, device=selected.device)[None, :] < count[:, None]  # (B, K)
-    return positions[:, :K], real.float()
+    return positions[:, 1:].contiguous(), real.float()
 
 
 def smallest_keys(keys: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
