@@ -5,6 +5,9 @@ can flatten them as pytrees; metadata and configuration are frozen dataclasses. 
 batch has the batch dimension first, so a batch can be sliced per example and vmapped over.
 
 Shapes: ``B`` batch size, ``T`` sequence length, ``H`` hidden size, ``V`` vocabulary size.
+
+Longer than objreg's other modules on purpose: every type a plugin author meets is here, so the
+whole data contract reads in one file (docs/hooks.md summarises it).
 """
 
 from __future__ import annotations
