@@ -24,9 +24,9 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 #: read them from here; tests/test_docs.py checks that the three agree.
 CHOICES: dict[str, dict[str, str]] = {
     "optimizer": {
-        "sgd": "plain SGD; the Taylor terms use the gradients directly",
-        "adam": "Adam; the analysis uses the step Adam actually took",
-        "adamw": "AdamW (decoupled weight decay), likewise",
+        "sgd": "plain SGD, the Taylor terms use the gradients directly",
+        "adam": "Adam, the analysis uses the step Adam actually took",
+        "adamw": "AdamW with decoupled weight decay, likewise",
     },
     "dtype": {
         "float32": "single precision",
@@ -39,18 +39,18 @@ CHOICES: dict[str, dict[str, str]] = {
         "cuda:N": "CUDA device N",
     },
     "per_sample_method": {
-        "auto": "the first of ghost, jvp, double_backward and loop that the model supports (ghost is skipped "
-                "for batch-coupled objectives)",
+        "auto": "the first of ghost, jvp, double_backward and loop that the model supports, ghost skipped for "
+                "batch-coupled objectives",
         "ghost": "one forward and one input-gradient backward pass, no per-example weight gradient",
         "jvp": "one forward-mode pass",
         "double_backward": "two reverse passes",
-        "vmap": "per-example gradients with vmap(grad) (a reference; memory grows with the batch)",
-        "loop": "one backward pass per example (the reference)",
+        "vmap": "per-example gradients with vmap(grad), a reference whose memory grows with the batch",
+        "loop": "one backward pass per example, the reference",
     },
     "hvp_method": {
-        "auto": "double_backward first on the CPU, forward_over_reverse first elsewhere; the other one where "
-                "the model lacks the first one's derivatives",
-        "forward_over_reverse": "jvp of grad: no second graph",
+        "auto": "double_backward first on the CPU, forward_over_reverse first elsewhere, the other one where the "
+                "model lacks the first one's derivatives",
+        "forward_over_reverse": "jvp of grad, no second graph",
         "double_backward": "differentiate the gradient graph again",
     },
 }

@@ -12,7 +12,6 @@ only the first (``RANK`` 0) prints, as only it writes ``--out``.
 
 from __future__ import annotations
 
-import json
 import os
 import warnings
 from contextlib import nullcontext
@@ -24,6 +23,8 @@ from rich import box
 from rich.console import Console
 
 import objreg
+from objreg.analysis.prepare import check
+from objreg.analysis.resume import resumed_config
 from objreg.cli import options, render
 from objreg.cli.interrupt import Interrupts, Stopped, distributed, exit_code, stopped_message
 from objreg.cli.options import RegistryOption, choices, default
@@ -69,8 +70,8 @@ def _parse_params(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
 @click.option("--corpus", default=None, metavar="NAME|PATH", cls=RegistryOption, describe=options.describe_corpus,
               fallback=f"Pre-training text; `objreg list` names the forms {default('corpus')}.")
 @click.option("--downstream-data", default=None, metavar="PATH",
-              help="The task's data file (e.g. SQuAD JSON for qa; `objreg show TASK` says what each task reads) "
-                   "(default: the task's built-in set, from held-out corpus documents).")
+              help="The task's data, in a format --downstream names for it, e.g. SQuAD JSON for qa (default: the "
+                   "task's built-in set, from held-out corpus documents).")
 @click.option("--model", default=None, metavar="NAME|DIR", cls=RegistryOption, describe=options.describe_model,
               fallback=f"The backbone; `objreg list` names them {default('model')}.")
 @click.option("--probe-every", type=int, default=None,
@@ -140,7 +141,9 @@ def analyze(
     if not _prints():
         objreg.analyze(names, downstream, **settings)
         return
-    total = _saved_steps(resume) if resume is not None else settings.get("steps", options.DEFAULTS["steps"])
+    # Bad settings fail here, in milliseconds and in one line, before any progress is shown.
+    config = _checked_config(names, downstream, settings, resume, registry)
+    total = config.steps
     errors = render.console(stderr=True)
     display = None if as_json else RunDisplay(errors, total, live=errors.is_terminal)
     notify = display.notify if display is not None else (lambda message: click.echo(message, err=True))
@@ -162,7 +165,7 @@ def analyze(
     try:
         with interrupts, display or nullcontext():
             for name in names or ():
-                _check_contract(registry, name, objective_params.get(name, {}), on_status)
+                _check_contract(registry, name, dict(config.objective_params.get(name, {})), on_status)
             report = objreg.analyze(names, downstream, on_step=on_step, on_status=on_status, **settings)
     except Stopped as stop:
         click.echo(stopped_message(stop, out_dir, finished[0], total), err=True)
@@ -176,13 +179,16 @@ def analyze(
         console.print(f"Wrote {out_dir}/: report.json, report.csv, steps.jsonl, config.json and PNG plots", markup=False)
 
 
-def _saved_steps(run_dir: str) -> int | None:
-    """The length of the run in ``run_dir`` (for the progress bar; the library checks the rest)."""
-    try:
-        steps = json.loads((Path(run_dir) / "config.json").read_text(encoding="utf-8"))["steps"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return steps if isinstance(steps, int) else None
+def _checked_config(names: list[str] | None, downstream: str | None, settings: dict[str, Any], resume: str | None,
+                    registry: objreg.Registry) -> objreg.AnalysisConfig:
+    """The run's settings, checked as ``objreg.analyze`` checks them (names, parameters, device)."""
+    if resume is not None:
+        config = resumed_config(Path(resume), [])
+    else:
+        given = {k: v for k, v in settings.items() if k not in ("out_dir", "registry")}
+        config = objreg.AnalysisConfig(pretrain=tuple(names or ()), downstream=downstream or "qa", **given)
+    check(config, registry)
+    return config
 
 
 def _check_contract(registry: objreg.Registry, name: str, params: dict[str, Any], status: Any) -> None:

@@ -31,9 +31,12 @@ def list_experiments(as_json: bool) -> None:
     render.console().print(grid)
 
 
-@experiment.command("run")
+@experiment.command("run", help="Run experiment NAME and print its figures and verdict. NAME: "
+                    + ", ".join(objreg.experiments.names()) + " (`objreg experiment list` gives each one's claim).")
 @click.argument("name")
-@click.option("--quick", is_flag=True, help="The small setting (under a minute on a 2-core CPU).")
+@click.option("--quick", is_flag=True,
+              help="The small setting: 6 to 29 s per experiment measured on a 2-core CPU shared with other jobs, "
+                   "81 s seen for nsp-vs-sop at load average 3 (docs/experiments.md).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,

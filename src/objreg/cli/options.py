@@ -32,9 +32,9 @@ def default(name: str) -> str:
 
 
 def choices(name: str, intro: str) -> str:
-    """``intro``, then every accepted value of the setting ``name`` with what it does, and its default."""
-    values = "; ".join(f"{value} ({what})" for value, what in CHOICES[name].items())
-    return f"{intro}: {values} {default(name)}."
+    """``intro`` with the default of the setting ``name``, then every accepted value with what it does."""
+    values = "; ".join(f"{value}: {what}" for value, what in CHOICES[name].items())
+    return f"{intro} {default(name)}. {values}."
 
 
 class RegistryOption(click.Option):
@@ -63,9 +63,11 @@ def _names(names: list[str]) -> str:
 
 
 def _providers(registry: objreg.Registry, kind: str) -> str:
-    """Exact names as they are, families of names (``DIR``, ``hf:NAME``) with what they take."""
-    return "; ".join(p.name if p.accepts is None else f"{p.name}: {p.description}"
-                     for p in registry.providers(kind) if not p.fallback)
+    """Exact names first, then each family of names (``DIR``, ``hf:NAME``) with what it takes."""
+    providers = [p for p in registry.providers(kind) if not p.fallback]
+    exact = [p.name for p in providers if p.accepts is None]
+    families = [f"{p.name}: {p.description}" for p in providers if p.accepts is not None]
+    return "; ".join([", ".join(exact), *families] if exact else families)
 
 
 def describe_pretrain(registry: objreg.Registry) -> str:
@@ -74,14 +76,14 @@ def describe_pretrain(registry: objreg.Registry) -> str:
 
 
 def describe_downstream(registry: objreg.Registry) -> str:
-    return f"Downstream task: {_names(registry.tasks())} {default('downstream')}."
+    tasks = "; ".join(f"{name} ({registry.info(name).description})" for name in registry.tasks())
+    return f"Downstream task {default('downstream')}: {tasks or 'none installed'}."
 
 
 def describe_model(registry: objreg.Registry) -> str:
-    return (f"The backbone: {_providers(registry, 'model')} {default('model')}; `objreg list` describes "
-            f"each.")
+    return f"The backbone {default('model')}: {_providers(registry, 'model')}. `objreg list` describes each."
 
 
 def describe_corpus(registry: objreg.Registry) -> str:
-    return (f"Pre-training text: {_providers(registry, 'corpus')} {default('corpus')}; `objreg list` "
-            f"describes each.")
+    return (f"Pre-training text {default('corpus')}: {_providers(registry, 'corpus')}. `objreg list` describes "
+            f"each.")
