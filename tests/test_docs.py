@@ -1,6 +1,8 @@
 """The docs stay true to the code (datasette-style meta-tests): every hook has a section in
-docs/hooks.md titled with its exact signature, and docs/cli.md holds the current --help of every
-command.
+docs/hooks.md titled with its exact signature, docs/cli.md holds the current --help of every
+command, and ``objreg analyze --help`` names every value the run accepts (the fixed choices that
+``AnalysisConfig`` validates with, and the registry's objectives, tasks, models and corpora), so
+help, docs/cli.md and validation cannot drift apart.
 
 After changing a command, regenerate docs/cli.md with::
 
@@ -19,6 +21,10 @@ import torch
 from click.testing import CliRunner
 
 import objreg
+from objreg.analysis.config import CHOICES, DTYPES, OPTIMIZERS
+from objreg.analysis.curvature import HVP_METHODS
+from objreg.analysis.devices import resolve_device
+from objreg.analysis.per_sample import METHODS as PER_SAMPLE_METHODS
 from objreg.cli import make_cli
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -86,6 +92,107 @@ def test_hooks_page_documents_no_missing_hook():
     assert sorted(documented) == sorted(HOOKS)
 
 
+def flat(text: str) -> str:
+    """Help text as one line: click wraps at spaces and after hyphens."""
+    return re.sub(r"-\s+", "-", " ".join(text.split()))
+
+
+def option_help(command: str, option: str) -> str:
+    """The help of ``option`` in ``command``'s help, as one line."""
+    lines = HELP[command].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith(option + " "))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].strip().startswith("-")), len(lines))
+    return flat(" ".join(lines[start:end]))
+
+
+@pytest.mark.parametrize("setting", sorted(CHOICES))
+def test_analyze_help_names_every_accepted_value_and_the_default(setting):
+    option = "--" + setting.replace("_", "-")
+    text = option_help("objreg analyze", option)
+    for value in CHOICES[setting]:
+        assert f" {value}:" in text, (option, value, text)
+    assert f"(default: {getattr(objreg.AnalysisConfig(pretrain=('mlm',)), setting)})" in text
+
+
+@pytest.mark.parametrize("setting", sorted(set(CHOICES) - {"device"}))
+def test_validation_accepts_exactly_the_values_the_help_names(setting):
+    for value in CHOICES[setting]:
+        assert getattr(objreg.AnalysisConfig(pretrain=("mlm",), **{setting: value}), setting) == value
+    with pytest.raises(objreg.InvalidParameterError, match=f"{setting} must be one of {', '.join(CHOICES[setting])}"):
+        objreg.AnalysisConfig(pretrain=("mlm",), **{setting: "nosuch"})
+    accepted = {"optimizer": OPTIMIZERS, "dtype": DTYPES, "per_sample_method": PER_SAMPLE_METHODS,
+                "hvp_method": HVP_METHODS}[setting]
+    assert set(CHOICES[setting]) == set(accepted)  # what the code below the config accepts
+
+
+def test_every_device_form_the_help_names_is_one_the_resolver_takes():
+    for form in CHOICES["device"]:
+        try:
+            resolve_device(form.replace(":N", ":0"))
+        except objreg.DeviceError:
+            pass  # a CUDA form on a machine without CUDA: accepted as a form, refused for the machine
+    with pytest.raises(objreg.InvalidParameterError):
+        resolve_device("tpu")
+
+
+def test_analyze_help_names_every_objective_task_model_and_corpus_the_registry_accepts():
+    registry = objreg.Registry.load(load_entrypoints=False)
+    for option, names in (
+        ("--pretrain", registry.objectives()),
+        ("--downstream", registry.tasks()),
+        ("--model", [p.name for p in registry.providers("model")]),
+        ("--corpus", [p.name for p in registry.providers("corpus")]),
+    ):
+        text = option_help("objreg analyze", option)
+        for name in names:
+            assert flat(name) in text, (option, name, text)
+    # ghost is what `auto` uses first; the issue found it missing.
+    assert " ghost:" in option_help("objreg analyze", "--per-sample-method")
+
+
+def test_a_plugin_s_task_shows_up_in_the_help():
+    class Extra:
+        @objreg.hookimpl
+        def objreg_objective_info(self):
+            return objreg.ObjectiveInfo(name="extratask", description="a task of a plugin", kind="downstream")
+
+        @objreg.hookimpl
+        def objreg_task_data(self, documents):
+            raise NotImplementedError
+
+        @objreg.hookimpl
+        def objreg_attention_mask(self, batch):
+            return objreg.AttentionMask.bidirectional(batch.is_padding)
+
+        @objreg.hookimpl
+        def objreg_loss(self, outputs, batch):
+            raise NotImplementedError
+
+    def manager():
+        pm = objreg.get_plugin_manager(load_entrypoints=False)
+        pm.register(Extra(), name="extratask")
+        return pm
+
+    result = CliRunner().invoke(make_cli(manager), ["analyze", "--help"], terminal_width=HELP_WIDTH)
+    assert "extratask (a task of a plugin)" in flat(result.stdout)
+
+
+@pytest.mark.parametrize("command", sorted(HELP))
+def test_every_option_says_its_default(command):
+    # Flags default to off, required options have none (--pretrain says "(required"); every other
+    # option names its default.
+    context = click.Context(builtin_cli())
+    target = builtin_cli()
+    for word in command.split()[1:]:
+        target = target.get_command(context, word)
+    for param in target.params:
+        if not isinstance(param, click.Option) or param.is_flag or param.required or param.name == "help":
+            continue
+        record = param.get_help_record(click.Context(target, parent=context))
+        assert "default" in record[1].lower() or "(required" in record[1] or param.show_default, (
+            command, param.name, record)
+
+
 @pytest.mark.parametrize("command", sorted(HELP))
 def test_cli_page_has_current_help(command):
     page = (DOCS / "cli.md").read_text()
@@ -97,6 +204,21 @@ def test_cli_page_has_current_help(command):
 def test_cli_page_covers_every_builtin_command():
     assert {"objreg", "objreg list", "objreg show", "objreg corrupt", "objreg analyze", "objreg experiment",
             "objreg experiment list", "objreg experiment run"} <= set(HELP)
+
+
+def test_hooks_page_documents_every_field_of_the_types_and_every_head_kind():
+    import dataclasses
+
+    page = (DOCS / "hooks.md").read_text()
+    for cls in (objreg.ObjectiveInfo, objreg.Vocabulary, objreg.HeadSpec, objreg.HeadKind, objreg.Provider,
+                objreg.Param):
+        section = page[page.index(cls.__name__):]
+        for field in dataclasses.fields(cls):
+            assert field.name in section, (cls.__name__, field.name)
+    for kind in objreg.Registry.load(load_entrypoints=False).head_kinds():
+        assert f"`{kind}`" in page, kind
+    for kind in objreg.core.types.LABEL_KINDS:
+        assert f"`{kind}`" in page, kind
 
 
 def test_experiments_page_has_a_section_and_an_existing_plot_for_every_experiment():

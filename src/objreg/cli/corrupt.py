@@ -80,7 +80,8 @@ def corruption_rows(
               help="A text to corrupt; repeat for several rows.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the corruption's random generator.")
 @click.option("--param", "raw_params", multiple=True, metavar="KEY=VALUE",
-              help="Override a parameter of the objective (see `objreg show NAME`); repeatable.")
+              help="Override a parameter of the objective (see `objreg show NAME`); repeatable (default: the "
+                   "objective's reference defaults).")
 @click.option("--seq-len", type=click.IntRange(min=3), default=None,
               help="Truncate rows to this many tokens [default: fit the longest text].")
 @click.option("--char-noise", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True,

@@ -40,7 +40,7 @@ def list_experiments(as_json: bool) -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
-              help="Directory for result.json and the plots.")
+              help="Directory for result.json and the plots (default: write nothing).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def run(name: str, quick: bool, seed: int, device: str, out_dir: Path | None, as_json: bool) -> None:
     """Run experiment NAME and print its figures and verdict."""
