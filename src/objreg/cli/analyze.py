@@ -103,7 +103,8 @@ def _parse_params(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
                    "after every step, which makes the run resumable (default: write nothing).")
 @click.option("--resume", default=None, type=click.Path(file_okay=False), metavar="DIR",
               help="Continue the interrupted run written with --out DIR from its last finished step, with the "
-                   "settings in DIR/config.json (no other run option with it); ends as an uninterrupted run would.")
+                   "settings in DIR/config.json (no other run option with it); ends as an uninterrupted run would "
+                   "(default: start a new run).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the report as JSON on stdout and nothing else (no progress on stderr).")
 @click.pass_context
