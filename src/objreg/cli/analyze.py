@@ -23,13 +23,10 @@ from rich import box
 from rich.console import Console
 
 import objreg
-from objreg.analysis.prepare import check
-from objreg.analysis.resume import resumed_config
 from objreg.cli import options, render
 from objreg.cli.interrupt import Interrupts, Stopped, distributed, exit_code, stopped_message
 from objreg.cli.options import RegistryOption, choices, default
 from objreg.cli.progress import TRAINING, RunDisplay
-from objreg.testing import contract_problems, is_third_party
 
 
 def _parse_params(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
@@ -183,6 +180,9 @@ def analyze(
 def _checked_config(names: list[str] | None, downstream: str | None, settings: dict[str, Any], resume: str | None,
                     registry: objreg.Registry) -> objreg.AnalysisConfig:
     """The run's settings, checked as ``objreg.analyze`` checks them (names, parameters, device)."""
+    from objreg.analysis.prepare import check  # the trainer's modules: loaded when a run starts
+    from objreg.analysis.resume import resumed_config
+
     if resume is not None:
         config = resumed_config(Path(resume), [])
     else:
@@ -194,6 +194,8 @@ def _checked_config(names: list[str] | None, downstream: str | None, settings: d
 
 def _check_contract(registry: objreg.Registry, name: str, params: dict[str, Any], status: Any) -> None:
     """The contract suite's cheap checks on a third-party objective; problems are one warning."""
+    from objreg.testing import contract_problems, is_third_party
+
     try:
         if not is_third_party(registry, name):
             return

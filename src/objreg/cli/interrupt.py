@@ -23,8 +23,6 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from objreg.analysis.resume import CHECKPOINT
-
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -82,6 +80,8 @@ class Interrupts:
 
 def stopped_message(stop: Stopped, out_dir: str | None, finished: int, total: int | None) -> str:
     """What the command prints when a run was stopped: where it stopped and how to continue."""
+    from objreg.analysis.resume import CHECKPOINT  # with the trainer's modules, loaded by then
+
     of = f" of {total}" if total else ""
     if stop.abandoned:
         where = f"Stopped with {finished}{of} steps done (the step in flight was abandoned)."
