@@ -69,14 +69,58 @@ def help_texts() -> dict[str, str]:
 def render_cli_page() -> str:
     parts = [
         "# Command-line reference\n",
-        "Generated from the CLI's own `--help`. Regenerate it with `python tests/test_docs.py --write`;",
-        "`tests/test_docs.py` fails when it is out of date. See also [hooks.md](hooks.md) and",
-        "[writing-a-plugin.md](writing-a-plugin.md).\n",
+        "The help of every command is generated from the CLI's own `--help` below. Regenerate this page",
+        "with `python tests/test_docs.py --write`; `tests/test_docs.py` fails when it is out of date, and",
+        "checks that `objreg analyze --help` names every value the run accepts. See also",
+        "[hooks.md](hooks.md) and [writing-a-plugin.md](writing-a-plugin.md).\n",
+        RUNNING,
     ]
     for command, text in help_texts().items():
         parts += [f"## {command}\n", "```text", text.rstrip(), "```\n"]
     return "\n".join(parts)
 
+
+#: What docs/cli.md says about a running `objreg analyze`, before the generated help.
+RUNNING = """## A run of `objreg analyze`: progress, stopping, output
+
+**Progress** goes to stderr. On a terminal: one line per finished stage with its time (loading
+the corpus, the tokenizer and the task data, building the model, fitting the downstream head,
+writing the report), then a bar with the steps done, the elapsed time and, from the first
+finished step on, the ETA and the seconds per step; under it the latest probe's numbers: `D`
+before and after the step, the change predicted to first and to first plus second order against
+the actual change, and each objective's dot (with its 95% interval over examples), cosine and
+share of conflicting examples. Where stderr is not a terminal (`nohup`, CI, `2> log`) the same
+comes as plain lines, one per stage and one per probe, each stamped with the time since the
+start (here the main job of the README, on a 2-core CPU shared with other jobs):
+
+```text
+[0:00:03] fitting the downstream head (100 steps on 1,024 examples)
+[0:00:20] training with probes: 0/16 steps
+[0:00:23] step 1/16 2.88 s/step, ETA 0:00:43 | D 3.1486 → 3.1585: change +0.009939, predicted +0.01147 (first order), +0.01325 (with second order) | mlm dot -0.9304 cosine -0.007; sop dot -0.2163 cosine -0.018
+```
+
+`--json` shows no progress: stdout holds the report and stderr only warnings or an error.
+
+**Stopping.** Ctrl-C (SIGINT) or SIGTERM during training lets the step in flight finish (its
+checkpoint written, with `--out`), then stops; a second one stops at once, abandoning that
+step (the previous checkpoint stays). While loading, the first one stops at once. The command
+then prints how to go on, and exits with 130 (SIGINT) or 143 (SIGTERM):
+
+```text
+Stopped with 7 of 20 steps done. Continue the run with:
+  objreg analyze --resume runs/mlm-sop
+```
+
+The resumed run ends with the report of an uninterrupted one (`tests/cli/test_interrupt.py`).
+Without `--out` there is nothing to resume, and it says so. Under `torchrun` the handlers are
+left to torchrun (the processes could otherwise stop after different steps); `--resume`
+continues from the last checkpoint as after `kill -9`.
+
+**Output** goes to stdout. Redirected (`> log.txt`, a pipe), tables keep their natural width
+instead of 80 columns. On a terminal, text columns wrap, numbers never do, and a table too wide
+even then is drawn wider than the terminal rather than cutting a number
+(`tests/cli/test_output.py` compares `> log.txt` with `--json`).
+"""
 
 HOOKS = hook_signatures()
 HELP = help_texts()
