@@ -18,7 +18,11 @@ It runs the objective on a tiny model in float64 and checks what ``objreg analyz
   (``jvp``, ``ghost``, ``vmap``, and whatever ``auto`` picks), and the HVPs of the analyzer's
   curvature path equal double backward.
 
-Every failed check is reported, in one :class:`ContractError`, also when a hook raises.
+Every failed check is reported, in one :class:`ContractError`, also when a hook raises (a loss
+that calls ``.item()`` fails the ``vmap`` check, with what to change). ``quick=True`` skips the
+Hessian-vector products: ``objreg analyze`` runs those cheap checks (:func:`contract_problems`) on
+every objective that is not built in (:func:`is_third_party`) before training, and warns in one
+line when one fails.
 """
 
 from __future__ import annotations

@@ -158,7 +158,7 @@ def analyze(
         finished[0] = step + 1
         if display is not None:
             display.step(step, record)
-        interrupts.after_step(step, total or step + 2)
+        interrupts.after_step(step, total)
 
     try:
         with interrupts, display or nullcontext():

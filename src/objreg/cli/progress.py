@@ -87,6 +87,7 @@ class RunDisplay:
     def __exit__(self, kind: type[BaseException] | None, *rest: Any) -> None:
         if kind is None:
             self._close_stage()
+            self._close_training()
         if self._live is not None:
             self._live.stop()
 
@@ -94,16 +95,14 @@ class RunDisplay:
         """A stage starts (``on_status``)."""
         self._close_stage()
         if message.startswith("resuming at step"):
-            self._line(message, 0.0)
+            self._line(message)
             return
         if message == TRAINING:
             self.training_since = self.clock()
             if not self.live:
                 self._line(f"{TRAINING}: {self._steps_text()} steps")
             return
-        if self.training_since is not None:  # training is over
-            self._line(f"trained {self._steps_text()} steps, {self._rate_text()}", self.clock() - self.training_since)
-            self.training_since = None
+        self._close_training()
         self.stage = (message, self.clock())
         if not self.live:
             self._line(message)
@@ -129,6 +128,12 @@ class RunDisplay:
 
     # -- drawing --------------------------------------------------------------------------------
 
+    def _close_training(self) -> None:
+        if self.training_since is None:
+            return
+        self._line(f"trained {self._steps_text()} steps, {self._rate_text()}", self.clock() - self.training_since)
+        self.training_since = None
+
     def _close_stage(self) -> None:
         if self.stage is None:
             return
@@ -138,10 +143,12 @@ class RunDisplay:
             self._line(message, self.clock() - since)
 
     def _line(self, message: str, took: float | None = None) -> None:
-        """Live: a finished stage with the seconds it took. Plain: a line stamped with the time
-        since the start."""
-        if self.live:
-            self.console.print(Text("✓ ", style="green") + Text(f"{took or 0.0:6.1f} s  ", style="dim") + Text(message))
+        """Live: a finished stage with the seconds it took (or an event, without). Plain: a line
+        stamped with the time since the start."""
+        if self.live and took is None:
+            self.console.print(Text("·", style="dim") + Text(" " * 10) + Text(message))
+        elif self.live:
+            self.console.print(Text("✓ ", style="green") + Text(f"{took:6.1f} s  ", style="dim") + Text(message))
         else:
             self.console.print(Text(f"[{clock_text(self.clock() - self.started)}] {message}"), soft_wrap=True)
 
