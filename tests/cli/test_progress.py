@@ -96,7 +96,7 @@ def test_plain_log_has_a_line_per_stage_and_per_probe():
     assert lines[2].startswith("[0:00:07] step 1/4 5.00 s/step, ETA 0:00:15 | D 3.1416 → 3.1000")
     assert "mlm dot +0.5602 cosine +0.011; sop dot -0.008745 cosine -0.001" in lines[2]
     assert lines[3].startswith("[0:00:12] step 3/4 3.33 s/step, ETA 0:00:03 |")
-    assert lines[4].startswith("[0:00:12] trained 3/4 steps") and lines[5] == "[0:00:12] writing the report"
+    assert lines[4].startswith("[0:00:12] trained steps 3/4, 3.33 s/step") and lines[5] == "[0:00:12] writing the report"
     assert len(lines) == 6  # the unprobed step printed nothing
 
 

@@ -234,8 +234,8 @@ def _render(report: dict[str, Any], console: Console) -> None:
             f"{a['conflict_fraction']:.0%}", f"{a['grad_norm']:.3g}", f"{a['first_order_contribution']:+.4g}",
         )
     render.show(console, table)
-    console.print("dot: mean over probes of the mean per-example ⟨∇ℓ_i,∇D⟩, with a t interval over probes; cosine: "
-                  "Σ dot / √(Σ‖∇L‖² Σ‖∇D‖²) over probes (same sign as dot)", markup=False, style="dim")
+    console.print("dot: mean over probes, t interval over probes; cosine: Σ dot / √(Σ‖∇L‖² Σ‖∇D‖²) over probes, "
+                  "the sign of dot", markup=False, style="dim")
     _render_interaction(report["pretrain"], summary["second_order"], console)
     _render_taylor(summary, console)
     _render_spectrum(summary.get("spectrum") or [], console)

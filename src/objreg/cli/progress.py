@@ -131,7 +131,8 @@ class RunDisplay:
     def _close_training(self) -> None:
         if self.training_since is None:
             return
-        self._line(f"trained {self._steps_text()} steps, {self._rate_text()}", self.clock() - self.training_since)
+        steps = self._steps_text() if not self.first_step else f"{self.first_step + 1} to {self._steps_text()}"
+        self._line(f"trained steps {steps}, {self._rate_text()}", self.clock() - self.training_since)
         self.training_since = None
 
     def _close_stage(self) -> None:
