@@ -81,6 +81,8 @@ def prepare(
     model = build_model(registry, config.model, tokenizer.vocab, owners, config.seed)
     model.to(device=device, dtype=config.torch_dtype)
 
+    if config.head_warmup_steps and fit_batch.batch_size:
+        status(f"fitting the downstream head ({config.head_warmup_steps} steps on {fit_batch.batch_size:,} examples)")
     # Each process encodes its share of the fit rows; the head's gradient is summed at every step.
     warmup = fit_downstream_head(model, task, fit_batch.to(device), config.head_warmup_steps, group=group)
     # The main process's parameters everywhere, so rounding differences between machines cannot

@@ -56,6 +56,9 @@ def summarise(
     ``actual_improvement = Σ_t −(D(θ_{t+1}) − D(θ_t))``, and ``taylor_relative_error`` the
     relative gap of the last two. The first and the last step are always probed, so their records
     hold the downstream loss before training and after it.
+
+    Per objective, ``alignment.<k>.cosine`` is :func:`pooled_cosine` (its sign is the mean dot's);
+    ``mean_probe_cosine`` is the plain mean of the per-probe cosines.
     """
     alignment = {}
     for name in pretrain:
@@ -64,7 +67,8 @@ def summarise(
         mean, low, high = mean_ci95(dots)
         alignment[name] = {
             "dot": mean,
-            "cosine": _mean(a["cosine"] for a in rows),
+            "cosine": pooled_cosine(dots, [a["grad_norm"] for a in rows], [s["downstream_grad_norm"] for s in steps]),
+            "mean_probe_cosine": _mean(a["cosine"] for a in rows),
             "ci95": [low, high],
             "ci95_bootstrap": list(bootstrap_ci95(dots, seed_for(seed, "summary", name))),
             "conflict_fraction": _mean(a["conflict_fraction"] for a in rows),
@@ -104,6 +108,14 @@ def summarise(
     if attribution is not None:
         summary["attribution"] = attribution
     return summary
+
+
+def pooled_cosine(dots: list[float], norms: list[float], downstream_norms: list[float]) -> float:
+    """``Σ_t c_t / √(Σ_t ‖g_t‖² · Σ_t ‖∇D_t‖²)``: the cosine between the probes' gradients laid
+    end to end and the downstream gradients laid end to end. Its sign is the sign of the mean dot,
+    which a mean of per-probe cosines need not have; 0 where every gradient is zero."""
+    denominator = (sum(n * n for n in norms) * sum(n * n for n in downstream_norms)) ** 0.5
+    return sum(dots) / denominator if denominator > 0 else 0.0
 
 
 def _summed(parts: Any) -> dict[str, float]:

@@ -31,13 +31,16 @@ def list_experiments(as_json: bool) -> None:
     render.console().print(grid)
 
 
-@experiment.command("run")
+@experiment.command("run", help="Run experiment NAME and print its figures and verdict. NAME: "
+                    + ", ".join(objreg.experiments.names()) + " (`objreg experiment list` gives each one's claim).")
 @click.argument("name")
-@click.option("--quick", is_flag=True, help="The small setting (under a minute on a 2-core CPU).")
+@click.option("--quick", is_flag=True,
+              help="The small setting: 6 to 29 s per experiment measured on a 2-core CPU shared with other jobs, "
+                   "81 s seen for nsp-vs-sop at load average 3 (docs/experiments.md).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
 @click.option("--out", "out_dir", type=click.Path(path_type=Path), default=None,
-              help="Directory for result.json and the plots.")
+              help="Directory for result.json and the plots (default: write nothing).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def run(name: str, quick: bool, seed: int, device: str, out_dir: Path | None, as_json: bool) -> None:
     """Run experiment NAME and print its figures and verdict."""
