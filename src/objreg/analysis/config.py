@@ -41,6 +41,9 @@ class AnalysisConfig:
         seed: Seeds model initialisation, data sampling and corruption (separate streams).
         device: ``auto`` (CUDA when available), ``cpu`` or ``cuda[:N]``.
         dtype: ``float32`` or ``float64`` (for exactness checks).
+        eval_dtype: The dtype ``D`` itself is evaluated in for the actual change (``float64``,
+            the default, on a float64 copy of the model: a float32 difference of two losses is
+            quantised), or ``model`` for the model's own dtype.
         corpus: ``default`` or a path (text, JSONL, directory).
         downstream_data: Path to the task's data; ``None`` uses its built-in set.
         model: ``default`` (small Transformer) or another name a model plugin provides.
@@ -78,6 +81,7 @@ class AnalysisConfig:
     seed: int = 0
     device: str = "auto"
     dtype: str = "float32"
+    eval_dtype: str = "float64"
     corpus: str = "default"
     downstream_data: str | None = None
     model: str = "default"
@@ -125,6 +129,8 @@ class AnalysisConfig:
             raise InvalidParameterError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
         if self.dtype not in DTYPES:
             raise InvalidParameterError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.eval_dtype not in (*DTYPES, "model"):
+            raise InvalidParameterError(f"eval_dtype must be one of {', '.join(DTYPES)}, model; got {self.eval_dtype!r}")
         for step in range(self.steps):  # a bad user schedule fails here, before anything is loaded
             weights_at(step, self.steps, self.weights, self.schedule)
         unknown = set(self.objective_params) - set(pretrain) - {self.downstream}
