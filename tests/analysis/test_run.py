@@ -35,7 +35,7 @@ def test_report_shape(small_report):
         assert set(step["second_order"]) == {"mlm,mlm", "mlm,sop", "sop,sop"}
         assert set(step["predicted_delta"]) == {"first_order", "second_order"}
         assert set(step["taylor"]) == {"error", "scaled_error", "rounding_floor", "second_to_first",
-                                       "second_order_helps", "inside_regime"}
+                                       "second_order_helps", "remainder_ratio", "inside_regime"}
         assert set(step["update"]) >= {"norm", "norms", "conditioning", "decomposition_residual", "attribution",
                                        "first_order", "second_order"}
         assert set(step["update"]["norms"]) == {"mlm", "sop"} and step["update"]["attribution"] == "linear"

@@ -100,6 +100,22 @@ class Probe:
         self.attribution = ExampleScores()
         self.methods_used: set[str] = set()
         self.update_rule = ""
+        # D at the last point it was evaluated (that point's shared parameters and the model's
+        # buffers, and the value): the D after one probed step is the D before the next.
+        self._last_downstream: tuple[Params, list[torch.Tensor], float] | None = None
+
+    def downstream_loss(self, shared: Params) -> float:
+        """``D`` at the model's current parameters (``shared``: their values now), evaluated
+        again only where they or the model's buffers changed since the last evaluation."""
+        buffers = list(self.model.buffers())
+        last = self._last_downstream
+        if last is not None and len(last[1]) == len(buffers) and all(
+            torch.equal(last[0][n], t) for n, t in shared.items()
+        ) and all(torch.equal(a, b) for a, b in zip(last[1], buffers)):
+            return last[2]
+        value = self.downstream.loss(self.model)
+        self._last_downstream = ({n: t.clone() for n, t in shared.items()}, [b.clone() for b in buffers], value)
+        return value
 
     def measure(
         self, step: int, weights: dict[str, float], optimizer: torch.optim.Optimizer, tokens: dict[str, TokenBatch],
@@ -112,7 +128,7 @@ class Probe:
         shared = shared_parameters(self.model)
         before = {n: p.detach().clone() for n, p in shared.items()}
         names = list(self.objectives)
-        downstream_before = self.downstream.loss(self.model)
+        downstream_before = self.downstream_loss(before)
         split = decompose(optimizer, shared, weights, gradients, coalitions)
         self.update_rule = self.update_rule or split.rule
         parts = split.parts
@@ -175,7 +191,7 @@ class Probe:
         delta = {n: after[n] - before[n] for n in before}
         residual = {n: delta[n] - t for n, t in weighted_sum(pending.parts, before).items()}
         delta_norm = float(flat_norm(delta))
-        downstream_after = self.downstream.loss(self.model)
+        downstream_after = self.downstream_loss(after)
         first, second = float(flat_dot(pending.downstream_grad, delta)), sum(pending.second_by_pair.values())
         actual = downstream_after - pending.downstream_before
         like = next(iter(before.values()))

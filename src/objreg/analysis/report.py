@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from objreg.analysis.stats import autocorrelated_mean_ci95, correlation
-from objreg.analysis.transfer import REGIME_RULE, pair_key, relative_error
+from objreg.analysis.transfer import REGIME_RULE, inside_regime, pair_key, relative_error
 
 
 @dataclass
@@ -106,7 +106,8 @@ def summarise(
             "rounding_floor": floor,
         },
         "taylor_regime": {
-            "inside": not outside,
+            "inside": not outside and inside_regime(errors["first_order"], errors["first_plus_second_order"], scale,
+                                                    floor),
             "steps_outside": outside,
             "max_second_to_first": max(ratios) if ratios else None,
             "rule": REGIME_RULE,

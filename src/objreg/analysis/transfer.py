@@ -13,12 +13,15 @@ pairs add up to the whole second-order term. With SGD, ``d_k = −η α_k g_k`` 
 How good the prediction is (:func:`taylor_errors`): the absolute errors of the first-order and
 of the first+second-order prediction, the same relative to the first-order term's magnitude
 (the scale of the change, which does not vanish when the actual change happens to be small),
-and whether the step is inside the *Taylor regime*: there, the remainder shrinks with each
-order, so adding the second-order term brings the prediction closer (or both errors are already
-negligible: at most :data:`NEGLIGIBLE` of the first-order term, or within the rounding floor).
-With ``Δθ ∝ η`` the first-order error is ``O(η²)`` and the first+second-order one ``O(η³)``:
-halving ``η`` cuts the absolute errors about 4× and 8×, and, relative to the first-order term
-(``O(η)``), about 2× and 4×.
+and whether the step is inside the *Taylor regime*, where the remainder shrinks with each order:
+the first+second-order error is at most :data:`REMAINDER_RATIO` of the first-order error (the
+second-order term accounts for most of what first order misses), or both errors are negligible
+(at most :data:`NEGLIGIBLE` of the first-order term, or within the rounding floor). With
+``Δθ ∝ η`` the first-order error is ``O(η²)`` and the first+second-order one ``O(η³)``: halving
+``η`` cuts the absolute errors about 4× and 8×, and, relative to the first-order term (``O(η)``),
+about 2× and 4×. The ratio ``|second| / |first|`` is reported but not part of the rule: the
+first-order term vanishes wherever ``∇D`` happens to be nearly orthogonal to the step, however
+small the step.
 """
 
 from __future__ import annotations
@@ -74,15 +77,22 @@ def relative_error(predicted: float, actual: float) -> float | None:
     return abs(predicted - actual) / abs(actual) if actual != 0 else None
 
 
-#: An error at most this share of the first-order term counts as negligible (inside the regime
-#: whether or not the second-order term helped).
+#: An error at most this share of the first-order term counts as negligible.
 NEGLIGIBLE = 0.01
+#: Inside the regime the first+second-order error is at most this share of the first-order error.
+REMAINDER_RATIO = 0.5
 
 REGIME_RULE = (
-    "a step is inside the Taylor regime when adding the second-order term brings the prediction closer to the "
-    f"actual change, or when both errors are negligible (the first+second-order one at most {NEGLIGIBLE:g} of the "
-    "first-order term, or the first-order one within the rounding floor); a run is inside when every probed step is"
+    f"a step is inside the Taylor regime when the first+second-order error is at most {REMAINDER_RATIO:g} of the "
+    f"first-order error, or both are negligible (the first+second-order error at most {NEGLIGIBLE:g} of the "
+    "first-order term, or the first-order error within the rounding floor); a run is inside when every probed step "
+    "is and the same holds for its summed prediction"
 )
+
+
+def inside_regime(error1: float, error2: float, scale: float, floor: float) -> bool:
+    """The rule of :data:`REGIME_RULE` for one prediction (``scale``: ``|first-order term|``)."""
+    return error2 <= REMAINDER_RATIO * error1 or error2 <= NEGLIGIBLE * scale or error1 <= floor
 
 
 def rounding_floor(downstream_before: float, downstream_after: float, evaluation_roundoff: float,
@@ -98,16 +108,15 @@ def taylor_errors(first: float, second: float, actual: float, floor: float) -> d
     """The errors of one step's prediction and its Taylor-regime diagnostic (module docstring)."""
     error1, error2 = abs(first - actual), abs(first + second - actual)
     scale = abs(first)
-    helps = error2 <= error1
-    negligible = error2 <= NEGLIGIBLE * scale or error1 <= floor
     return {
         "error": {"first_order": error1, "first_plus_second_order": error2},
         "scaled_error": {"first_order": error1 / scale if scale > 0 else None,
                          "first_plus_second_order": error2 / scale if scale > 0 else None},
         "rounding_floor": floor,
         "second_to_first": abs(second) / scale if scale > 0 else None,
-        "second_order_helps": helps,
-        "inside_regime": bool(helps or negligible),
+        "second_order_helps": error2 < error1,
+        "remainder_ratio": error2 / error1 if error1 > 0 else None,
+        "inside_regime": inside_regime(error1, error2, scale, floor),
     }
 
 
