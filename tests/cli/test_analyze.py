@@ -149,3 +149,24 @@ def test_bad_files_and_settings_are_one_line_and_exit_1(run, tmp_path):
         assert result.exit_code == 1, (args, result.output)
         assert_one_error_line(result.stderr, message)
         assert "Traceback" not in result.output
+
+
+def test_a_run_outside_the_taylor_regime_gets_a_one_line_warning(run):
+    import io
+
+    from rich.console import Console
+
+    from objreg.cli.analyze import _render
+
+    report = json.loads(run("--pretrain", "mlm", *SMALL, "--json").stdout)
+    regime = report["summary"]["taylor_regime"]
+
+    def rendered(inside):
+        out = io.StringIO()
+        report["summary"]["taylor_regime"] = {**regime, "inside": inside, "steps_outside": [] if inside else [0]}
+        _render(report, Console(file=out, width=120))
+        return [line for line in out.getvalue().splitlines() if "Taylor regime" in line]
+
+    assert rendered(True) == []
+    (line,) = rendered(False)
+    assert line.startswith("warning: outside the Taylor regime at 1 of 2 probed steps")

@@ -10,9 +10,7 @@ from typing import Any
 
 import torch
 
-from objreg.analysis.curvature import HVP_METHODS
 from objreg.analysis.devices import resolve_device
-from objreg.analysis.per_sample import METHODS as PER_SAMPLE_METHODS
 from objreg.analysis.schedules import parse_schedules, weights_at
 from objreg.core.errors import InvalidParameterError
 
@@ -47,6 +45,11 @@ CHOICES: dict[str, dict[str, str]] = {
         "vmap": "per-example gradients with vmap(grad), a reference whose memory grows with the batch",
         "loop": "one backward pass per example, the reference",
     },
+    "eval_dtype": {
+        "float64": "D before and after each step in double precision: the actual change is not rounded away",
+        "float32": "single precision",
+        "model": "the model's own dtype",
+    },
     "hvp_method": {
         "auto": "double_backward first on the CPU, forward_over_reverse first elsewhere, the other one where the "
                 "model lacks the first one's derivatives",
@@ -78,6 +81,9 @@ class AnalysisConfig:
         seed: Seeds model initialisation, data sampling and corruption (separate streams).
         device: ``auto`` (CUDA when available), ``cpu`` or ``cuda[:N]``.
         dtype: ``float32`` or ``float64`` (for exactness checks).
+        eval_dtype: The dtype ``D`` itself is evaluated in for the actual change (``float64``,
+            the default, on a float64 copy of the model: a float32 difference of two losses is
+            quantised), or ``model`` for the model's own dtype.
         corpus: ``default`` or a path (text, JSONL, directory).
         downstream_data: Path to the task's data; ``None`` uses its built-in set.
         model: ``default`` (small Transformer) or another name a model plugin provides.
@@ -119,6 +125,7 @@ class AnalysisConfig:
     seed: int = 0
     device: str = "auto"
     dtype: str = "float32"
+    eval_dtype: str = "float64"
     corpus: str = "default"
     downstream_data: str | None = None
     model: str = "default"
@@ -164,6 +171,10 @@ class AnalysisConfig:
             raise InvalidParameterError(f"seq_len must be at least 8 tokens, got {self.seq_len}")
         if not isinstance(self.lr, (int, float)) or not math.isfinite(self.lr) or self.lr <= 0:
             raise InvalidParameterError(f"lr must be a positive finite number, got {self.lr!r}")
+        if self.eval_dtype not in CHOICES["eval_dtype"]:
+            raise InvalidParameterError(
+                f"eval_dtype must be one of {', '.join(CHOICES['eval_dtype'])}, got {self.eval_dtype!r}"
+            )
         for step in range(self.steps):  # a bad user schedule fails here, before anything is loaded
             weights_at(step, self.steps, self.weights, self.schedule)
         unknown = set(self.objective_params) - set(pretrain) - {self.downstream}

@@ -23,7 +23,7 @@ from objreg.analysis.loop import Trainer
 from objreg.core.errors import DataError, InvalidParameterError
 
 CHECKPOINT = "checkpoint.pt"
-FORMAT = 1
+FORMAT = 2  # 2: the coalition moments of the Adam attribution
 
 
 def resumed_config(run_dir: Path, given: list[str]) -> AnalysisConfig:

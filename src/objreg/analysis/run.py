@@ -148,7 +148,7 @@ def build_report(
         "hvp_method": probe.hvp_method,
     }
     summary = summarise(
-        list(config.pretrain), records, seed=config.seed,
+        list(config.pretrain), records,
         weights_by_step=trainer.weights_by_step, update_rule=probe.update_rule,
         attribution=probe.attribution_report(config.attribution_top) if config.attribution_top else None,
     )

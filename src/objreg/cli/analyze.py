@@ -248,6 +248,11 @@ def _render(report: dict[str, Any], console: Console) -> None:
         + (f" (relative error {first:.1%} → {both:.1%})" if first is not None and both is not None else ""),
         markup=False,
     )
+    regime = summary.get("taylor_regime") or {"inside": True}
+    if not regime["inside"]:
+        console.print(f"warning: outside the Taylor regime at {len(regime['steps_outside'])} of {summary['probes']} "
+                      f"probed steps (the second-order term made the prediction worse); lower --lr "
+                      f"(docs/analysis.md)", markup=False)
 
 
 def _weight(base: float, by_step: list[float]) -> str:
