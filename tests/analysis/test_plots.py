@@ -20,9 +20,13 @@ def probe(step: int, dots: dict[str, float], norms: dict[str, float], downstream
         "alignment": {n: {"dot": d, "cosine": d / (norms[n] * downstream_norm), "ci95": [d - 1, d + 1],
                           "ci95_bootstrap": [d - 1, d + 1],
                           "cosine_ci95": [(d - 1) / (norms[n] * downstream_norm), (d + 1) / (norms[n] * downstream_norm)],
-                          "conflict_fraction": 0.5, "grad_norm": norms[n]} for n, d in dots.items()},
+                          "conflict_fraction": 0.5, "grad_norm": norms[n], "update_cosine": 0.1}
+                      for n, d in dots.items()},
         "second_order": {f"{a},{b}": 1.0 for a in dots for b in dots if a <= b},
-        "update": {"first_order": {n: -0.01 for n in dots}, "second_order": {}, "decomposition_residual": 0.0},
+        "update": {"first_order": {n: -0.01 for n in dots}, "second_order": {}, "decomposition_residual": 0.0,
+                   "norm": 0.1, "norms": {n: 0.1 for n in dots}, "conditioning": 1.0},
+        "taylor": {"error": {"first_order": 0.01, "first_plus_second_order": 0.001}, "rounding_floor": 1e-9,
+                   "second_to_first": 0.1, "inside_regime": True},
     }
 
 

@@ -45,11 +45,6 @@ CHOICES: dict[str, dict[str, str]] = {
         "vmap": "per-example gradients with vmap(grad), a reference whose memory grows with the batch",
         "loop": "one backward pass per example, the reference",
     },
-    "eval_dtype": {
-        "float64": "D before and after each step in double precision: the actual change is not rounded away",
-        "float32": "single precision",
-        "model": "the model's own dtype",
-    },
     "hvp_method": {
         "auto": "double_backward first on the CPU, forward_over_reverse first elsewhere, the other one where the "
                 "model lacks the first one's derivatives",
@@ -171,10 +166,8 @@ class AnalysisConfig:
             raise InvalidParameterError(f"seq_len must be at least 8 tokens, got {self.seq_len}")
         if not isinstance(self.lr, (int, float)) or not math.isfinite(self.lr) or self.lr <= 0:
             raise InvalidParameterError(f"lr must be a positive finite number, got {self.lr!r}")
-        if self.eval_dtype not in CHOICES["eval_dtype"]:
-            raise InvalidParameterError(
-                f"eval_dtype must be one of {', '.join(CHOICES['eval_dtype'])}, got {self.eval_dtype!r}"
-            )
+        if self.eval_dtype not in (*DTYPES, "model"):
+            raise InvalidParameterError(f"eval_dtype must be one of {', '.join(DTYPES)}, model; got {self.eval_dtype!r}")
         for step in range(self.steps):  # a bad user schedule fails here, before anything is loaded
             weights_at(step, self.steps, self.weights, self.schedule)
         unknown = set(self.objective_params) - set(pretrain) - {self.downstream}
