@@ -74,6 +74,7 @@ class RunDisplay:
         self.rate: float | None = None  # seconds per step, once the first step of this process is timed
         self.latest: dict[str, Any] | None = None
         self.note: str | None = None
+        self._spinner = Spinner("dots")  # one for the run, so its frames advance
         self._live = Live(get_renderable=self._render, console=console, transient=True, refresh_per_second=4) \
             if live else None
 
@@ -169,7 +170,8 @@ class RunDisplay:
         now = self.clock()
         if self.stage is not None:
             message, since = self.stage
-            parts.append(Spinner("dots", Text(f"{message}  {clock_text(now - since)}")))
+            self._spinner.update(text=Text(f"{message}  {clock_text(now - since)}"))
+            parts.append(self._spinner)
         elif self.training_since is not None:
             bar = Table.grid(padding=(0, 1))
             bar.add_row(
