@@ -113,7 +113,7 @@ class AnalysisConfig:
     weights: Mapping[str, float] = field(default_factory=dict)
     schedule: Any = None
     steps: int = 16
-    lr: float = 0.01
+    lr: float = 0.005
     optimizer: str = "sgd"
     batch_size: int = 16
     seq_len: int = 128

@@ -14,6 +14,11 @@ from objreg.analysis.stats import autocorrelated_mean_ci95, correlation
 from objreg.analysis.transfer import REGIME_RULE, inside_regime, pair_key, relative_error
 
 
+#: The summed relative errors are reported only where the actual improvement is at least this
+#: share of ``Σ_t |∇D·Δθ_t|``.
+RESOLVED_SHARE = 0.1
+
+
 @dataclass
 class AlignmentReport:
     """What ``objreg.analyze`` returns. ``to_dict()`` gives the JSON shape the CLI prints:
@@ -54,8 +59,9 @@ def summarise(
     c_k(t)``), ``second_order_term = Σ_t −½ Δθ_tᵀ H_D Δθ_t``, ``predicted_improvement`` their sum,
     ``actual_improvement = Σ_t −(D(θ_{t+1}) − D(θ_t))``. ``taylor_error`` gives the errors of the
     whole prediction absolutely and relative to ``Σ_t |∇D·Δθ_t|`` (a scale that does not cancel);
-    ``taylor_relative_error`` is relative to the actual improvement (None when that is within the
-    rounding floor). Averages over probe steps describe one trajectory: their intervals are widened
+    ``taylor_relative_error`` is relative to the actual improvement (None when that is below
+    :data:`RESOLVED_SHARE` of the scale, where the steps' changes cancel, or within the rounding
+    floor). Averages over probe steps describe one trajectory: their intervals are widened
     for its autocorrelation and are approximate (docs/analysis.md). The first and the last step
     are always probed, so their records hold the downstream loss before training and after it.
 
@@ -88,7 +94,9 @@ def summarise(
     predicted = first_term + second_term
     floor = sum(s["taylor"]["rounding_floor"] for s in steps)
     scale = sum(abs(f) for f in first)
-    resolved = abs(actual_improvement) > floor
+    # A ratio to the run's total change says something only where that total is not a small
+    # remainder of its steps' changes cancelling (nor rounding).
+    resolved = abs(actual_improvement) > max(floor, RESOLVED_SHARE * scale)
     errors = {"first_order": abs(first_term - actual_improvement),
               "first_plus_second_order": abs(predicted - actual_improvement)}
     outside = [s["step"] for s in steps if not s["taylor"]["inside_regime"]]
