@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 import objreg
+from objreg.analysis.failures import describe as describe_failure
 from objreg.cli.analyze import analyze
 from objreg.cli.corrupt import corrupt
 from objreg.cli.experiment import experiment
@@ -106,6 +107,11 @@ def _errors_as_click_exceptions() -> Iterator[None]:
             raise
         if isinstance(error, objreg.ObjregError):
             raise click.ClickException(str(error)) from error
+        resource = describe_failure(error)  # a full disk, no memory, a forbidden directory
+        if resource is not None:
+            raise click.ClickException(str(resource)) from error
+        if isinstance(error, RecursionError):
+            raise click.ClickException("an input is nested too deeply to read (a JSON file?)") from error
         raise click.ClickException(
             f"internal error: {type(error).__name__}: {error} (set {RAISE_ERRORS_ENV}=1 for the traceback)"
         ) from error
