@@ -1,9 +1,11 @@
 """Resource failures as one line that says what to change.
 
 A full disk, a read-only or forbidden directory, or running out of memory are not bugs: each
-becomes a :class:`objreg.ResourceError` naming the file or the sizes involved. The library raises
-them from :func:`objreg.analyze` (:func:`resource_errors`); the CLI turns the same failures met
-elsewhere (another command, a plugin) into the same line (:func:`describe`).
+becomes a :class:`objreg.ResourceError` naming the file or the sizes involved. An exception from
+an installed plugin's code is not objreg's bug either: it becomes a :class:`objreg.PluginFailure`
+naming the plugin, hook and distribution (:mod:`objreg.core.guard`). The library raises them
+from :func:`objreg.analyze` (:func:`resource_errors`); the CLI turns the same failures met
+elsewhere (another command) into the same line (:func:`describe`).
 """
 
 from __future__ import annotations
@@ -13,17 +15,28 @@ import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from objreg.core.errors import ObjregError, ResourceError
+from objreg.core.guard import failure as plugin_failure
 
 _MEMORY_MARKERS = ("out of memory", "can't allocate memory", "cannot allocate memory", "CUDA error: out of memory")
 MEMORY_HINT = "lower --batch-size, --seq-len, --eval-size, --head-fit-size or --spectrum, or use a smaller --model"
 
 
-def describe(error: BaseException, out_dir: str | os.PathLike[str] | None = None) -> ResourceError | None:
-    """The :class:`ResourceError` for ``error``, or None when it is not a resource failure."""
+def describe(
+    error: BaseException, out_dir: str | os.PathLike[str] | None = None, pm: Any = None
+) -> ObjregError | None:
+    """The one-line error for ``error``: a :class:`ResourceError`, or (with the plugin manager
+    ``pm``) the :class:`PluginFailure` of a third-party plugin's exception; None for anything
+    else (an :class:`ObjregError` already is one line; other exceptions are bugs)."""
     if isinstance(error, ObjregError):
         return None
+    resource = _resource(error, out_dir)
+    return resource if resource is not None else plugin_failure(pm, error)
+
+
+def _resource(error: BaseException, out_dir: str | os.PathLike[str] | None) -> ResourceError | None:
     if isinstance(error, MemoryError) or (
         isinstance(error, RuntimeError) and any(m in str(error) for m in _MEMORY_MARKERS)
     ):
@@ -63,12 +76,13 @@ def _readable(name: str) -> str:
 
 
 @contextlib.contextmanager
-def resource_errors(out_dir: str | os.PathLike[str] | None = None) -> Iterator[None]:
-    """Re-raise resource failures met inside as :class:`ResourceError` (the original as cause)."""
+def resource_errors(out_dir: str | os.PathLike[str] | None = None, pm: Any = None) -> Iterator[None]:
+    """Re-raise resource failures met inside as :class:`ResourceError`, and a third-party plugin's
+    exception as its :class:`PluginFailure` (the original as cause)."""
     try:
         yield
     except Exception as error:
-        translated = describe(error, out_dir)
+        translated = describe(error, out_dir, pm)
         if translated is None:
             raise
         raise translated from error

@@ -102,7 +102,7 @@ def analyze(
         config = absolute_paths(config, registry)  # the same files when resumed from elsewhere
     check(config, registry)
     group = from_environment(config.device)
-    with resource_errors(out_dir):
+    with resource_errors(out_dir, registry.pm):
         return _run(config, registry, group, out_dir, resume, on_step, on_status or (lambda _: None), cache, writer)
 
 

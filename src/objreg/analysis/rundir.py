@@ -203,16 +203,24 @@ def _exact_name(registry: Registry, kind: str, name: str) -> bool:
 def environment(registry: Registry) -> dict[str, Any]:
     """The software a run's numbers depend on: objreg, torch, and every plugin with its origin
     (the distribution and version it came from, or ``objreg (built-in)``)."""
-    import objreg
-
     pm = registry.pm
     names = sorted({*pm.origins, *registry.objectives(), *registry.tasks()})
     return {
-        "objreg": objreg.__version__,
+        "objreg": objreg_version(),
         "torch": torch.__version__,
         "python": ".".join(map(str, sys.version_info[:3])),
         "plugins": {name: registry.origin(name) for name in names},
     }
+
+
+def objreg_version() -> str:
+    """objreg's version as the facade reports it (``0+unknown`` in an uninstalled checkout)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("objreg")
+    except PackageNotFoundError:
+        return "0+unknown"
 
 
 def documents_digest(documents: Any) -> str:

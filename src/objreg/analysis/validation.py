@@ -59,14 +59,13 @@ def _type(value: Any) -> str:
 
 def check_integer(name: str, value: Any, low: int, high: int | None = None) -> None:
     """``value`` must be an ``int`` (not a bool) in ``[low, high]``."""
+    wanted = "a positive integer" if low == 1 else f"an integer ≥ {low}"
     if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidParameterError(f"{name} must be an integer, got {_type(value)} {value!r}")
+        raise InvalidParameterError(f"{name} must be {wanted}, got {_type(value)} {value!r}")
     if value < low:
-        if low == 1:
-            raise InvalidParameterError(f"{name} must be a positive integer, got {value!r}")
         if name == "seq_len":
             raise InvalidParameterError(f"seq_len must be at least {low} tokens, got {value!r}")
-        raise InvalidParameterError(f"{name} must be an integer ≥ {low}, got {value!r}")
+        raise InvalidParameterError(f"{name} must be {wanted}, got {value!r}")
     if high is not None and value > high:
         raise InvalidParameterError(f"{name} must be at most {high:,}, got {value:,}")
 

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from objreg.core.errors import InvalidParameterError, PluginError, UnknownNameError, UnknownObjectiveError
-from objreg.core.guard import GuardedHook, attributed
+from objreg.core.guard import attributed
 from objreg.core.handles import Objective, Task
 from objreg.core.heads import build_heads
 from objreg.core.hookspecs import DOWNSTREAM_HOOKS, PER_OBJECTIVE_HOOKS, PRETRAIN_HOOKS
@@ -135,9 +135,8 @@ class Registry:
     def _hooks_for(self, name: str) -> dict[str, Any]:
         if name not in self._hook_cache:
             others = [p for n, p in self._objective_plugins.items() if n != name]
-            self._hook_cache[name] = {  # a plugin's exception names the plugin, hook and distribution
-                hook: GuardedHook(self.pm, hook, self.pm.subset_hook_caller(hook, remove_plugins=others), name)
-                for hook in PER_OBJECTIVE_HOOKS
+            self._hook_cache[name] = {
+                hook: self.pm.subset_hook_caller(hook, remove_plugins=others) for hook in PER_OBJECTIVE_HOOKS
             }
         return self._hook_cache[name]
 
@@ -210,7 +209,7 @@ class Registry:
                            [p for p in registered if p.accepts is not None and not p.fallback],
                            [p for p in registered if p.fallback]):
             for provider in candidates:
-                if attributed(self.pm, f"the {kind} provider {provider.name!r} (accepts)", provider.handles, name):
+                if attributed(self.pm, f"the accepts of {kind} provider {provider.name!r}", provider.handles, name):
                     return provider
         raise UnknownNameError(kind if kind != "tokenizer" else "tokenizer for model", name,
                                [p.name for p in registered])
@@ -242,8 +241,8 @@ class Registry:
         provider = self.provider("model", model)
         backbone: nn.Module = attributed(self.pm, f"the model provider {provider.name!r}", provider.load, model, vocab,
                                          dict(config or {}), generator)
-        return ObjregModel(backbone, attributed(self.pm, "a head kind's build", build_heads, heads, backbone, kinds,
-                                                generator))
+        return ObjregModel(backbone, attributed(self.pm, "the build of a head kind", build_heads, heads, backbone,
+                                                kinds, generator))
 
 
 def _check_name(name: object, kind: str) -> None:
