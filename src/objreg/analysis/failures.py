@@ -43,7 +43,8 @@ def _resource(error: BaseException, out_dir: str | os.PathLike[str] | None) -> R
         return ResourceError(f"out of memory: {MEMORY_HINT}")
     if isinstance(error, OSError) and error.errno is not None:
         where = _where(error, out_dir)
-        resume = f"; then continue with --resume {out_dir}" if out_dir is not None else ""
+        resumable = out_dir is not None and (Path(out_dir) / "checkpoint.pt").is_file()
+        resume = f"; then continue with --resume {out_dir}" if resumable else "; then run again"
         if error.errno in (errno.ENOSPC, errno.EDQUOT):
             return ResourceError(f"no space left on the device writing {where}: free some space or choose another "
                                  f"--out{resume}")

@@ -31,7 +31,7 @@ from objreg.analysis.rundir import (
     claim,
     write_fingerprint,
 )
-from objreg.analysis.validation import check_call, fields_of
+from objreg.analysis.validation import check_call, check_providers, fields_of
 from objreg.analysis.writer import RunWriter
 from objreg.core.registry import Registry
 from objreg.toolkit.cache import cache_dir
@@ -101,6 +101,7 @@ def analyze(
     if resume is None:
         config = absolute_paths(config, registry)  # the same files when resumed from elsewhere
     check(config, registry)
+    check_providers(config, registry)
     group = from_environment(config.device)
     with resource_errors(out_dir, registry.pm):
         return _run(config, registry, group, out_dir, resume, on_step, on_status or (lambda _: None), cache, writer)

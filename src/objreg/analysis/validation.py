@@ -133,6 +133,8 @@ def check_settings(config: Any) -> None:
         if "\0" in value:
             raise InvalidParameterError(f"{option} {value!r} holds a NUL character")
         check_not_special_file(value, option)
+        if name == "downstream_data" and _looks_like_path(value) and not os.path.lexists(os.path.expanduser(value)):
+            raise InvalidParameterError(f"{option} {value!r} does not exist; give the task's data file")
     from objreg.analysis.per_sample import METHODS
 
     if config.per_sample_method not in METHODS:
@@ -158,6 +160,11 @@ def check_settings(config: Any) -> None:
                 raise InvalidParameterError(f"objective_params[{owner!r}] has a parameter name that is not a str: {key!r}")
 
 
+def _looks_like_path(value: str) -> bool:
+    return os.sep in value or (os.altsep or os.sep) in value or Path(value).suffix.lower() in (
+        ".json", ".jsonl", ".txt", ".csv", ".tsv")
+
+
 def check_not_special_file(value: str, option: str) -> None:
     """A path that exists must be a regular file or a directory: a FIFO would block, a pipe
     (``<(cat file)``) can be read only once, and a device never ends. Checked with ``stat``,
@@ -171,9 +178,10 @@ def check_not_special_file(value: str, option: str) -> None:
         return
     kind = ("a pipe or FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
             else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+    example = ", e.g. cat ... > corpus.txt" if option == "--corpus" else ""
     raise InvalidParameterError(
         f"{option} {value!r} is {kind}, not a regular file: objreg reads its inputs more than once (and again on "
-        f"--resume); save it to a file first, e.g. cat ... > corpus.txt"
+        f"--resume); save it to a regular file first{example}"
     )
 
 
@@ -238,3 +246,14 @@ def fields_of(cls: Any) -> list[str]:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 40 else text[:39] + "…"
+
+
+def check_providers(config: Any, registry: Any) -> None:
+    """The corpus and the model must have a provider (a name nothing answers to fails here, in
+    milliseconds, not after the corpus and the tokenizer are loaded).
+
+    Raises:
+        UnknownNameError: no provider takes the name (the message lists those that exist).
+    """
+    registry.provider("corpus", config.corpus)
+    registry.provider("model", config.model)

@@ -28,8 +28,10 @@ def atomic_path(path: Path) -> Iterator[Path]:
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         tmp.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.filename in (None, str(tmp), tmp):
+            error.filename = str(path)  # a full disk is reported for the file being written, not its temporary
         raise
 
 
