@@ -57,15 +57,23 @@ def _frames(error: BaseException) -> Iterator[tuple[str, str]]:
         tb = tb.tb_next
 
 
-def culprit(pm: Any, error: BaseException) -> tuple[str, str] | None:
+def culprit(pm: Any, error: BaseException, hooks_only: bool = False) -> tuple[str, str] | None:
     """``(plugin, its outermost function in the traceback)`` for the plugin whose code is deepest
-    in ``error``'s traceback, or None."""
+    in ``error``'s traceback, or None. ``hooks_only``: count only a plugin's hook implementations
+    (functions named ``objreg_*``) and what they call, so the caller's own callbacks, defined in a
+    module that also holds a plugin, are not blamed on it."""
     files = _plugin_files(pm)
     owners = []
     for filename, function in _frames(error):
         owner = next((name for name, where, is_dir in files
                       if (filename.startswith(where) if is_dir else filename == where)), None)
         owners.append((owner, function))
+    if hooks_only:
+        entered = next((i for i, (owner, function) in reversed(list(enumerate(owners)))
+                        if owner is not None and function.startswith("objreg_")), None)
+        if entered is None:
+            return None
+        return owners[entered]  # type: ignore[return-value]
     blamed = next((owner for owner, _ in reversed(owners) if owner is not None), None)
     if blamed is None:
         return None
@@ -78,7 +86,7 @@ def failure(pm: Any, error: BaseException, hook: str | None = None) -> PluginFai
     ``hook``: what was called (default: the plugin's function found in the traceback)."""
     if pm is None or isinstance(error, ObjregError):
         return None
-    found = culprit(pm, error)
+    found = culprit(pm, error, hooks_only=hook is None)
     if found is None:
         return None
     name, function = found
