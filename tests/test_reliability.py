@@ -122,7 +122,8 @@ def test_1_resume_from_another_directory_with_an_empty_cache_ends_as_the_uninter
         assert (run / name).read_bytes() == (whole / name).read_bytes(), name
 
 
-def test_1_resume_refuses_an_edited_config_json(interrupted, tmp_path):
+def test_1_resume_refuses_an_edited_config_json(interrupted, tmp_path, monkeypatch):
+    monkeypatch.chdir(interrupted[0])  # where the run started: only config.json differs
     run = copy_of(interrupted[1], tmp_path)
     config = json.loads((run / "config.json").read_text())
     config["steps"] = 3
@@ -132,20 +133,22 @@ def test_1_resume_refuses_an_edited_config_json(interrupted, tmp_path):
     assert not (run / "report.json").exists()
 
 
-def test_1_resume_refuses_a_corpus_whose_content_changed(interrupted, tmp_path):
+def test_1_resume_refuses_a_corpus_whose_content_changed(interrupted, tmp_path, monkeypatch):
     work, killed, _ = interrupted
+    monkeypatch.chdir(work)  # where the run started: only the corpus's content differs
     run = copy_of(killed, tmp_path)
     original = (work / "corpus.txt").read_text()
     (work / "corpus.txt").write_text(corpus_text("\nA sentence added later. It changes the numbers.\n"))
     try:
-        with pytest.raises(objreg.ObjregError, match="corpus"):
+        with pytest.raises(objreg.ObjregError, match="corpus.*changed"):
             objreg.analyze(resume=run)
     finally:
         (work / "corpus.txt").write_text(original)
     assert not (run / "report.json").exists()
 
 
-def test_1_the_tokenizer_is_kept_in_the_run_directory_and_resumed_from_there(interrupted, tmp_path):
+def test_1_the_tokenizer_is_kept_in_the_run_directory_and_resumed_from_there(interrupted, tmp_path, monkeypatch):
+    monkeypatch.chdir(interrupted[0])
     run = copy_of(interrupted[1], tmp_path)
     assert (run / "tokenizer.json").is_file()
     cache = tmp_path / "empty-cache"
@@ -218,7 +221,8 @@ def test_3_empty_corpus_is_refused(tmp_path, monkeypatch):
     assert "--corpus" in one_line(result.stderr)
 
 
-def test_3_stale_temporary_files_of_an_interrupted_write_are_removed(interrupted, tmp_path):
+def test_3_stale_temporary_files_of_an_interrupted_write_are_removed(interrupted, tmp_path, monkeypatch):
+    monkeypatch.chdir(interrupted[0])
     run = copy_of(interrupted[1], tmp_path)
     stale = [run / ".checkpoint.pt.k2j3h4.tmp", run / ".report.json.abc123.tmp"]
     for path in stale:
@@ -259,7 +263,8 @@ def test_3_a_second_run_on_a_directory_in_use_is_refused(tmp_path):
 # -- 4. damaged files refused ----------------------------------------------------------------------
 
 
-def test_4_a_checkpoint_with_a_flipped_byte_is_refused(interrupted, tmp_path):
+def test_4_a_checkpoint_with_a_flipped_byte_is_refused(interrupted, tmp_path, monkeypatch):
+    monkeypatch.chdir(interrupted[0])
     run = copy_of(interrupted[1], tmp_path)
     data = bytearray((run / "checkpoint.pt").read_bytes())
     data[len(data) // 2] ^= 0x10
@@ -454,3 +459,49 @@ def test_7_corrupt_refuses_a_string_for_a_batch():
     with pytest.raises(objreg.ObjregError, match="TokenBatch"):
         objective.corrupt(TEXT, torch.Generator())
 
+
+
+@pytest.mark.e2e
+def test_1_killed_after_two_steps_and_resumed_elsewhere_with_an_empty_cache_ends_byte_identical(tmp_path):
+    """The done-when of issue 18, with real processes: kill -9 after two steps, resume from another
+    working directory with an empty cache; and the same resume refused once config.json is edited."""
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    elsewhere.mkdir()
+    (work / "corpus.txt").write_text(corpus_text())
+    args = ["--pretrain", "mlm,sop", "--steps", "6", *CLI_SMALL, "--corpus", "corpus.txt"]
+
+    def env(cache: str) -> dict:
+        return {**os.environ, "OBJREG_RAISE_ERRORS": "0", "OBJREG_CACHE_DIR": str(tmp_path / cache)}
+
+    killed = subprocess.Popen([sys.executable, "-m", "objreg", "analyze", *args, "--out", "killed"], cwd=work,
+                              env=env("cache-killed"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    steps = work / "killed" / "steps.jsonl"
+    deadline = time.monotonic() + 180
+    while not (steps.exists() and steps.read_text().count("\n") >= 2):
+        assert killed.poll() is None, killed.communicate()[1]
+        assert time.monotonic() < deadline, "the run did not reach two steps"
+        time.sleep(0.02)
+    killed.kill()
+    killed.communicate()
+    assert not (work / "killed" / "report.json").exists()
+    edited = tmp_path / "edited"
+    shutil.copytree(work / "killed", edited)
+    whole = subprocess.run([sys.executable, "-m", "objreg", "analyze", *args, "--out", "whole"], cwd=work,
+                           env=env("cache-whole"), capture_output=True, text=True)
+    assert whole.returncode == 0, whole.stderr
+
+    resumed = subprocess.run([sys.executable, "-m", "objreg", "analyze", "--resume", str(work / "killed")],
+                             cwd=elsewhere, env=env("cache-empty"), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    for name in ("report.json", "steps.jsonl", "report.csv", "config.json"):
+        assert (work / "killed" / name).read_bytes() == (work / "whole" / name).read_bytes(), name
+
+    config = json.loads((edited / "config.json").read_text())
+    config["lr"] = 0.5
+    (edited / "config.json").write_text(json.dumps(config, indent=2))
+    refused = subprocess.run([sys.executable, "-m", "objreg", "analyze", "--resume", str(edited)],
+                             cwd=elsewhere, env=env("cache-empty2"), capture_output=True, text=True)
+    assert refused.returncode == 1
+    assert "config.json was edited" in one_line(refused.stderr)
+    assert not (edited / "report.json").exists()
