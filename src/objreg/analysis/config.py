@@ -11,7 +11,8 @@ from typing import Any
 import torch
 
 from objreg.analysis.devices import resolve_device
-from objreg.analysis.schedules import parse_schedules, weights_at
+from objreg.analysis.schedules import parse_schedules
+from objreg.analysis.validation import check_schedules, check_settings
 from objreg.core.errors import InvalidParameterError
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
@@ -136,6 +137,7 @@ class AnalysisConfig:
     objective_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        check_settings(self)  # types, ranges and sizes first: docs/reliability.md
         pretrain = tuple(self.pretrain)
         if not pretrain:
             raise InvalidParameterError("no pre-training objective given: name at least one, e.g. --pretrain mlm,sop")
@@ -168,8 +170,7 @@ class AnalysisConfig:
             raise InvalidParameterError(f"lr must be a positive finite number, got {self.lr!r}")
         if self.eval_dtype not in (*DTYPES, "model"):
             raise InvalidParameterError(f"eval_dtype must be one of {', '.join(DTYPES)}, model; got {self.eval_dtype!r}")
-        for step in range(self.steps):  # a bad user schedule fails here, before anything is loaded
-            weights_at(step, self.steps, self.weights, self.schedule)
+        check_schedules(self.steps, self.weights, self.schedule)  # a bad user schedule fails here
         unknown = set(self.objective_params) - set(pretrain) - {self.downstream}
         if unknown:
             raise InvalidParameterError(
