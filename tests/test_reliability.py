@@ -18,6 +18,7 @@ import dataclasses
 import errno
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -100,8 +101,10 @@ def copy_of(run: Path, tmp_path: Path) -> Path:
 
 
 def one_line(text: str) -> str:
-    """The one error line (warnings, each a line of their own, aside)."""
-    lines = [line for line in text.strip().splitlines() if line.strip() and not line.startswith("Warning:")]
+    """The one error line (warnings, each a line of their own, and the plain progress lines of the
+    stages that ran, ``[0:00:01] loading corpus ...``, aside)."""
+    lines = [line for line in text.strip().splitlines()
+             if line.strip() and not line.startswith("Warning:") and not re.match(r"\[\d+:\d\d:\d\d\] ", line)]
     assert len(lines) == 1, text
     assert "Traceback" not in text and "internal error" not in text, text
     return lines[0]

@@ -383,11 +383,16 @@ class _RecordingRegistry(Registry):
         task = super().get_task(name, **params)
         original = task.task_data
         inputs = self._inputs
+        calls = iter(range(1 << 30))
 
         def task_data(source: str | None, *args: Any, **kwargs: Any) -> Any:
+            # Building the evaluation and head-fit sets may ask for task data several times, always
+            # in the same order: each call's result is recorded under its own key.
             data = original(source, *args, **kwargs)
             what = f"the downstream data {source!r}" if source else f"the built-in data of task {name!r}"
-            inputs.record("downstream", tensors_digest(data.batch, repr(data.heads)), what)
+            n = next(calls)
+            key = "downstream" if n == 0 else f"downstream.{n}"
+            inputs.record(key, tensors_digest(data.batch, repr(data.heads)), what)
             return data
 
         task.task_data = task_data  # type: ignore[method-assign]

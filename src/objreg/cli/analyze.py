@@ -182,8 +182,10 @@ def _checked_config(names: list[str] | None, downstream: str | None, settings: d
     """The run's settings, checked as ``objreg.analyze`` checks them (names, parameters, device)."""
     from objreg.analysis.prepare import check  # the trainer's modules: loaded when a run starts
     from objreg.analysis.resume import resumed_config
+    from objreg.analysis.validation import check_directory_argument
 
     if resume is not None:
+        check_directory_argument("resume", resume)  # before Path() turns '' into '.'
         config = resumed_config(Path(resume), [])
     else:
         given = {k: v for k, v in settings.items() if k not in ("out_dir", "registry")}
