@@ -135,12 +135,6 @@ def check_settings(config: Any) -> None:
         check_not_special_file(value, option)
         if name == "downstream_data" and _looks_like_path(value) and not os.path.lexists(os.path.expanduser(value)):
             raise InvalidParameterError(f"{option} {value!r} does not exist; give the task's data file")
-    from objreg.analysis.per_sample import METHODS
-
-    if config.per_sample_method not in METHODS:
-        raise InvalidParameterError(
-            f"per_sample_method must be one of {', '.join(METHODS)}, got {config.per_sample_method!r}"
-        )
     lr = config.lr
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not math.isfinite(lr) or lr <= 0:
         raise InvalidParameterError(f"lr must be a positive finite number, got {lr!r}")
