@@ -45,7 +45,7 @@ from objreg.analysis.downstream import Downstream
 from objreg.analysis.functional import ObjectiveFunction, Params, detached, flat_dot, flat_norm, shared_parameters
 from objreg.analysis.gradients import local_rows
 from objreg.analysis.optimizers import StepDecomposition, decompose
-from objreg.analysis.per_sample import per_sample_dots
+from objreg.analysis.per_sample import per_sample_dots_many
 from objreg.analysis.shapley import CoalitionMoments
 from objreg.analysis.spectrum import eigenvector_alignment, orient, top_eigenpairs
 from objreg.analysis.stats import alignment_stats, seed_for
@@ -228,11 +228,11 @@ class Probe:
         map), over the whole batch in row order."""
         local, sharded = local_rows(self.group, self.objectives[name], batch)
         function = ObjectiveFunction(self.model, self.objectives[name], local)
-        dots, method = per_sample_dots(function, shared, downstream_grad, self.per_sample_method)
-        self.methods_used.add(method)
-        per_example = [dots, per_sample_dots(function, shared, gradient, self.per_sample_method)[0]]
+        directions = [downstream_grad, gradient]
         if scaled_downstream is not None and weight != 0:
-            per_example.append(per_sample_dots(function, shared, scaled_downstream, self.per_sample_method)[0])
+            directions.append(scaled_downstream)
+        per_example, method = per_sample_dots_many(function, shared, directions, self.per_sample_method)
+        self.methods_used.add(method)
         if sharded:  # every process's rows, in row order
             per_example = self.group.all_gather(per_example)
         dots_np, self_np = (t.detach().double().cpu().numpy() for t in per_example[:2])
