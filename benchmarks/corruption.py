@@ -1,35 +1,37 @@
-"""Corruption throughput: objreg's ``mlm`` and ``t5`` vs the Hugging Face collators, same examples.
+"""Corruption throughput: every objreg objective that has a reference, against it, on the same examples.
 
-    python -m benchmarks.corruption --json
+    python -m benchmarks.corruption --json --batch-size 256 --seq-len 512
 
-Both sides start from the same tokenised examples (token ids of the default corpus) and end with
-padded, corrupted tensors; collation is timed on both sides. objreg: ``Tokenizer.assemble`` (the
-library's own collation of tokenised rows) and ``objective.corrupt``. Hugging Face:
+Both sides start from the same tokenised examples of the default corpus and end with padded,
+corrupted tensors; collation is timed on both sides. objreg: ``Tokenizer.assemble`` (its collation
+of tokenised rows) and ``objective.corrupt``. The references (``benchmarks/references.py`` for
+those that are not an installable package):
 
-* ``mlm`` vs ``transformers.DataCollatorForLanguageModeling`` (mlm_probability 0.15, 80/10/10)
-  on ``[{"input_ids": [CLS] … [SEP]}]``, the format it is fed in HF's ``run_mlm.py``; it pads with
-  the tokenizer and builds its special-tokens mask per row. Needs ``transformers`` (the optional
-  ``bench`` extra); the row is skipped with a message when it is missing.
-* ``t5`` vs ``DataCollatorForT5MLM``, which is not in the transformers package: it lives in HF's
-  example ``examples/flax/language-modeling/run_t5_mlm_flax.py`` (class
-  ``FlaxDataCollatorForT5MLM``; the PyTorch twin in ``examples/pytorch/language-modeling`` has the
-  same numpy logic). :class:`HFT5SpanCorruption` below replicates that numpy logic line for line
-  (``random_spans_noise_mask``, ``create_sentinel_ids``, ``filter_input_ids``,
-  ``shift_tokens_right``), with ``np.bincount`` in place of ``jax.ops.segment_sum`` (same result,
-  no jax; if anything it flatters HF). Like the original it needs rows of exactly the
-  "expanded" length from ``compute_input_and_target_lengths``, so both sides get the same
-  fixed-length rows cut from the concatenated corpus (HF's ``group_texts``); objreg frames each as
-  ``[CLS] … [SEP]``.
+* ``mlm`` vs ``transformers.DataCollatorForLanguageModeling`` (mlm_probability 0.15, 80/10/10) on
+  ``[{"input_ids": [CLS] … [SEP]}]``, the format ``run_mlm.py`` feeds it;
+* ``clm`` vs the same collator with ``mlm=False`` (labels = the ids, padding -100);
+* ``wwm`` vs the same collator with ``whole_word_mask=True``, on examples carrying
+  ``offset_mapping`` and ``special_tokens_mask`` (pre-padded to the batch's length, as the collator
+  cannot pad offsets); objreg gets the same examples' word ids;
+* ``t5`` vs Hugging Face's T5 span-corruption collator (``FlaxDataCollatorForT5MLM``'s numpy
+  logic), on fixed-length rows cut from the concatenated corpus (HF's ``group_texts``);
+* ``bart`` vs fairseq's ``DenoisingDataset`` noise, row by row, then padded (BART-large recipe:
+  mask 0.3 Poisson(3) whole-word spans, 10% random, replace_length 1, sentence permutation 1.0);
+* ``rtd`` vs ELECTRA's ``mask`` and ``sample_from_softmax``: selection and ``[MASK]`` on both sides,
+  then one sample per masked position from the same random generator logits ``[B, K, V]``
+  (objreg: ``rtd.sample_replacements``, inverse CDF; ELECTRA: Gumbel-max).
 
-Throughput is examples per second over ``--batches`` batches of ``--batch-size``; each side is
-timed ``--repeats`` times round-robin and the median kept. ``objreg_assemble_only`` and
-``objreg_corrupt_only`` time the two halves of the objreg side on their own.
+objreg gets exactly the information the reference gets: token ids only (word ids as ``None``)
+for ``mlm``, ``clm``, ``t5`` and ``rtd``, word ids for ``wwm``, sentences and word ids for ``bart``
+(fairseq finds sentences at full stops and words from the vocabulary). Throughput is examples per
+second over ``--batches`` batches of ``--batch-size``; the paths run round-robin, ``--repeats``
+rounds, medians kept. ``objreg_assemble_only`` and ``objreg_corrupt_only`` time the two halves of
+the objreg side on their own.
 
-``--profile`` adds what bounds the objreg side at small batches: the ATen operations one
-``assemble`` and one ``corrupt`` dispatch (torch.profiler, top-level operations only), the cost
-of one trivial operation on this machine (``us_per_trivial_op``: an ``add`` on a ``[B, T]``
-tensor, median of 2,000), and the ceiling that op count × that cost puts on the speedup over the
-Hugging Face side (``speedup_ceiling_from_op_count``), as if Python cost nothing.
+``--profile`` adds, per objective, the ATen operations one ``assemble`` and one ``corrupt``
+dispatch (torch.profiler, top-level operations only), the cost of one trivial operation
+(``us_per_trivial_op``: an ``add`` on a ``[B, T]`` tensor), and the speedup ceiling that op count
+times that cost puts on the objreg side.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -45,120 +48,15 @@ import torch
 
 import objreg
 from benchmarks.common import apply_threads, base_parser, emit, interleaved, machine, rounded
+from benchmarks.references import (
+    ElectraMasking,
+    FairseqDenoising,
+    HFT5SpanCorruption,
+    compute_input_and_target_lengths,
+)
 
-# -- the Hugging Face T5 span-corruption collator, replicated --------------------------------------
-
-
-def compute_input_and_target_lengths(
-    inputs_length: int, noise_density: float, mean_noise_span_length: float
-) -> tuple[int, int]:
-    """HF run_t5_mlm_flax.py ``compute_input_and_target_lengths`` (a copy of T5's
-    ``random_spans_helper``): raw tokens per row such that the corrupted input is ``inputs_length``."""
-
-    def _tokens_length_to_inputs_length_targets_length(tokens_length: int) -> tuple[int, int]:
-        num_noise_tokens = int(round(tokens_length * noise_density))
-        num_nonnoise_tokens = tokens_length - num_noise_tokens
-        num_noise_spans = int(round(num_noise_tokens / mean_noise_span_length))
-        return num_nonnoise_tokens + num_noise_spans + 1, num_noise_tokens + num_noise_spans + 1
-
-    tokens_length = inputs_length
-    while _tokens_length_to_inputs_length_targets_length(tokens_length + 1)[0] <= inputs_length:
-        tokens_length += 1
-    inputs_length, targets_length = _tokens_length_to_inputs_length_targets_length(tokens_length)
-    if noise_density == 0.5 and targets_length > inputs_length:
-        tokens_length -= 1
-        targets_length -= 1
-    return tokens_length, targets_length
-
-
-def shift_tokens_right(input_ids: np.ndarray, pad_token_id: int, decoder_start_token_id: int) -> np.ndarray:
-    """transformers' numpy ``shift_tokens_right`` (modeling_flax_t5.py)."""
-    shifted_input_ids = np.zeros_like(input_ids)
-    shifted_input_ids[:, 1:] = input_ids[:, :-1]
-    shifted_input_ids[:, 0] = decoder_start_token_id
-    return np.where(shifted_input_ids == -100, pad_token_id, shifted_input_ids)
-
-
-class HFT5SpanCorruption:
-    """``FlaxDataCollatorForT5MLM.__call__`` and helpers from HF's run_t5_mlm_flax.py, same numpy
-    logic (global ``np.random`` included); ``vocab_size``/``eos_token_id`` stand for its tokenizer."""
-
-    def __init__(
-        self,
-        vocab_size: int,
-        eos_token_id: int,
-        pad_token_id: int,
-        noise_density: float,
-        mean_noise_span_length: float,
-        input_length: int,
-        target_length: int,
-    ):
-        self.vocab_size = vocab_size
-        self.eos_token_id = eos_token_id
-        self.pad_token_id = pad_token_id
-        self.decoder_start_token_id = pad_token_id
-        self.noise_density = noise_density
-        self.mean_noise_span_length = mean_noise_span_length
-        self.input_length = input_length
-        self.target_length = target_length
-
-    def __call__(self, examples: list[dict[str, list[int]]]) -> dict[str, np.ndarray]:
-        batch = {k: np.array([examples[i][k] for i in range(len(examples))]) for k, v in examples[0].items()}
-        input_ids = batch["input_ids"]
-        batch_size, expandend_input_length = input_ids.shape
-        mask_indices = np.asarray([self.random_spans_noise_mask(expandend_input_length) for i in range(batch_size)])
-        labels_mask = ~mask_indices
-        input_ids_sentinel = self.create_sentinel_ids(mask_indices.astype(np.int8))
-        labels_sentinel = self.create_sentinel_ids(labels_mask.astype(np.int8))
-        batch["input_ids"] = self.filter_input_ids(input_ids, input_ids_sentinel)
-        batch["labels"] = self.filter_input_ids(input_ids, labels_sentinel)
-        if batch["input_ids"].shape[-1] != self.input_length:
-            raise ValueError(f"input length {batch['input_ids'].shape[-1]}, expected {self.input_length}")
-        if batch["labels"].shape[-1] != self.target_length:
-            raise ValueError(f"target length {batch['labels'].shape[-1]}, expected {self.target_length}")
-        batch["decoder_input_ids"] = shift_tokens_right(batch["labels"], self.pad_token_id, self.decoder_start_token_id)
-        return batch
-
-    def create_sentinel_ids(self, mask_indices: np.ndarray) -> np.ndarray:
-        start_indices = mask_indices - np.roll(mask_indices, 1, axis=-1) * mask_indices
-        start_indices[:, 0] = mask_indices[:, 0]
-        sentinel_ids = np.where(start_indices != 0, np.cumsum(start_indices, axis=-1), start_indices)
-        sentinel_ids = np.where(sentinel_ids != 0, (sentinel_ids + self.vocab_size - 1), 0)
-        sentinel_ids -= mask_indices - start_indices
-        return sentinel_ids
-
-    def filter_input_ids(self, input_ids: np.ndarray, sentinel_ids: np.ndarray) -> np.ndarray:
-        batch_size = input_ids.shape[0]
-        input_ids_full = np.where(sentinel_ids != 0, sentinel_ids, input_ids)
-        input_ids = input_ids_full[input_ids_full > 0].reshape((batch_size, -1))
-        return np.concatenate([input_ids, np.full((batch_size, 1), self.eos_token_id, dtype=np.int32)], axis=-1)
-
-    def random_spans_noise_mask(self, length: int) -> np.ndarray:
-        orig_length = length
-        num_noise_tokens = int(np.round(length * self.noise_density))
-        num_noise_tokens = min(max(num_noise_tokens, 1), length - 1)
-        num_noise_spans = int(np.round(num_noise_tokens / self.mean_noise_span_length))
-        num_noise_spans = max(num_noise_spans, 1)
-        num_nonnoise_tokens = length - num_noise_tokens
-
-        def _random_segmentation(num_items: int, num_segments: int) -> np.ndarray:
-            mask_indices = np.arange(num_items - 1) < (num_segments - 1)
-            np.random.shuffle(mask_indices)
-            first_in_segment = np.pad(mask_indices, [[1, 0]])
-            segment_id = np.cumsum(first_in_segment)
-            return np.bincount(segment_id)  # jax.ops.segment_sum(np.ones_like(segment_id), segment_id)
-
-        noise_span_lengths = _random_segmentation(num_noise_tokens, num_noise_spans)
-        nonnoise_span_lengths = _random_segmentation(num_nonnoise_tokens, num_noise_spans)
-        interleaved_span_lengths = np.reshape(
-            np.stack([nonnoise_span_lengths, noise_span_lengths], axis=1), [num_noise_spans * 2]
-        )
-        span_starts = np.cumsum(interleaved_span_lengths)[:-1]
-        span_start_indicator = np.zeros((length,), dtype=np.int8)
-        span_start_indicator[span_starts] = True
-        span_num = np.cumsum(span_start_indicator)
-        is_noise = np.equal(span_num % 2, 1)
-        return is_noise[:orig_length]
+#: The objectives with a reference, in the order of the report.
+OBJECTIVES = ("mlm", "clm", "wwm", "t5", "bart", "rtd")
 
 
 # -- the examples -----------------------------------------------------------------------------------
@@ -166,16 +64,35 @@ class HFT5SpanCorruption:
 
 class Row(NamedTuple):
     """One tokenised example in the shape ``Tokenizer.assemble`` reads: a document index and its
-    sentences as ``(token ids, word ids)``."""
+    sentences as ``(token ids, word ids or None)``."""
 
     document: int
-    sentences: tuple[tuple[list[int], list[int]], ...]
+    sentences: tuple[tuple[list[int], list[int] | None], ...]
 
 
 def corpus_rows(tokens: objreg.TokenizedCorpus, count: int) -> list[Row]:
     """``count`` corpus chunks (sentences of one document that fit the row), cycling if needed."""
     chunks = tokens.chunks
     return [Row(c.document, c.sentences) for c in (chunks[i % len(chunks)] for i in range(count))]
+
+
+#: Give objreg one word per token explicitly instead of ``None`` (``--word-ids``): the same batch,
+#: for code that predates id-only rows (to measure a base commit with this harness).
+EXPLICIT_WORD_IDS = False
+
+
+def id_only(ids: list[int]) -> tuple[list[int], list[int] | None]:
+    return ids, (list(range(len(ids))) if EXPLICIT_WORD_IDS else None)
+
+
+def id_rows(rows: list[Row], length: int | None = None) -> list[Row]:
+    """The same examples as token ids only (one run of ids per row, word ids ``None``), cut to
+    ``length`` content tokens when given: what a reference collator gets."""
+    out = []
+    for r in rows:
+        ids = [i for s, _ in r.sentences for i in s]
+        out.append(Row(r.document, (id_only(ids if length is None else ids[:length]),)))
+    return out
 
 
 def fixed_rows(tokens: objreg.TokenizedCorpus, count: int, length: int) -> list[list[int]]:
@@ -199,162 +116,204 @@ def hf_tokenizer(tokenizer: objreg.Tokenizer) -> Any:
     )
 
 
-# -- the benchmark ----------------------------------------------------------------------------------
+def framed(tokenizer: objreg.Tokenizer, row: Row, T: int) -> list[int]:
+    """``[CLS] ids [SEP]`` of a row, truncated to ``T`` as ``Tokenizer.assemble`` truncates."""
+    v = tokenizer.vocab
+    return [v.cls_id] + [i for ids, _ in row.sentences for i in ids][: T - 2] + [v.sep_id]
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    # One thread, as in a DataLoader worker (which is where corruption runs in training).
-    parser = base_parser(__doc__.splitlines()[0], threads_default=1)
-    parser.add_argument("--batch-size", type=int, default=32)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--batches", type=int, default=20, help="batches per timed run")
-    parser.add_argument("--profile", action="store_true", help="count the ATen operations of each objreg call")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-    apply_threads(args.threads)
-    torch.manual_seed(0)
-    np.random.seed(0)
-    registry = objreg.Registry.load()
-    corpus = registry.load_corpus("default", objreg.cache_dir())
-    tokenizer = registry.load_tokenizer("default", corpus, objreg.cache_dir())
-    tokens = objreg.TokenizedCorpus(tokenizer, corpus, args.seq_len)
-    repeats = args.repeats or 5
-    B, T, N = args.batch_size, args.seq_len, args.batches
-    cpu = torch.device("cpu")
+# -- one comparison ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    """One objective against its reference on ``batches`` of examples.
+
+    Attributes:
+        objective: The objreg objective.
+        reference: What the reference is.
+        batches: objreg's examples, batch by batch.
+        seq_len: The ``seq_len`` objreg's ``assemble`` frames them to.
+        inputs: The reference's examples, batch by batch, in its own format.
+        reference_run: One reference batch.
+        after: What objreg does after ``corrupt`` to match the reference's output (rtd's sampling).
+    """
+
+    objective: objreg.Objective
+    reference: str
+    batches: list[list[Row]]
+    seq_len: int
+    inputs: list[Any]
+    reference_run: Callable[[Any], Any]
+    after: Callable[[objreg.CorruptedBatch, int], Any] | None = None
+
+
+def run_case(case: Case, generator: torch.Generator, B: int, repeats: int, tokenizer: objreg.Tokenizer,
+             profile: bool = False) -> dict[str, Any]:
+    """Both sides end to end, and objreg's two halves on their own, timed round-robin."""
+    T = case.seq_len
+    prepared = [tokenizer.assemble(batch, T) for batch in case.batches]
+    after = case.after or (lambda corrupted, i: corrupted)
+
+    def objreg_run() -> None:
+        for i, batch in enumerate(case.batches):
+            after(case.objective.corrupt(tokenizer.assemble(batch, T), generator), i)
+
+    def reference_run() -> None:
+        for example in case.inputs:
+            case.reference_run(example)
+
+    def assemble_only() -> None:
+        for batch in case.batches:
+            tokenizer.assemble(batch, T)
+
+    def corrupt_only() -> None:
+        for i, batch in enumerate(prepared):
+            after(case.objective.corrupt(batch, generator), i)
+
+    paths = {"objreg": objreg_run, "reference": reference_run, "objreg_assemble_only": assemble_only,
+             "objreg_corrupt_only": corrupt_only}
+    times = interleaved(paths, repeats, torch.device("cpu"))
+    examples = B * len(case.batches)
     result: dict[str, Any] = {
-        "benchmark": "corruption",
-        "machine": machine(cpu),
-        "config": {"batch_size": B, "seq_len": T, "batches": N, "repeats": repeats, "vocab_size": tokenizer.vocab.size},
+        "objreg_examples_per_s": rounded(examples / times["objreg"]),
+        "reference_examples_per_s": rounded(examples / times["reference"]),
+        "speedup": rounded(times["reference"] / times["objreg"]),
+        "objreg_assemble_only_examples_per_s": rounded(examples / times["objreg_assemble_only"]),
+        "objreg_corrupt_only_examples_per_s": rounded(examples / times["objreg_corrupt_only"]),
+        "corrupt_only_speedup": rounded(times["reference"] / times["objreg_corrupt_only"]),
+        "padded_shape": list(prepared[0].input_ids.shape),
+        "reference": case.reference,
     }
-    result["mlm"] = mlm_rows(registry, tokenizer, tokens, B, T, N, repeats, args.profile)
-    result["t5"] = t5_rows(registry, tokenizer, tokens, B, T, N, repeats, args.profile)
-    rows = [(f"{name}.{k}", v) for name in ("mlm", "t5") for k, v in result[name].items() if not isinstance(v, dict)]
-    rows += [(f"{name}.profile.{k}", v) for name in ("mlm", "t5") for k, v in result[name].get("profile", {}).items()]
-    emit(result, args.json, rows)
+    if profile:
+        result["profile"] = op_profile(lambda: tokenizer.assemble(case.batches[0], T), case.objective, generator,
+                                       B, result)
     return result
 
 
-def mlm_rows(
-    registry: objreg.Registry,
-    tokenizer: objreg.Tokenizer,
-    tokens: objreg.TokenizedCorpus,
-    B: int,
-    T: int,
-    N: int,
-    repeats: int,
-    profile: bool = False,
-) -> dict[str, Any]:
-    try:
-        from transformers import DataCollatorForLanguageModeling
-    except ImportError:
-        return {"skipped": "transformers is not installed: pip install 'objreg[bench]' (or transformers) for this row"}
+# -- the cases --------------------------------------------------------------------------------------
+
+
+def build_case(name: str, registry: objreg.Registry, tokenizer: objreg.Tokenizer, tokens: objreg.TokenizedCorpus,
+               B: int, T: int, N: int) -> Case:
+    v = tokenizer.vocab
+    objective = registry.get(name, vocab=v)
+    if name == "t5":
+        expanded, target_length = compute_input_and_target_lengths(T, 0.15, 3.0)
+        rows = fixed_rows(tokens, B * N, expanded)
+        batches = [[Row(0, (id_only(r),)) for r in rows[i * B : (i + 1) * B]] for i in range(N)]
+        inputs = [[{"input_ids": r} for r in rows[i * B : (i + 1) * B]] for i in range(N)]
+        eos = v.named_ids.get("[EOS]", v.sep_id)
+        hf = HFT5SpanCorruption(v.size, eos, v.pad_id, 0.15, 3.0, T, target_length)
+        return Case(objective, "Hugging Face's T5 span-corruption collator (FlaxDataCollatorForT5MLM numpy logic, "
+                    "benchmarks/references.py), on group_texts rows of the same ids", batches, expanded + 2, inputs, hf)
     rows = corpus_rows(tokens, B * N)
-    batches = [rows[i * B : (i + 1) * B] for i in range(N)]
+    chunks = [rows[i * B : (i + 1) * B] for i in range(N)]
+    if name in ("mlm", "clm"):
+        from transformers import DataCollatorForLanguageModeling
+
+        batches = [id_rows(chunk) for chunk in chunks]
+        inputs = [[{"input_ids": framed(tokenizer, r, T)} for r in chunk] for chunk in chunks]
+        if name == "mlm":
+            collator = DataCollatorForLanguageModeling(hf_tokenizer(tokenizer), mlm_probability=0.15)
+            what = "transformers.DataCollatorForLanguageModeling (mlm_probability 0.15, 80/10/10)"
+        else:
+            collator = DataCollatorForLanguageModeling(hf_tokenizer(tokenizer), mlm=False)
+            what = "transformers.DataCollatorForLanguageModeling (mlm=False)"
+        return Case(objective, what, batches, T, inputs, collator)
+    if name == "wwm":
+        from transformers import DataCollatorForLanguageModeling
+
+        collator = DataCollatorForLanguageModeling(hf_tokenizer(tokenizer), whole_word_mask=True, mlm_probability=0.15,
+                                                   mask_replace_prob=1.0, random_replace_prob=0.0)  # all it supports
+        inputs = [whole_word_examples(tokenizer, chunk, T) for chunk in chunks]
+        return Case(objective, "transformers.DataCollatorForLanguageModeling (whole_word_mask=True, "
+                    "mlm_probability 0.15)", chunks, T, inputs, collator)
+    if name == "bart":
+        word_start = np.array([not (tokenizer.backend.id_to_token(i) or "").startswith("##") for i in range(v.size)])
+        fairseq = FairseqDenoising(v.size, v.mask_id, v.pad_id, tokenizer.backend.token_to_id("."), word_start)
+        inputs = [[np.array(framed(tokenizer, r, T), dtype=np.int64) for r in chunk] for chunk in chunks]
+        return Case(objective, "fairseq DenoisingDataset noise per row + collate (benchmarks/references.py): "
+                    "BART-large recipe", chunks, T, inputs, fairseq)
+    if name == "rtd":
+        return rtd_case(objective, tokenizer, chunks, T)
+    raise ValueError(f"no reference for {name!r}; objectives with one: {', '.join(OBJECTIVES)}")
+
+
+def whole_word_examples(tokenizer: objreg.Tokenizer, chunk: list[Row], T: int) -> list[dict[str, list]]:
+    """HF whole-word examples of the rows: ids, special-tokens mask, and offsets that touch within
+    a word and leave a gap between words (the collator's word test), padded to the batch length."""
+    examples = []
+    for r in chunk:
+        ids, offsets, word, place = [tokenizer.vocab.cls_id], [(0, 0)], None, 0
+        for s, (token_ids, word_ids) in enumerate(r.sentences):
+            for t, w in zip(token_ids, word_ids):
+                place += 0 if (s, w) == word else 1  # a gap before every new word
+                offsets.append((place, place + 1))
+                ids.append(t)
+                place += 1
+                word = (s, w)
+        ids, offsets = ids[: T - 1] + [tokenizer.vocab.sep_id], offsets[: T - 1] + [(0, 0)]
+        examples.append({"input_ids": ids, "offset_mapping": offsets,
+                         "special_tokens_mask": [1] + [0] * (len(ids) - 2) + [1], "attention_mask": [1] * len(ids)})
+    width = max(len(e["input_ids"]) for e in examples)
+    for e in examples:
+        pad = width - len(e["input_ids"])
+        e["input_ids"] += [tokenizer.vocab.pad_id] * pad
+        e["offset_mapping"] += [(0, 0)] * pad
+        e["special_tokens_mask"] += [1] * pad
+        e["attention_mask"] += [0] * pad
+    return examples
+
+
+def rtd_case(objective: objreg.Objective, tokenizer: objreg.Tokenizer, chunks: list[list[Row]], T: int) -> Case:
+    """rtd's selection and masking, then one generator sample per masked position from the same
+    logits on both sides (random, drawn once per batch outside the timing)."""
+    from objreg.plugins.objectives import rtd
+
     v = tokenizer.vocab
-    hf_examples = [
-        [{"input_ids": [v.cls_id] + [i for ids, _ in r.sentences for i in ids][: T - 2] + [v.sep_id]} for r in batch]
-        for batch in batches
-    ]
-    collator = DataCollatorForLanguageModeling(hf_tokenizer(tokenizer), mlm_probability=0.15, return_tensors="pt")
-    mlm = registry.get("mlm", vocab=v)
-    generator = torch.Generator().manual_seed(0)
+    B = len(chunks[0])
+    max_predictions = int((0.15 + 0.005) * T)  # ELECTRA's configure_pretraining default
+    batches = [id_rows(chunk) for chunk in chunks]
+    generator = torch.Generator().manual_seed(1)
+    widths = [max(max_predictions, int(rtd_count(tokenizer, b, T))) for b in batches]
+    logits = [torch.randn(B, k, v.size, generator=generator) for k in widths]
+    electra = ElectraMasking(v.mask_id, v.special_ids, v.size, max_predictions)
+    inputs = []
+    for chunk, batch_logits in zip(chunks, logits):
+        ids = [framed(tokenizer, r, T) for r in chunk]
+        width = max(len(r) for r in ids)
+        padded = torch.tensor([r + [v.pad_id] * (width - len(r)) for r in ids])
+        inputs.append((padded, (padded != v.pad_id).long(), batch_logits[:, :max_predictions]))
 
-    def objreg_run() -> None:
-        for batch in batches:
-            mlm.corrupt(tokenizer.assemble(batch, T), generator)
+    def reference(example: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        input_ids, input_mask, batch_logits = example
+        return electra.sample(electra.mask(input_ids, input_mask), batch_logits)
 
-    def hf_run() -> None:
-        for examples in hf_examples:
-            collator(examples)
+    params = objective.params
 
-    result = compare(
-        objreg_run, hf_run, lambda batch: tokenizer.assemble(batch, T), mlm, batches, generator, B, repeats
-    )
-    if profile:
-        result["profile"] = op_profile(lambda: tokenizer.assemble(batches[0], T), mlm, generator, B, result)
-    return result | {"reference": "transformers.DataCollatorForLanguageModeling (mlm_probability=0.15)"}
+    def after(corrupted: objreg.CorruptedBatch, i: int) -> torch.Tensor:
+        positions = corrupted.extras["masked_positions"]  # (B, K)
+        real = corrupted.extras["masked_weights"] > 0
+        targets = corrupted.labels.gather(1, positions).clamp(min=0)
+        sampled = rtd.sample_replacements(logits[i][:, : positions.shape[1]], targets, corrupted.extras["sample_noise"],
+                                          params, v)
+        current = corrupted.input_ids.gather(1, positions)
+        return corrupted.input_ids.scatter(1, positions, torch.where(real, sampled, current))
 
-
-def t5_rows(
-    registry: objreg.Registry,
-    tokenizer: objreg.Tokenizer,
-    tokens: objreg.TokenizedCorpus,
-    B: int,
-    T: int,
-    N: int,
-    repeats: int,
-    profile: bool = False,
-) -> dict[str, Any]:
-    if "t5" not in registry.objectives():
-        return {"skipped": "no 't5' objective is registered (objreg list does not show it)"}
-    v = tokenizer.vocab
-    expanded, target_length = compute_input_and_target_lengths(T, 0.15, 3.0)
-    rows = fixed_rows(tokens, B * N, expanded)
-    batches = [rows[i * B : (i + 1) * B] for i in range(N)]
-    hf_examples = [[{"input_ids": r} for r in batch] for batch in batches]
-    objreg_batches = [[Row(0, ((r, list(range(len(r)))),)) for r in batch] for batch in batches]
-    eos = v.named_ids.get("[EOS]", v.sep_id)
-    hf = HFT5SpanCorruption(v.size, eos, v.pad_id, 0.15, 3.0, T, target_length)
-    t5 = registry.get("t5", vocab=v)
-    generator = torch.Generator().manual_seed(0)
-
-    def objreg_run() -> None:
-        for batch in objreg_batches:
-            t5.corrupt(tokenizer.assemble(batch, expanded + 2), generator)
-
-    def hf_run() -> None:
-        for examples in hf_examples:
-            hf(examples)
-
-    def assemble(batch: list[Row]) -> objreg.TokenBatch:
-        return tokenizer.assemble(batch, expanded + 2)
-
-    result = compare(objreg_run, hf_run, assemble, t5, objreg_batches, generator, B, repeats)
-    if profile:
-        result["profile"] = op_profile(lambda: assemble(objreg_batches[0]), t5, generator, B, result)
-    return result | {
-        "raw_tokens_per_row": expanded,
-        "reference": "DataCollatorForT5MLM numpy logic of HF examples/flax/language-modeling/run_t5_mlm_flax.py, "
-        "replicated in benchmarks/corruption.py",
-    }
+    return Case(objective, "ELECTRA pretrain_helpers mask + sample_from_softmax (Gumbel-max), batched torch "
+                f"(benchmarks/references.py), max_predictions_per_seq {max_predictions}, same logits",
+                batches, T, inputs, reference, after)
 
 
-def compare(
-    objreg_run: Callable[[], None],
-    hf_run: Callable[[], None],
-    assemble: Callable[[list[Row]], objreg.TokenBatch],
-    objective: objreg.Objective,
-    batches: list[list[Row]],
-    generator: torch.Generator,
-    B: int,
-    repeats: int,
-) -> dict[str, Any]:
-    """Both sides end to end, and objreg's two halves on their own, timed round-robin."""
-    prepared = [assemble(batch) for batch in batches]
+def rtd_count(tokenizer: objreg.Tokenizer, rows: list[Row], T: int) -> int:
+    """Most positions rtd selects in a row of these examples (its ``K``)."""
+    batch = tokenizer.assemble(rows, T)
+    n = (~(batch.is_special | batch.is_padding)).sum(dim=1)
+    return int(torch.round(n * 0.15).long().clamp(min=1).max())
 
-    def assemble_only() -> None:
-        for batch in batches:
-            assemble(batch)
 
-    def corrupt_only() -> None:
-        for batch in prepared:
-            objective.corrupt(batch, generator)
-
-    paths = {
-        "objreg": objreg_run,
-        "hf": hf_run,
-        "objreg_assemble_only": assemble_only,
-        "objreg_corrupt_only": corrupt_only,
-    }
-    times = interleaved(paths, repeats, torch.device("cpu"))
-    examples = B * len(batches)
-    return {
-        "objreg_examples_per_s": rounded(examples / times["objreg"]),
-        "hf_examples_per_s": rounded(examples / times["hf"]),
-        "speedup": rounded(times["hf"] / times["objreg"]),
-        "objreg_assemble_only_examples_per_s": rounded(examples / times["objreg_assemble_only"]),
-        "objreg_corrupt_only_examples_per_s": rounded(examples / times["objreg_corrupt_only"]),
-        "corrupt_only_speedup": rounded(times["hf"] / times["objreg_corrupt_only"]),
-    }
+# -- operation counts -------------------------------------------------------------------------------
 
 
 def top_level_ops(run: Callable[[], Any]) -> int:
@@ -391,7 +350,7 @@ def op_profile(
     assemble_ops = top_level_ops(assemble)
     corrupt_ops = top_level_ops(lambda: objective.corrupt(batch, generator))
     per_op = trivial_op_us(*batch.input_ids.shape)
-    hf_batch_us = B / measured["hf_examples_per_s"] * 1e6
+    reference_batch_us = B / measured["reference_examples_per_s"] * 1e6
     objreg_batch_us = B / measured["objreg_examples_per_s"] * 1e6
     return {
         "assemble_ops": assemble_ops,
@@ -399,9 +358,59 @@ def op_profile(
         "us_per_trivial_op": rounded(per_op),
         "objreg_us_per_batch": rounded(objreg_batch_us),
         "us_per_op_measured": rounded(objreg_batch_us / (assemble_ops + corrupt_ops)),
-        "hf_us_per_batch": rounded(hf_batch_us),
-        "speedup_ceiling_from_op_count": rounded(hf_batch_us / ((assemble_ops + corrupt_ops) * per_op)),
+        "reference_us_per_batch": rounded(reference_batch_us),
+        "speedup_ceiling_from_op_count": rounded(reference_batch_us / ((assemble_ops + corrupt_ops) * per_op)),
     }
+
+
+# -- the benchmark ----------------------------------------------------------------------------------
+
+
+def load(seq_len: int) -> tuple[objreg.Registry, objreg.Tokenizer, objreg.TokenizedCorpus]:
+    registry = objreg.Registry.load()
+    corpus = registry.load_corpus("default", objreg.cache_dir())
+    tokenizer = registry.load_tokenizer("default", corpus, objreg.cache_dir())
+    return registry, tokenizer, objreg.TokenizedCorpus(tokenizer, corpus, seq_len)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    # One thread, as in a DataLoader worker (which is where corruption runs in training).
+    parser = base_parser(__doc__.splitlines()[0], threads_default=1)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--batches", type=int, default=20, help="batches per timed run")
+    parser.add_argument("--objectives", default=",".join(OBJECTIVES),
+                        help=f"comma-separated, from {', '.join(OBJECTIVES)} (default: all)")
+    parser.add_argument("--profile", action="store_true", help="count the ATen operations of each objreg call")
+    parser.add_argument("--word-ids", action="store_true",
+                        help="give objreg explicit word ids (one per token) instead of None: the same batches, "
+                             "for code that predates id-only rows")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    global EXPLICIT_WORD_IDS
+    EXPLICIT_WORD_IDS = args.word_ids
+    apply_threads(args.threads)
+    torch.manual_seed(0)
+    np.random.seed(0)
+    registry, tokenizer, tokens = load(args.seq_len)
+    repeats = args.repeats or 5
+    B, T, N = args.batch_size, args.seq_len, args.batches
+    result: dict[str, Any] = {
+        "benchmark": "corruption",
+        "machine": machine(torch.device("cpu")),
+        "config": {"batch_size": B, "seq_len": T, "batches": N, "repeats": repeats, "vocab_size": tokenizer.vocab.size},
+    }
+    for name in [n.strip() for n in args.objectives.split(",") if n.strip()]:
+        try:
+            case = build_case(name, registry, tokenizer, tokens, B, T, N)
+        except ImportError as error:
+            result[name] = {"skipped": f"{error}: pip install 'objreg[bench]' (transformers) for this row"}
+            continue
+        result[name] = run_case(case, torch.Generator().manual_seed(0), B, repeats, tokenizer, args.profile)
+    names = [n for n in result if isinstance(result[n], dict) and n not in ("machine", "config")]
+    rows = [(f"{n}.{k}", v) for n in names for k, v in result[n].items() if not isinstance(v, dict)]
+    rows += [(f"{n}.profile.{k}", v) for n in names for k, v in result[n].get("profile", {}).items()]
+    emit(result, args.json, rows)
+    return result
 
 
 if __name__ == "__main__":

@@ -173,3 +173,80 @@ def test_token_batch_surprisal_is_optional(zipf):
     assert bare.to("cpu").surprisal is None and bare.select(slice(1, 3)).surprisal is None
     assert torch.equal(batch.select(torch.tensor([2, 0])).surprisal, batch.surprisal[[2, 0]])
     assert objreg.TokenBatch(*bare[:6]).surprisal is None  # six fields still build a batch
+
+
+# -- partial selection instead of sorts: the same picks as the sorts -------------------------------
+
+
+def tied_keys(seed: int, B: int, G: int, levels: int) -> torch.Tensor:
+    """Keys with many equal values (``levels`` distinct ones), so that ties fall at every cut."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, levels, (B, G), generator=g).float() / levels
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("levels", [3, 50, 2**24])
+def test_smallest_keys_picks_the_first_places_of_the_argsort(seed, levels):
+    for B, G in ((1, 1), (7, 2), (33, 17), (64, 484)):
+        keys = tied_keys(seed, B, G, levels)
+        count = torch.randint(0, G + 1, (B,), generator=torch.Generator().manual_seed(seed))
+        first = torch.arange(G)[None, :] < count[:, None]
+        expected = torch.zeros_like(first).scatter_(1, keys.argsort(dim=1), first)
+        assert torch.equal(selection.smallest_keys(keys, count), expected)
+        assert torch.equal(selection.smallest_keys(keys, torch.zeros(B, dtype=torch.long)), torch.zeros_like(first))
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("levels", [3, 50, 2**24])
+def test_smallest_ranks_are_the_argsort_ranks_of_the_smallest(seed, levels):
+    for B, G in ((1, 1), (9, 5), (40, 214)):
+        keys = tied_keys(seed, B, G, levels)
+        count = torch.randint(0, G + 1, (B,), generator=torch.Generator().manual_seed(seed + 1))
+        expected = keys.argsort(dim=1).argsort(dim=1)
+        got = selection.smallest_ranks(keys, count)
+        inside = expected < count[:, None]
+        assert torch.equal(got[inside], expected[inside])
+        assert bool((got[~inside] >= count[:, None].expand_as(got)[~inside]).all())
+
+
+def test_smallest_sorted_is_topk():
+    keys = torch.rand(50, 300, generator=torch.Generator().manual_seed(0))
+    for k in (1, 29, 300):
+        assert torch.equal(selection.smallest_sorted(keys, k), keys.topk(k, dim=1, largest=False).values)
+        assert torch.equal(selection.smallest_sorted(keys.double(), k), keys.double().topk(k, dim=1, largest=False).values)
+
+
+def reference_selection_lists(selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sort-based formulation: selected positions sort first, in order."""
+    B, T = selected.shape
+    count = selected.sum(dim=1)
+    K = max(1, int(count.max())) if B else 1
+    index = torch.arange(T).expand(B, T)
+    order = torch.where(selected, index, index + T).argsort(dim=1)[:, :K]
+    real = torch.arange(K)[None, :] < count[:, None]
+    return torch.where(real, order, 0), real.float()
+
+
+def test_selection_lists_match_the_sort():
+    g = torch.Generator().manual_seed(0)
+    for B, T, p in ((1, 1, 0.5), (5, 9, 0.0), (32, 128, 0.15), (8, 40, 1.0)):
+        selected = torch.rand(B, T, generator=g) < p
+        for got, want in zip(selection.selection_lists(selected), reference_selection_lists(selected)):
+            assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.01, 0.15, 0.5, 1.0])
+def test_uniform_bernoulli_select_is_the_weighted_one_with_equal_weights(rate):
+    """weights=None (the uniform policy's per-row probability) gives the very selection of
+    all-equal weights, and leaves the generator in the same state, forced rows included."""
+    g = torch.Generator().manual_seed(3)
+    B, T = 64, 40
+    length = torch.randint(0, T + 1, (B,), generator=g)
+    can = (torch.arange(T)[None, :] < length[:, None]) & (torch.rand(B, T, generator=g) < 0.9)
+    for at_least_one in (True, False):
+        a, b = torch.Generator().manual_seed(7), torch.Generator().manual_seed(7)
+        fast = selection.bernoulli_select(None, can, rate, a, at_least_one)
+        weighted = selection.bernoulli_select(can.float(), can, rate, b, at_least_one)
+        assert torch.equal(fast, weighted) and torch.equal(a.get_state(), b.get_state())
+        if at_least_one and rate < 0.5:
+            assert bool((fast.sum(dim=1) == (can.sum(dim=1) > 0).long()).any())  # some rows were forced

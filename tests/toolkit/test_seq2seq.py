@@ -125,8 +125,17 @@ def test_span_corruption_parts_are_t5_noise_in_the_sentinel_format():
     source, source_len, target, target_len = parts
     assert source[1, : source_len[1]].tolist() == batch.input_ids[1, :5].tolist()
     assert target[1, : target_len[1]].tolist() == [8]
-    with pytest.raises(objreg.DataError, match="ul2 needs 20 span sentinels for this batch but the vocabulary has 3"):
-        seq2seq.span_corruption_parts(framed_batch([40]), 0.5, 1.0, torch.Generator(), VOCAB, "ul2")
+    # 20 spans and 3 sentinels: the sentinels restart every 3 spans, in the source and the target alike.
+    source, source_len, target, target_len = seq2seq.span_corruption_parts(
+        framed_batch([40]), 0.5, 1.0, torch.Generator(), VOCAB, "ul2"
+    )
+    in_source = [t for t in source[0, : source_len[0]].tolist() if t in VOCAB.sentinel_ids]
+    in_target = [t for t in target[0, : target_len[0]].tolist() if t in VOCAB.sentinel_ids]
+    assert in_source == in_target == [5, 6, 7] * 6 + [5, 6]
+    no_sentinels = objreg.Vocabulary(size=50, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4,
+                                     special_ids=tuple(range(10)), named_ids={"[EOS]": 8})
+    with pytest.raises(objreg.DataError, match="ul2 needs span sentinels but the vocabulary declares none"):
+        seq2seq.span_corruption_parts(framed_batch([40]), 0.5, 1.0, torch.Generator(), no_sentinels, "ul2")
 
 
 def test_prefix_lm_parts_split_the_text_after_the_cls_token():
@@ -139,3 +148,47 @@ def test_prefix_lm_parts_split_the_text_after_the_cls_token():
         assert source[b, : source_len[b]].tolist() == row[: 1 + int(k[b])]  # [CLS] and k text tokens
         assert target[b, : target_len[b]].tolist() == row[1 + int(k[b]) :]  # the rest, [SEP] included
         assert n < 2 or 1 <= int(k[b]) <= n - 1  # both sides keep text
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_span_corruption_batch_is_parts_then_layout(seed):
+    """t5's one-pass layout gives the very batch of span_corruption_parts + seq2seq_batch: padding,
+    empty rows, per-row densities, and rows with more spans than sentinels (reused in turn)."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(0, 60, (9,), generator=g).tolist()
+    batch = framed_batch(lengths, seed=seed)
+    for density, mean in ((0.15, 3.0), (0.5, 1.0), (torch.rand(9, generator=g).double() * 0.6, torch.full((9,), 2.0))):
+        a, b = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+        direct = seq2seq.span_corruption_batch(batch, density, mean, a, VOCAB, "t5")
+        parts = seq2seq.span_corruption_parts(batch, density, mean, b, VOCAB, "t5")
+        expected = seq2seq.seq2seq_batch(parts, seq2seq.row_document(batch), VOCAB.pad_id)
+        for field in ("input_ids", "labels", "is_padding", "position_ids", "document_ids"):
+            assert torch.equal(getattr(direct, field), getattr(expected, field)), field
+        assert direct.extras.keys() == expected.extras.keys()
+        assert all(torch.equal(direct.extras[k], expected.extras[k]) for k in expected.extras)
+        assert torch.equal(a.get_state(), b.get_state())
+
+
+def test_sentinel_parts_match_a_loop_with_reused_sentinels():
+    g = torch.Generator().manual_seed(4)
+    B, T = 6, 30
+    ids = torch.randint(10, 50, (B, T), generator=g)
+    real = torch.arange(T)[None, :] < torch.randint(0, T + 1, (B,), generator=g)[:, None]
+    noise = (torch.rand(B, T, generator=g) < 0.4) & real
+    sentinels = torch.tensor([5, 6])
+    source, source_len, target, target_len = seq2seq.sentinel_parts(ids, real, noise, sentinels, eos_id=8, pad_id=0)
+    for b in range(B):
+        src, tgt, k = [], [], 0
+        for t in range(T):
+            if not real[b, t]:
+                continue
+            if noise[b, t] and (t == 0 or not noise[b, t - 1]):
+                src.append(int(sentinels[k % 2]))
+                tgt.append(int(sentinels[k % 2]))
+                k += 1
+            if noise[b, t]:
+                tgt.append(int(ids[b, t]))
+            else:
+                src.append(int(ids[b, t]))
+        assert source[b, : source_len[b]].tolist() == src and target[b, : target_len[b]].tolist() == tgt + [8]
+        assert bool((source[b, source_len[b]:] == 0).all()) and bool((target[b, target_len[b]:] == 0).all())

@@ -114,3 +114,58 @@ def test_random_prefix_length_range_and_share():
         # Uniform over [low, 39]: each value about 4000 / (40 - low) times.
         counts = torch.bincount(k, minlength=40)[low:]
         assert all(within_4_sigma(int(c), 4000, 1 / (40 - low)) for c in counts)
+
+
+def reference_segmentation(num_items, num_segments, generator):
+    """The sort-based formulation of random_segmentation (one argsort of the gap keys)."""
+    from objreg.toolkit.randomness import uniform
+
+    B = num_items.shape[0]
+    items = max(int(num_items.max()) if B else 0, 1)
+    S = max(int(num_segments.max()) if B else 0, 1)
+    gaps = torch.arange(items - 1)[None, :]
+    valid_gap = gaps < (num_items - 1)[:, None]
+    keys = torch.where(valid_gap, uniform((B, items - 1), generator), 2.0)
+    order = keys.argsort(dim=1)
+    first_ranks = gaps < (num_segments - 1)[:, None]
+    cut = valid_gap & torch.zeros_like(first_ranks).scatter_(1, order, first_ranks)
+    segment = torch.cat([torch.zeros_like(num_items)[:, None], cut.long().cumsum(dim=1)], dim=1)
+    valid_item = torch.arange(items)[None, :] < num_items[:, None]
+    return torch.zeros(B, S, dtype=torch.long).scatter_add_(1, segment.clamp(max=S - 1), valid_item.long())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_segmentation_is_the_sort_based_one_draw_for_draw(seed, monkeypatch):
+    g = torch.Generator().manual_seed(seed)
+    B = 50
+    items = torch.randint(0, 600, (B,), generator=g)
+    segments = torch.minimum((torch.rand(B, generator=g) * items).long().clamp(min=1), items)
+    segments = torch.where(items == 0, 0, segments)
+    if seed % 2:
+        items[:] = int(items.max())  # rows of one length (no padded gaps)
+        segments = segments.clamp(max=int(items[0]))
+    a, b = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+    assert torch.equal(spans.random_segmentation(items, segments, a), reference_segmentation(items, segments, b))
+    assert torch.equal(a.get_state(), b.get_state())
+
+
+def test_random_segmentation_with_tied_keys_is_the_sorts_pick(monkeypatch):
+    """Coarse uniforms (8 levels) put ties at the cut in most rows: the pick still equals the sort's."""
+    import objreg.toolkit.spans as module
+    from objreg.toolkit import randomness
+
+    def coarse(shape, generator, device=None):
+        return (randomness.uniform(shape, generator, device) * 8).floor() / 8
+
+    monkeypatch.setattr(module, "uniform", coarse)
+    items = torch.full((40,), 300)
+    segments = torch.randint(1, 300, (40,), generator=torch.Generator().manual_seed(1))
+    got = spans.random_segmentation(items, segments, torch.Generator().manual_seed(5))
+    g = torch.Generator().manual_seed(5)
+    keys = coarse((40, 299), g)
+    order = keys.argsort(dim=1)
+    first = torch.arange(299)[None, :] < (segments - 1)[:, None]
+    cut = torch.zeros_like(first).scatter_(1, order, first)
+    segment = torch.cat([torch.zeros(40, 1, dtype=torch.long), cut.long().cumsum(dim=1)], dim=1)
+    expected = torch.zeros(40, got.shape[1], dtype=torch.long).scatter_add_(1, segment, torch.ones_like(segment))
+    assert torch.equal(got, expected)

@@ -351,3 +351,27 @@ def test_wordpiece_from_vocab_round_trip(tokenizer, texts, tmp_path):
     a, b = tokenizer.batch_from_texts(samples), loaded.batch_from_texts(samples)
     for x, y in zip(a[:6], b[:6]):
         assert torch.equal(x, y)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_assemble_of_id_only_rows_is_assemble_with_one_word_per_token(tokenizer, seed):
+    """Word ids None mean one word per token: the batch equals the one built from
+    list(range(len(ids))), on the general path (rows of mixed lengths, several sentences) and on
+    the equal-length block path (group_texts rows, truncated or not, with literal specials)."""
+    rng = random.Random(seed)
+    v = tokenizer.vocab
+
+    def ids(n):
+        return [rng.choice(v.special_ids) if rng.random() < 0.1 else rng.randrange(v.size + 2) for _ in range(n)]
+
+    mixed = [_Chunk(d, tuple((s, None) for s in (ids(rng.randrange(0, 9)) for _ in range(rng.randrange(1, 4)))))
+             for d in range(7)]
+    equal = [_Chunk(d, ((ids(11), None),)) for d in range(5)]
+    for chunks in (mixed, equal):
+        with_words = [_Chunk(c.document, tuple((s, list(range(len(s)))) for s, _ in c.sentences)) for c in chunks]
+        for seq_len in (3, 8, 13, 40):
+            got, expected = tokenizer.assemble(chunks, seq_len), tokenizer.assemble(with_words, seq_len)
+            reference = reference_assemble(with_words, seq_len, v)
+            for name, value in zip(got._fields[:6], got[:6]):
+                assert value.dtype == getattr(expected, name).dtype and torch.equal(value, getattr(expected, name))
+                assert torch.equal(value, reference[name]) and value.is_contiguous(), (name, seq_len)

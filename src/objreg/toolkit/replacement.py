@@ -72,7 +72,8 @@ def replace_selected(
         to_random = selected & (fate >= p_mask) & (fate < p_mask + p_random)
         pool = ordinary_ids(vocab, generator.device)
         picks = torch.randint(len(pool), tuple(ids.shape), generator=generator, device=generator.device)
-        out = torch.where(to_random, pool[picks].to(ids.device), out)
+        drawn = pool.index_select(0, picks.flatten()).view(picks.shape)  # a flat lookup: a third of pool[picks]
+        out = torch.where(to_random, drawn.to(ids.device), out)
     return out
 
 

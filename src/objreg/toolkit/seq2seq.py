@@ -58,6 +58,26 @@ def sentinel_tensor(vocab: Vocabulary, needed: int, objective: str, device: torc
     return torch.tensor(vocab.sentinel_ids or (0,), dtype=torch.long, device=device)
 
 
+def cycled_sentinels(vocab: Vocabulary, needed: int, objective: str, device: torch.device) -> torch.Tensor:
+    """``vocab.sentinel_ids`` as a long tensor for rows of up to ``needed`` spans, reused in turn
+    when a row has more spans than the vocabulary has sentinels (:func:`span_sentinels`); a
+    :class:`DataError` only when spans need a sentinel and the vocabulary has none."""
+    if needed > 0 and not vocab.sentinel_ids:
+        raise DataError(f"{objective} needs span sentinels but the vocabulary declares none (sentinel_ids)")
+    return torch.tensor(vocab.sentinel_ids or (0,), dtype=torch.long, device=device)
+
+
+def span_sentinels(span: torch.Tensor, sentinels: torch.Tensor) -> torch.Tensor:
+    """The sentinel id of span ``span`` (0-based, along the row; any shape): span ``k`` gets
+    ``sentinels[k mod S]``. Rows of at most ``S`` spans get one sentinel each, first span first
+    (T5); a longer row restarts the sentinels every ``S`` spans, a segment of ``S`` spans at a
+    time. The source and the target list the spans in the same order, so the ``k``-th sentinel of
+    the source still pairs with the ``k``-th of the target. Negative ``span`` gives the first."""
+    have = max(sentinels.shape[0], 1)
+    index = span.clamp(0, have - 1) if int(span.max()) < have else torch.remainder(span.clamp(min=0), have)
+    return sentinels.index_select(0, index.flatten()).view(span.shape)
+
+
 def compact(tokens: torch.Tensor, keep: torch.Tensor, fill: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The kept tokens of each row moved to the left, in order, right-filled with ``fill``.
 
@@ -101,20 +121,64 @@ def sentinel_parts(
 
     Source: the real tokens with each noise span replaced by one sentinel. Target: for each span,
     its sentinel followed by its tokens, then ``eos_id``. Span ``k`` (counted along the row) gets
-    ``sentinels[k]`` in both, so the first span gets the first sentinel. ``sentinels`` must hold at
-    least as many ids as the longest row has spans (:func:`count_spans`, :func:`sentinel_tensor`).
+    ``sentinels[k]`` in both, so the first span gets the first sentinel; a row with more spans than
+    ``sentinels`` reuses them in turn (:func:`span_sentinels`).
     """
-    starts = span_starts(noise)  # (B, T)
-    span = (starts.long().cumsum(dim=1) - 1).clamp(0, sentinels.shape[0] - 1)  # (B, T)
-    sentinel = sentinels[span]  # (B, T)
-    source, source_len = compact(torch.where(starts, sentinel, ids), real & ~(noise & ~starts), pad_id)
-    B, T = ids.shape
-    # Each position emits (sentinel if a span starts here, token if noise), in that order.
-    pairs = torch.stack([sentinel, ids], dim=2).reshape(B, 2 * T)
-    emit = torch.stack([starts, noise], dim=2).reshape(B, 2 * T)
-    target, target_len = compact(pairs, emit, pad_id)
-    target, target_len = append_token(target, target_len, eos_id, pad_id)
-    return source, source_len, target, target_len
+    layout = SentinelLayout.of(ids, real, noise, sentinels)
+    B = ids.shape[0]
+    Ws = max(int(layout.source_len.max()) if B else 0, 1)
+    Wt = max(int(layout.target_len.max()) - 1 if B else 0, 1) + 1  # the longest target, and eos
+    source = torch.full((B, Ws + 1), pad_id, dtype=ids.dtype, device=ids.device)
+    layout.scatter_source(source, 0)
+    target = torch.full((B, Wt + 1), pad_id, dtype=ids.dtype, device=ids.device)
+    layout.scatter_target(target, torch.zeros_like(layout.source_len), eos_id)
+    return source[:, 1:].contiguous(), layout.source_len, target[:, 1:].contiguous(), layout.target_len
+
+
+class SentinelLayout:
+    """Where each token of a row goes in T5's sentinel format, from prefix counts along the row:
+    source token ``t`` (kept, or the sentinel of a span starting at ``t``) at ``n_keep[t] - 1``;
+    in the target, the sentinel of a span starting at ``t`` at ``n_start[t] + n_noise[t] - 2``
+    and noise token ``t`` at ``n_start[t] + n_noise[t] - 1`` (inclusive counts), ``eos`` last.
+    Every output is one scatter of the ``[B, T]`` row, never a compaction of a ``[B, 2T]`` one."""
+
+    def __init__(self, ids: torch.Tensor, keep: torch.Tensor, starts: torch.Tensor, noise: torch.Tensor,
+                 sentinel: torch.Tensor, n_start: torch.Tensor | None = None):
+        self.ids, self.keep, self.starts, self.noise, self.sentinel = ids, keep, starts, noise, sentinel
+        self.n_keep = keep.cumsum(dim=1)  # (B, T) long
+        n_start = starts.cumsum(dim=1) if n_start is None else n_start
+        self.at = noise.cumsum(dim=1).add_(n_start)  # (B, T): n_start + n_noise
+        self.source_len = self.n_keep[:, -1] if ids.shape[1] else self.n_keep.sum(dim=1)  # (B,)
+        self.target_len = (self.at[:, -1] if ids.shape[1] else self.at.sum(dim=1)) + 1  # (B,): with eos
+
+    @classmethod
+    def of(cls, ids: torch.Tensor, real: torch.Tensor, noise: torch.Tensor, sentinels: torch.Tensor) -> SentinelLayout:
+        starts = span_starts(noise)  # (B, T)
+        n_start = starts.cumsum(dim=1)  # (B, T)
+        sentinel = span_sentinels(n_start - 1, sentinels)  # (B, T)
+        keep = real & (~noise | starts)  # (B, T): kept tokens, and one sentinel per span
+        return cls(ids, keep, starts, noise, sentinel, n_start)
+
+    # The scatters below leave column 0 of ``out`` as the dump for tokens that go nowhere: the
+    # index is (column + 1) * mask, two cheap integer operations where torch.where costs about
+    # five times as much on the CPU. Callers read ``out[:, 1:]``.
+
+    # (In-place arithmetic on the temporaries: every [B, T] allocation of a megabyte or more can
+    # cost page faults, which dominated these scatters on a loaded machine.)
+
+    def scatter_source(self, out: torch.Tensor, offset: int) -> None:
+        """Write the source into ``out[:, 1:]`` from column ``offset``."""
+        index = self.n_keep.add(offset).mul_(self.keep)
+        value = self.sentinel.sub(self.ids).mul_(self.starts).add_(self.ids)  # sentinel at span starts, else the id
+        out.scatter_(1, index, value)
+
+    def scatter_target(self, out: torch.Tensor, offset: torch.Tensor, eos_id: int) -> None:
+        """Write the target into ``out[:, 1:]`` from column ``offset[b]``."""
+        at = self.at.add(offset[:, None])
+        out.scatter_(1, at.sub(1).mul_(self.starts), self.sentinel)
+        out.scatter_(1, at.mul_(self.noise), self.ids)
+        end = (offset + self.target_len)[:, None]
+        out.scatter_(1, end, torch.full_like(end, eos_id))
 
 
 def prefix_parts(ids: torch.Tensor, real: torch.Tensor, split: torch.Tensor, pad_id: int) -> Parts:
@@ -136,11 +200,43 @@ def span_corruption_parts(
     """T5's ``span_corruption``: T5 span noise over each row's ordinary tokens
     (:func:`objreg.toolkit.spans.random_spans_noise_mask`; density and mean span length floats or
     ``[B]``), then the sentinel format (:func:`sentinel_parts`), the target ending in
-    :func:`end_of_text_id`. A :class:`DataError` names ``objective`` when the vocabulary has too
-    few sentinels."""
+    :func:`end_of_text_id`. Rows with more spans than the vocabulary has sentinels reuse them in
+    turn (:func:`span_sentinels`); a :class:`DataError` names ``objective`` when spans need a
+    sentinel and the vocabulary has none."""
     noise = random_spans_noise_mask(maskable(batch), noise_density, mean_span_length, generator)  # (B, T)
-    sentinels = sentinel_tensor(vocab, count_spans(noise), objective, noise.device)
+    sentinels = cycled_sentinels(vocab, count_spans(noise), objective, noise.device)
     return sentinel_parts(batch.input_ids, ~batch.is_padding, noise, sentinels, end_of_text_id(vocab), vocab.pad_id)
+
+
+def span_corruption_batch(
+    batch: TokenBatch,
+    noise_density: float | torch.Tensor,
+    mean_span_length: float | torch.Tensor,
+    generator: torch.Generator,
+    vocab: Vocabulary,
+    objective: str,
+) -> CorruptedBatch:
+    """``seq2seq_batch(span_corruption_parts(...), ...)`` in one pass: the noise mask, then every
+    token scattered once to its place in ``[source ; target]`` (:class:`SentinelLayout`), with no
+    intermediate source and target rows. The same tensors, the same draws."""
+    noise = random_spans_noise_mask(maskable(batch), noise_density, mean_span_length, generator)  # (B, T)
+    ids = batch.input_ids
+    B, T = ids.shape
+    if T == 0:
+        sentinels = cycled_sentinels(vocab, 0, objective, noise.device)
+        parts = sentinel_parts(ids, ~batch.is_padding, noise, sentinels, end_of_text_id(vocab), vocab.pad_id)
+        return seq2seq_batch(parts, row_document(batch), vocab.pad_id)
+    starts = span_starts(noise)  # (B, T)
+    n_start = starts.cumsum(dim=1)  # (B, T)
+    sentinels = cycled_sentinels(vocab, int(n_start[:, -1].max()) if B else 0, objective, noise.device)
+    sentinel = span_sentinels(n_start - 1, sentinels)  # (B, T)
+    layout = SentinelLayout(ids, ~batch.is_padding & (~noise | starts), starts, noise, sentinel, n_start)
+    source_len, target_len = layout.source_len, layout.target_len
+    W = max(int((source_len + target_len).max()) if B else 0, 1)
+    rows = torch.full((B, W + 1), vocab.pad_id, dtype=ids.dtype, device=ids.device)
+    layout.scatter_source(rows, 0)
+    layout.scatter_target(rows, source_len, end_of_text_id(vocab))
+    return seq2seq_rows(rows[:, 1:].contiguous(), source_len, target_len, row_document(batch), vocab.pad_id)
 
 
 def prefix_lm_parts(
@@ -183,11 +279,24 @@ def seq2seq_batch(
     in_target = j >= source_len[:, None]
     ids = torch.where(in_target, gather_rows(target, target_len, j - source_len[:, None], pad_id),
                       gather_rows(source, source_len, j.expand(B, W), pad_id))  # (B, W)
+    return seq2seq_rows(ids, source_len, target_len, document, pad_id, extras)
+
+
+def seq2seq_rows(
+    ids: torch.Tensor, source_len: torch.Tensor, target_len: torch.Tensor, document: torch.Tensor, pad_id: int,
+    extras: dict[str, torch.Tensor] | None = None,
+) -> CorruptedBatch:
+    """:func:`seq2seq_batch` from rows already laid out: ``ids`` ``[B, W]`` holds each row's
+    source, then its target, then ``pad_id`` (``W = max(1, longest row)``)."""
+    B, W = ids.shape
+    device = ids.device
+    total = source_len + target_len  # (B,)
+    j = torch.arange(W, device=device)[None, :]  # (1, W)
     is_padding = j >= total[:, None]  # (B, W)
     # Position t predicts t + 1 from the last source token to the second-to-last target token.
     predicts = (j >= (source_len - 1)[:, None]) & (j < (total - 1)[:, None])  # (B, W)
     next_ids = torch.nn.functional.pad(ids[:, 1:], (0, 1), value=pad_id)
-    labels = torch.where(predicts, next_ids, IGNORE_INDEX)
+    labels = next_ids.sub_(IGNORE_INDEX).mul_(predicts).add_(IGNORE_INDEX)  # where(predicts, next id, IGNORE_INDEX)
     K = max(int(target_len.max()) if B else 0, 1)
     k = torch.arange(K, device=device)[None, :]  # (1, K)
     weights = k < target_len[:, None]  # (B, K)
@@ -197,7 +306,7 @@ def seq2seq_batch(
         labels=labels,
         is_padding=is_padding,
         position_ids=j.expand(B, W).clone(),
-        document_ids=torch.where(is_padding, -1, document[:, None]),
+        document_ids=(~is_padding).long().mul_(document[:, None] + 1).sub_(1),  # -1 at padding
         extras={
             **(extras or {}),
             "prefix_length": source_len.clone(),

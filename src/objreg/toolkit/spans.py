@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from objreg.toolkit.randomness import uniform
+from objreg.toolkit.selection import smallest_keys
 
 
 def noise_counts(
@@ -48,7 +49,7 @@ def random_segmentation(
 ) -> torch.Tensor:
     """Split ``num_items[b]`` items into ``num_segments[b]`` non-empty segments, uniformly over all
     such splits (T5's ``_random_segmentation``): ``num_segments - 1`` distinct cut points among the
-    ``num_items - 1`` gaps, chosen as the smallest random keys.
+    ``num_items - 1`` gaps, chosen as the smallest random keys (:func:`objreg.toolkit.selection.smallest_keys`).
 
     Returns ``[B, S]`` long segment lengths in order, zero beyond ``num_segments[b]``;
     ``S = max(1, max(num_segments))``. Needs ``1 <= num_segments <= num_items`` or both zero.
@@ -58,16 +59,20 @@ def random_segmentation(
     S = max(int(num_segments.max()) if B else 0, 1)
     gaps = torch.arange(items - 1, device=device)[None, :]  # (1, G)
     valid_gap = gaps < (num_items - 1)[:, None]  # (B, G)
-    keys = torch.where(valid_gap, uniform((B, items - 1), generator, device), 2.0)  # (B, G)
-    # The gaps with the num_segments - 1 smallest keys: mark the first ranks in sorted order and
-    # scatter the marks back (one sort; argsort of the argsort would be a second).
-    order = keys.argsort(dim=1)  # (B, G)
-    first_ranks = gaps < (num_segments - 1)[:, None]  # (B, G), in sorted order
-    cut = valid_gap & torch.zeros_like(first_ranks).scatter_(1, order, first_ranks)  # item g+1 starts a segment
-    segment = torch.cat([torch.zeros_like(num_items)[:, None], cut.long().cumsum(dim=1)], dim=1)  # (B, items)
-    valid_item = torch.arange(items, device=device)[None, :] < num_items[:, None]  # (B, items)
-    lengths = torch.zeros(B, S, dtype=torch.long, device=device)
-    return lengths.scatter_add_(1, segment.clamp(max=S - 1), valid_item.long())
+    keys = uniform((B, items - 1), generator, device)  # (B, G)
+    if B and int(num_items.min()) < items:  # rows of different lengths: their missing gaps come last
+        keys = torch.where(valid_gap, keys, 2.0)
+    cut = smallest_keys(keys, num_segments - 1)  # (B, G): item g+1 starts a segment
+    # Segment s > 0 starts at the item after the s-th cut: scatter each cut's item to its segment
+    # (column 0 takes the rest), then lengths are the gaps between consecutive starts, the last
+    # segment ending at num_items.
+    segments = num_segments.clamp(min=1)
+    starts = torch.zeros(B, S + 1, dtype=torch.long, device=device)
+    starts.scatter_(1, cut.cumsum(dim=1).mul_(cut).clamp_(max=S), (gaps + 1).expand(B, -1))
+    starts[:, 0] = 0
+    column = torch.arange(S + 1, device=device)[None, :]
+    ends = starts.mul_(column < segments[:, None]).scatter_(1, segments[:, None], num_items[:, None])
+    return (ends[:, 1:] - ends[:, :-1]).clamp_(min=0)
 
 
 def random_spans_noise_mask(
@@ -102,8 +107,8 @@ def random_spans_noise_mask(
     delta = torch.zeros(B, T + 1, dtype=torch.long, device=candidates.device)
     delta.scatter_add_(1, starts[:, 1::2], torch.ones_like(noise_lengths))
     delta.scatter_add_(1, ends[:, 1::2], -torch.ones_like(noise_lengths))
-    compressed = delta.cumsum(dim=1)[:, :T] > 0  # (B, T): noise by rank among the candidates
-    rank = (candidates.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, T)
+    compressed = delta.cumsum_(dim=1)[:, :T] > 0  # (B, T): noise by rank among the candidates
+    rank = candidates.cumsum(dim=1).sub_(1).clamp_(min=0)  # (B, T)
     return candidates & compressed.gather(1, rank)
 
 

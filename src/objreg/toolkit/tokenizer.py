@@ -120,7 +120,10 @@ class Tokenizer:
 
         Word ids continue across a chunk's sentences (each sentence's are shifted past the words
         before it); sentence ids number the chunk's sentences from 0. ``[CLS]``, ``[SEP]``, padding
-        and any special token written literally in the text get word and sentence id ``-1``.
+        and any special token written literally in the text get word and sentence id ``-1``. A
+        sentence may give ``None`` for its word ids (token ids only, as a ``group_texts`` row of
+        a T5 pipeline): each of its tokens is then a word of its own, exactly as if it gave
+        ``list(range(len(ids)))``.
         """
         if seq_len < 3:
             raise InvalidParameterError(f"seq_len must be at least 3 ([CLS] token [SEP]), got {seq_len}")
@@ -131,19 +134,27 @@ class Tokenizer:
         # buffer: struct.pack costs under half of array("q", ...) and a tenth of torch.tensor.
         sentences = [s for chunk in chunks for s in chunk.sentences]
         lengths = [len(ids) for ids, _ in sentences]
-        if lengths != [len(words) for _, words in sentences]:
-            raise DataError("each sentence of a chunk needs exactly one word id per token id")
-        words_in = [max(words, default=-1) + 1 for _, words in sentences]
+        given = [words for _, words in sentences if words is not None]
+        if given:
+            if [n for n, (_, w) in zip(lengths, sentences) if w is not None] != [len(w) for w in given]:
+                raise DataError("each sentence of a chunk needs exactly one word id per token id")
+            words_in = [n if w is None else max(w, default=-1) + 1 for n, (_, w) in zip(lengths, sentences)]
+            word_lists = [range(n) if w is None else w for n, (_, w) in zip(lengths, sentences)]
+            words = list(chain.from_iterable(word_lists))
+        else:  # token ids only: every token is a word of its own, and nothing per token to pack
+            words_in, words = lengths, []
         ids = list(chain.from_iterable(ids for ids, _ in sentences))
-        words = list(chain.from_iterable(words for _, words in sentences))
         per_row = [len(chunk.sentences) for chunk in chunks]
         documents = [chunk.document for chunk in chunks]
         N, S, B = len(ids), len(sentences), len(chunks)
+        if not given and S == B and lengths[0] > 0 and lengths.count(lengths[0]) == B and per_row.count(1) == B:
+            return self._assemble_equal(ids, lengths[0], documents, seq_len)
         integers = ids + words + lengths + words_in + per_row + documents
         flat = torch.frombuffer(bytearray(struct.pack(f"{len(integers)}q", *integers)), dtype=torch.long)
-        token_id, word = flat[:N], flat[N : 2 * N]
-        counts = flat[2 * N : 2 * N + 2 * S].view(2, S)  # tokens and words of each sentence
-        row_sentences, document = flat[2 * N + 2 * S : -B], flat[-B:]
+        token_id = flat[:N]
+        rest = flat[N + len(words) :]
+        counts = rest[: 2 * S].view(2, S)  # tokens and words of each sentence
+        row_sentences, document = rest[2 * S : -B], rest[-B:]
         v = self.vocab
         T_max = seq_len - 2  # content tokens a row keeps
 
@@ -153,21 +164,21 @@ class Tokenizer:
         first = (row_sentences.cumsum(0) - row_sentences).index_select(0, row)  # (S,): the row's first sentence
         before = counts.cumsum(1) - counts  # (2, S): tokens and words before, over the whole batch
         first_before = before.index_select(1, first)  # (2, S)
-        content = torch.zeros(B, dtype=torch.long).index_add_(0, row, counts[0]).clamp_(max=T_max)  # (B,)
-        length = content + 2  # with [CLS] and [SEP]
+        totals = torch.zeros(B, dtype=torch.long).index_add_(0, row, counts[0])  # (B,): content tokens
+        truncated = int(totals.max()) > T_max
+        length = totals.clamp_(max=T_max) + 2  # with [CLS] and [SEP]
         T = int(length.max())
-        # Per token, from its sentence: flat index + shift[:, 0] = its column (1 + position in the
-        # row's content); shift[:, 1] = its row's offset in [B * T]; word id shift; sentence id.
-        per_sentence = torch.stack(
-            [1 - first_before[0], row * T, before[1] - first_before[1], torch.arange(S) - first], dim=1
-        )  # (S, 4)
-        shift = torch.repeat_interleave(per_sentence, counts[0], dim=0)  # (N, 4)
-        column = torch.arange(N) + shift[:, 0]
+        # Per token, from its sentence (one 1-D lookup per field): its column (1 + position in the
+        # row's content), its place in the [B * T] planes, the word id shift and the sentence id.
+        sentence = torch.repeat_interleave(counts[0])  # (N,): the sentence of each token
+        column = torch.arange(N) + (1 - first_before[0]).index_select(0, sentence)  # (N,)
+        where = column + (row * T).index_select(0, sentence)  # (N,)
         table = self._special_table()
         special = table.index_select(0, token_id.clamp(-1, table.shape[0] - 1))  # (N,): literal specials too
         # Each field is scattered into a [B * T] plane; truncated tokens go to a spare last slot.
         BT = B * T
-        where = torch.where(column <= T_max, shift[:, 1] + column, BT)  # (N,)
+        if truncated:
+            where = torch.where(column <= T_max, where, BT)
 
         def plane(fill: int | bool, values: torch.Tensor) -> torch.Tensor:
             return torch.full((BT + 1,), fill, dtype=values.dtype).scatter_(0, where, values)[:BT].view(B, T)
@@ -175,11 +186,43 @@ class Tokenizer:
         input_ids = plane(v.pad_id, token_id)
         input_ids[:, 0] = v.cls_id
         input_ids.scatter_(1, (length - 1)[:, None], v.sep_id)
-        word_ids = plane(-1, torch.where(special | (word < 0), -1, word + shift[:, 2]))
-        sentence_ids = plane(-1, torch.where(special, -1, shift[:, 3]))
+        if given:
+            word = flat[N : 2 * N]
+            word_id = word + (before[1] - first_before[1]).index_select(0, sentence)
+            word_ids = plane(-1, torch.where(special | (word < 0), -1, word_id))
+        else:  # word id = the token's position in its row's content
+            word_ids = plane(-1, torch.where(special, -1, column - 1))
+        sentence_ids = plane(-1, torch.where(special, -1, (torch.arange(S) - first).index_select(0, sentence)))
         is_special = plane(True, special)  # [CLS], [SEP] and padding keep the fill
         is_padding = torch.arange(T)[None, :] >= length[:, None]  # (B, T)
         document_ids = torch.where(is_padding, -1, document[:, None])
+        return TokenBatch(input_ids, is_padding, is_special, word_ids, sentence_ids, document_ids)
+
+    def _assemble_equal(self, ids: list[int], length: int, documents: list[int], seq_len: int) -> TokenBatch:
+        """:meth:`assemble` of rows of token ids only, one run of ``length`` ids each (the rows of
+        a ``group_texts`` pipeline): the same batch, built as ``[B, length]`` blocks instead of a
+        scatter of every token."""
+        B = len(documents)
+        flat = torch.frombuffer(bytearray(struct.pack(f"{len(ids) + B}q", *ids, *documents)), dtype=torch.long)
+        n = min(length, seq_len - 2)  # content tokens a row keeps
+        tokens = flat[: B * length].view(B, length)[:, :n]
+        v = self.vocab
+        T = n + 2
+        input_ids = torch.empty(B, T, dtype=torch.long)
+        input_ids[:, 0] = v.cls_id
+        input_ids[:, 1 : n + 1] = tokens
+        input_ids[:, n + 1] = v.sep_id
+        table = self._special_table()
+        special = table.index_select(0, tokens.clamp(-1, table.shape[0] - 1).flatten()).view(B, n)
+        is_special = torch.ones(B, T, dtype=torch.bool)
+        is_special[:, 1 : n + 1] = special
+        drop = special.long()  # (B, n): 1 at literal special tokens, whose word and sentence ids are -1
+        word_ids = torch.full((B, T), -1, dtype=torch.long)
+        word_ids[:, 1 : n + 1] = torch.arange(n) - drop * torch.arange(1, n + 1)  # position in the row, or -1
+        sentence_ids = torch.full((B, T), -1, dtype=torch.long)
+        sentence_ids[:, 1 : n + 1] = -drop
+        is_padding = torch.zeros(B, T, dtype=torch.bool)
+        document_ids = flat[B * length :, None].expand(B, T).clone()
         return TokenBatch(input_ids, is_padding, is_special, word_ids, sentence_ids, document_ids)
 
     def _special_table(self) -> torch.Tensor:

@@ -300,3 +300,21 @@ def test_everything_together_is_deterministic(registry):
 def test_lambda_must_be_positive(registry):
     with pytest.raises(objreg.InvalidParameterError, match="poisson_lambda"):
         registry.get("bart", vocab=VOCAB, poisson_lambda=0.0)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_multinomial_draws_are_torch_multinomial_draw_for_draw(seed):
+    """The rand + searchsorted form of bart's random tokens gives torch.multinomial's samples and
+    leaves the generator where torch.multinomial leaves it (the draws after it stay the same)."""
+    g = torch.Generator().manual_seed(seed)
+    for V, n in ((5, 2), (100, 7), (1000, 1000), (30522, 20000), (8000, 1)):
+        weights = (torch.rand(V, generator=g) > 0.05).float()
+        weights[:3] = 0.0
+        a, b = torch.Generator().manual_seed(seed + V), torch.Generator().manual_seed(seed + V)
+        expected = torch.multinomial(weights, n, replacement=True, generator=a)
+        assert torch.equal(bart.multinomial_draws(weights, n, b), expected)
+        assert torch.equal(a.get_state(), b.get_state())
+        where = torch.rand(n, generator=g) < 0.1
+        c = torch.Generator().manual_seed(seed + V)
+        assert torch.equal(bart.multinomial_draws(weights, n, c, where)[where], expected[where])
+        assert torch.equal(c.get_state(), a.get_state())

@@ -179,9 +179,31 @@ def test_deterministic_for_a_seed(registry):
     assert not torch.equal(a.input_ids, c.input_ids)
 
 
-def test_too_few_sentinels_is_a_clear_error(registry):
+def test_long_rows_reuse_the_sentinels_in_turn(registry):
     few = objreg.Vocabulary(size=200, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4,
-                            special_ids=tuple(range(80)), sentinel_ids=(5, 6))
-    batch = synthetic_batch([126], seed=8)  # 19 noise tokens in 6 spans
-    with pytest.raises(objreg.DataError, match="t5 needs 6 span sentinels for this batch but the vocabulary has 2"):
-        corrupt(registry, batch, vocab=few)
+                            special_ids=tuple(range(80)), sentinel_ids=(5, 6), named_ids={"[EOS]": 69})
+    batch = synthetic_batch([126, 40], seed=8)  # 19 noise tokens in 6 spans; 6 in 2
+    cb = corrupt(registry, batch, vocab=few)
+    for b in range(2):
+        source, target = split_row(cb, b)
+        spans_in_source = [t for t in source if t in (5, 6)]
+        assert spans_in_source == [t for t in target if t in (5, 6)] == [5, 6] * (len(spans_in_source) // 2)
+        # Paired by order (the k-th sentinel of the source with the k-th of the target), the row comes back.
+        pieces, current = [], None
+        for token in target[:-1]:
+            if token in (5, 6):
+                current = []
+                pieces.append(current)
+            else:
+                current.append(token)
+        filled = iter(pieces)
+        out = [x for t in source for x in (next(filled) if t in (5, 6) else [t])]
+        assert out == batch.input_ids[b][~batch.is_padding[b]].tolist()
+    assert spans_in_source and len([t for t in split_row(cb, 0)[0] if t in (5, 6)]) == 6
+
+
+def test_no_sentinels_at_all_is_a_clear_error(registry):
+    none = objreg.Vocabulary(size=200, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4,
+                             special_ids=tuple(range(80)))
+    with pytest.raises(objreg.DataError, match="t5 needs span sentinels but the vocabulary declares none"):
+        corrupt(registry, synthetic_batch([126], seed=8), vocab=none)

@@ -21,7 +21,7 @@ from torch import nn
 import objreg
 from objreg import InvalidParameterError, Vocabulary
 from objreg.toolkit.heads import init_weights
-from objreg.toolkit.layers import Block, TransformerConfig, attention_bias, check_inputs
+from objreg.toolkit.layers import Block, TransformerConfig, check_inputs, prepare_attention
 
 #: Field overrides per model name; everything else keeps the TransformerConfig default.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -94,12 +94,17 @@ class Backbone(nn.Module):
     def encode(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor | objreg.AttentionMask, position_ids: torch.Tensor
     ) -> torch.Tensor:
-        """Hidden states ``[B, T, H]``; ``attention_mask`` bool ``[B, T, T]`` or structured."""
-        attention_mask = objreg.masks.dense(attention_mask)
+        """Hidden states ``[B, T, H]``; ``attention_mask`` bool ``[B, T, T]`` or structured.
+
+        A dense mask runs the configured attention (``math``: every derivative the analysis
+        takes). A structured :class:`objreg.AttentionMask` runs fused attention without any
+        ``[B, T, T]`` tensor (:class:`objreg.toolkit.layers.StructuredAttention`: memory linear
+        in ``T``, for training on long rows), except under a ``torch.func`` transform or
+        forward-mode AD, where it is densified and runs like a dense mask."""
         check_inputs(input_ids, attention_mask, position_ids, self.config.max_positions)
         x = self.token_embedding(input_ids) + self.position_embedding(position_ids)  # (B, T, H)
         x = F.dropout(x, p=self.config.dropout if self.training else 0.0)
-        bias = attention_bias(attention_mask, x.dtype)  # once, not once per layer
+        bias = prepare_attention(attention_mask, x.dtype)  # once, not once per layer
         for block in self.blocks:
             x = block(x, bias)  # (B, T, H)
         return self.final_norm(x)  # (B, T, H)

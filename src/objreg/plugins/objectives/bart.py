@@ -154,15 +154,22 @@ def permuted_order(batch: objreg.TokenBatch, share: float, generator: torch.Gene
     S = max(int(count.max()) if B else 0, 1)
     s = torch.arange(S, device=device)[None, :]  # (1, S)
     valid = s < count[:, None]
-    rank = torch.where(valid, objreg.uniform((B, S), generator, device), 2.0).argsort(dim=1).argsort(dim=1)
-    chosen = valid & (rank < ceil(count, share)[:, None])  # (B, S)
+    keys = torch.where(valid, objreg.uniform((B, S), generator, device), 2.0)
+    chosen = valid & selection.smallest_keys(keys, ceil(count, share))  # (B, S)
     # Chosen slots in order, then the others; chosen sentences in random order, then the others.
     slots = torch.where(chosen, s, S + s).argsort(dim=1)
     sources = torch.where(chosen, objreg.uniform((B, S), generator, device), 2.0 + s).argsort(dim=1)
     arrangement = torch.empty_like(slots).scatter_(1, slots, sources)  # slot -> sentence
     slot_of = torch.empty_like(slots).scatter_(1, arrangement, s.expand(B, S).clone())  # sentence -> slot
-    key = torch.where(body, slot_of.gather(1, index) * (T + 1) + j, torch.where(j == 0, -1, (S + 1) * (T + 1) + j))
-    return key.argsort(dim=1)
+    # Each body token moves to 1 + (the tokens of the sentences in earlier slots) + (its place in
+    # its sentence); [CLS], [SEP] and padding stay: the order a sort by (slot, position) gives.
+    sizes = torch.zeros(B, S, dtype=torch.long, device=device).scatter_add_(1, index, body.long())  # (B, S)
+    before_sentence = sizes.cumsum(dim=1) - sizes  # (B, S): body tokens of the earlier sentences
+    by_slot = sizes.gather(1, arrangement)
+    before_slot = (by_slot.cumsum(dim=1) - by_slot).gather(1, slot_of)  # (B, S): per sentence, at its slot
+    moved = 1 + (before_slot - before_sentence).gather(1, index) + (j - 1)  # (B, T)
+    destination = torch.where(body, moved, j)
+    return torch.empty_like(destination).scatter_(1, destination, j.expand(B, T))
 
 
 def span_lengths(budget: torch.Tensor, lam: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -215,7 +222,7 @@ def mask_spans(
     U = max(int(units.max()), 1)
     u = torch.arange(U, device=device)[None, :]  # (1, U)
     valid = u < units[:, None]
-    rank = torch.where(valid, objreg.uniform((B, U), generator, device), 2.0).argsort(dim=1).argsort(dim=1)
+    rank = selection.smallest_ranks(torch.where(valid, objreg.uniform((B, U), generator, device), 2.0), runs)
     start = valid & (rank < runs[:, None])  # (B, U)
     span = lengths.gather(1, rank.clamp(max=lengths.shape[1] - 1))
     reach = torch.where(start, u + span, 0).cummax(dim=1).values  # (B, U): end of the spans so far
@@ -235,7 +242,8 @@ def mask_spans(
     delete = masked & ~replace
     out = torch.where(replace, vocab.mask_id, tokens)
     if params["mask_random"] > 0:
-        out = torch.where(replace & randomised, random_tokens((B, T), generator, vocab, device), out)
+        at = replace & randomised
+        out = torch.where(at, random_tokens((B, T), generator, vocab, device, at), out)
     compacted, new_length = seq2seq.compact(out, real & ~delete, vocab.pad_id)
     return compacted, new_length, inserts
 
@@ -252,12 +260,13 @@ def insert_tokens(
     W = max(int(new_length.max()), 1)
     j = torch.arange(W, device=device)[None, :]  # (1, W)
     interior = (j >= 1) & (j <= (new_length - 2)[:, None])
-    rank = torch.where(interior, objreg.uniform((B, W), generator, device), 2.0).argsort(dim=1).argsort(dim=1)
+    rank = selection.smallest_ranks(torch.where(interior, objreg.uniform((B, W), generator, device), 2.0), count)
     slot = interior & (rank < count[:, None])
     source = ((~slot).long().cumsum(dim=1) - 1).clamp(0, tokens.shape[1] - 1)
     out = torch.where(slot, vocab.mask_id, tokens.gather(1, source))
     if bool(random_count.any()):
-        out = torch.where(slot & (rank < random_count[:, None]), random_tokens((B, W), generator, vocab, device), out)
+        at = slot & (rank < random_count[:, None])
+        out = torch.where(at, random_tokens((B, W), generator, vocab, device, at), out)
     return torch.where(j < new_length[:, None], out, vocab.pad_id), new_length
 
 
@@ -276,10 +285,38 @@ def rotate(tokens: torch.Tensor, length: torch.Tensor, probability: float, gener
 
 
 def random_tokens(shape: tuple[int, int], generator: torch.Generator, vocab: objreg.Vocabulary,
-                  device: torch.device) -> torch.Tensor:
-    """Random ordinary (never special) token ids of ``shape``."""
+                  device: torch.device, where: torch.Tensor | None = None) -> torch.Tensor:
+    """Random ordinary (never special) token ids of ``shape``: one multinomial draw per entry,
+    whichever entries are used. With ``where`` (``shape`` bool), only those entries are
+    guaranteed; the others may be anything (the draws still advance the generator for all)."""
     weights = vocab.normal_token_weights(generator.device)
     if not bool(weights.any()):
         raise objreg.DataError("bart: the vocabulary has no ordinary token to draw random replacements from")
-    drawn = torch.multinomial(weights, shape[0] * shape[1], replacement=True, generator=generator)
+    drawn = multinomial_draws(weights, shape[0] * shape[1], generator, None if where is None else where.flatten())
     return drawn.view(shape).to(device)
+
+
+def multinomial_draws(
+    weights: torch.Tensor, count: int, generator: torch.Generator, where: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``torch.multinomial(weights, count, replacement=True, generator=generator)``, the same draws:
+    on the CPU that kernel takes one float64 uniform per sample (``random64``, as ``torch.rand``
+    in float64 does) and binary-searches the float32 cumulative weights normalised by their sum,
+    the last set to 1, for the first entry not below it, one sample at a time (a third of bart's
+    corruption time at B=256). Here: the same uniforms in one ``torch.rand``, the same cumulative
+    weights (a float32 cumsum of 0/1 weights is exact, so it equals the kernel's running sum),
+    and one ``searchsorted`` of the samples ``where`` selects (``[count]`` bool; all when None),
+    the others 0. One sample (which that kernel draws another way), other weights or devices take
+    ``torch.multinomial`` itself."""
+    whole = bool((weights == weights.round()).all()) and float(weights.sum()) < 2**24
+    if generator.device.type != "cpu" or weights.dtype != torch.float32 or not whole or count < 2:
+        return torch.multinomial(weights, count, replacement=True, generator=generator)
+    cumulative = weights.cumsum(0) / weights.sum()
+    cumulative[-1] = 1.0
+    uniforms = torch.rand(count, dtype=torch.float64, generator=generator)
+    if where is None:
+        return torch.searchsorted(cumulative.double(), uniforms, side="left")
+    where = where.to(uniforms.device)
+    drawn = torch.zeros(count, dtype=torch.long)
+    drawn[where] = torch.searchsorted(cumulative.double(), uniforms[where], side="left")
+    return drawn

@@ -61,7 +61,9 @@ def objreg_objective_info() -> objreg.ObjectiveInfo:
 def objreg_corrupt(
     batch: objreg.TokenBatch, generator: torch.Generator, params: Mapping[str, Any], vocab: objreg.Vocabulary
 ) -> objreg.CorruptedBatch:
-    weights = selection.policy_weights(batch, params["masking_policy"], vocab, "mlm")  # (B, T)
+    uniform = params["masking_policy"] == "uniform"
+    # (B, T); None for the uniform policy, whose selection needs one probability per row
+    weights = None if uniform else selection.policy_weights(batch, params["masking_policy"], vocab, "mlm")
     view = _view(batch, weights, generator, params, vocab)
     second = _view(batch, weights, generator, params, vocab) if params["consistency_weight"] > 0 else None
     return masked_lm.masked_lm_batch(batch, view, second)
@@ -92,7 +94,7 @@ def objreg_check_params(params: Mapping[str, Any]) -> None:
 
 
 def _view(
-    batch: objreg.TokenBatch, weights: torch.Tensor, generator: torch.Generator, params: Mapping[str, Any],
+    batch: objreg.TokenBatch, weights: torch.Tensor | None, generator: torch.Generator, params: Mapping[str, Any],
     vocab: objreg.Vocabulary,
 ) -> masked_lm.MaskedView:
     """One dynamic mask: Bernoulli selection with BERT's max(1, ·), then 80/10/10 per token."""

@@ -51,7 +51,7 @@ from torch import nn
 import objreg
 from objreg import IGNORE_INDEX, masks
 from objreg.toolkit import losses, selection
-from objreg.toolkit.layers import Block, TransformerConfig, attention_bias, check_inputs
+from objreg.toolkit.layers import Block, TransformerConfig, check_inputs, prepare_attention
 
 #: The backbone's width divided by the generator's: ELECTRA-small's generator_hidden_size=0.25.
 GENERATOR_DIVISOR = 4
@@ -219,8 +219,7 @@ def _select(batch: objreg.TokenBatch, generator: torch.Generator, mask_prob: flo
     n = can.sum(dim=1)  # (B,)
     count = torch.where(n > 0, torch.round(n * mask_prob).long().clamp(min=1), 0)  # (B,)
     keys = torch.where(can, objreg.uniform((B, T), generator, device), 2.0)  # (B, T)
-    rank = keys.argsort(dim=1).argsort(dim=1)  # (B, T): rank of each key within its row
-    return (rank < count[:, None]) & can
+    return selection.smallest_keys(keys, count) & can  # the count smallest keys, as their argsort ranks them
 
 
 # -- the generator head -------------------------------------------------------------------------
@@ -278,7 +277,7 @@ class GeneratorHead(nn.Module):
         check_inputs(input_ids, attention_mask, position_ids, self.max_positions)
         x = self.token_embedding(input_ids) + self.position_embedding(position_ids)  # (B, T, H)
         x = self.project_in(x)  # (B, T, h)
-        bias = attention_bias(attention_mask, x.dtype)  # once, not once per layer
+        bias = prepare_attention(attention_mask, x.dtype)  # once, not once per layer (dense or structured)
         for block in self.blocks:
             x = block(x, bias)  # (B, T, h)
         x = self.final_norm(x)

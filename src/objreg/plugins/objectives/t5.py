@@ -3,15 +3,19 @@
 Each row ``[CLS] x_1 … x_n [SEP]`` gets exactly ``clip(round(n · noise_density), 1, n - 1)`` noise
 tokens in ``max(1, round(noise / mean_noise_span_length))`` spans, ``n`` counting the row's own
 ordinary tokens (T5's ``random_spans_noise_mask``). Span ``k`` becomes the sentinel
-``vocab.sentinel_ids[k]`` in the input; the target is ``[S0] span_0 [S1] span_1 … [EOS]``, so
-input and target together give back the row exactly. The model sees ``[input ; target]`` as a
+``vocab.sentinel_ids[k]`` in the input (reused in turn past the last one); the target is
+``[S0] span_0 [S1] span_1 … [EOS]``, so input and target together give back the row exactly. The model sees ``[input ; target]`` as a
 prefix LM (bidirectional input, causal target, loss on the target only; :mod:`objreg.toolkit.seq2seq`).
 
 Known bugs of the references avoided here:
 
 * Sentinels come from the vocabulary's declared list, first span first, rather than counting
   down from the vocabulary's end, which once produced ids past the vocabulary
-  (huggingface/transformers#14282).
+  (huggingface/transformers#14282). A row with more spans than the list holds (long rows: 2,048
+  tokens at density 0.15 make about 100 spans; the default vocabulary declares 64) reuses the
+  sentinels in turn, span ``k`` getting ``sentinel_ids[k mod 64]``: source and target list the
+  spans in the same order, so the ``k``-th sentinel of one still pairs with the ``k``-th of the other
+  (T5's own ids only repeat past ``<extra_id_99>`` by running into ordinary ids).
 * Tokens are kept or dropped by position, never by id, so a literal ``<pad>``/0 id inside the
   text neither disappears nor breaks the lengths (transformers#15443, #23248).
 * The mask does not always end with a noise span (t5#905): the outer non-noise gaps may be empty,
@@ -65,10 +69,9 @@ def objreg_objective_info() -> objreg.ObjectiveInfo:
 def objreg_corrupt(
     batch: objreg.TokenBatch, generator: torch.Generator, params: Mapping[str, Any], vocab: objreg.Vocabulary
 ) -> objreg.CorruptedBatch:
-    parts = seq2seq.span_corruption_parts(
+    return seq2seq.span_corruption_batch(
         batch, params["noise_density"], params["mean_noise_span_length"], generator, vocab, "t5"
     )
-    return seq2seq.seq2seq_batch(parts, seq2seq.row_document(batch), vocab.pad_id)
 
 
 @objreg.hookimpl

@@ -3,7 +3,7 @@ a mode token.
 
 * R (regular) and X (extreme) denoisers are T5 span corruption with mean span length ``μ`` and
   noise density ``r`` (:mod:`objreg.toolkit.seq2seq`, shared with ``t5``); R rows start with ``[NLU]``, X rows
-  with ``[NLG]``.
+  with ``[NLG]``. Rows with more spans than the vocabulary has sentinels reuse them in turn, as ``t5``.
 * The S (sequential) denoiser is a prefix LM whose continuation holds about ``r`` of the text (T5's
   ``random_prefix_noise_mask``, shared with ``prefix_lm``); its rows start with ``[S2S]``.
 
