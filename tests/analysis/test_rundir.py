@@ -11,7 +11,8 @@ import pytest
 
 import objreg
 from objreg.analysis.checksum import ChecksumError, seal, unseal
-from objreg.analysis.rundir import LOCK_FILE, absolute_paths, claim, documents_digest
+from objreg.analysis.fingerprint import absolute_paths, documents_digest
+from objreg.analysis.rundir import LOCK_FILE, claim
 from objreg.toolkit.atomic import atomic_file, remove_stale_temporaries
 
 

@@ -8,7 +8,7 @@ previous step's or this one's, never half written: a killed run loses at most th
 It carries its own SHA-256 (:mod:`objreg.analysis.checksum`), verified before anything in it is
 parsed, so a damaged checkpoint is refused rather than resumed with wrong numbers.
 A resumed run takes every setting from the run's ``config.json``, which must be the one the run
-wrote (:mod:`objreg.analysis.rundir` keeps a copy in ``run.json``).
+wrote (:mod:`objreg.analysis.fingerprint` keeps a copy in ``run.json``).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import torch
 
 from objreg.analysis.checksum import ChecksumError, read_sealed, write_sealed
 from objreg.analysis.config import AnalysisConfig
+from objreg.analysis.fingerprint import check_config_unchanged
 from objreg.analysis.loop import Trainer
-from objreg.analysis.rundir import check_config_unchanged
 from objreg.core.errors import DataError, InvalidParameterError
 
 CHECKPOINT = "checkpoint.pt"

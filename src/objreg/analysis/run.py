@@ -16,21 +16,21 @@ from pathlib import Path
 from typing import Any
 
 from objreg.analysis.config import AnalysisConfig
+from objreg.analysis.failures import resource_errors
+from objreg.analysis.fingerprint import (
+    RunInputs,
+    absolute_paths,
+    check_resumable,
+    check_same_config,
+    write_fingerprint,
+)
 from objreg.analysis.group import Group
 from objreg.analysis.launch import from_environment
 from objreg.analysis.loop import StepCallback, Trainer
 from objreg.analysis.prepare import check, prepare
 from objreg.analysis.report import AlignmentReport, summarise
-from objreg.analysis.failures import resource_errors
 from objreg.analysis.resume import load_checkpoint, restore, resumed_config
-from objreg.analysis.rundir import (
-    RunInputs,
-    absolute_paths,
-    check_resumable,
-    check_same_config,
-    claim,
-    write_fingerprint,
-)
+from objreg.analysis.rundir import claim
 from objreg.analysis.validation import check_call, check_providers, fields_of
 from objreg.analysis.writer import RunWriter
 from objreg.core.registry import Registry
@@ -111,8 +111,9 @@ def _run(
     config: AnalysisConfig, registry: Registry, group: Group, out_dir: str | Path | None, resume: str | Path | None,
     on_step: StepCallback | None, status: Callable[[str], None], cache: Path | None, make_writer: WriterFactory,
 ) -> AlignmentReport:
-    """The run with its directory claimed: locked by the main process for the run's life and,
-    resumed, checked against the fingerprint of the run that started there (:mod:`rundir`)."""
+    """The run with its directory claimed: locked by the main process for the run's life
+    (:mod:`~objreg.analysis.rundir`) and, resumed, checked against the fingerprint of the run that
+    started there (:mod:`~objreg.analysis.fingerprint`)."""
     claimed = None
     if out_dir is not None:
         claimed = group.on_main(lambda: claim(out_dir, resume=resume is not None,
