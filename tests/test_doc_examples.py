@@ -16,7 +16,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import types

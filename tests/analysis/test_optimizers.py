@@ -14,7 +14,11 @@ from torch import nn
 import objreg
 from objreg.analysis.optimizers import WEIGHT_DECAY, adam_settings, advance, decompose, make_optimizer, players
 from objreg.analysis.shapley import (
-    MAX_EXACT_PLAYERS, CoalitionMoments, exact_coefficients, permutation_coefficients, sampled_permutations,
+    MAX_EXACT_PLAYERS,
+    CoalitionMoments,
+    exact_coefficients,
+    permutation_coefficients,
+    sampled_permutations,
 )
 from objreg.analysis.transfer import weighted_sum
 

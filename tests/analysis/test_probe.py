@@ -10,7 +10,14 @@ import torch
 from torch import nn
 
 from objreg.analysis.curvature import hvp_double_backward
-from objreg.analysis.functional import ObjectiveFunction, detached, flat_dot, flat_norm, requiring_grad, shared_parameters
+from objreg.analysis.functional import (
+    ObjectiveFunction,
+    detached,
+    flat_dot,
+    flat_norm,
+    requiring_grad,
+    shared_parameters,
+)
 from objreg.analysis.optimizers import advance
 
 

@@ -4,13 +4,20 @@ import math
 
 import numpy as np
 import pytest
-
 from scipy import signal as scipy_signal
 from scipy import stats as scipy_stats
 
 from objreg.analysis.stats import (
-    BOOTSTRAP_RESAMPLES, alignment_stats, autocorrelated_mean_ci95, bootstrap_ci95, correlation, cosine_ci95,
-    expanded_tail, mean_ci95, percentile_interval, seed_for,
+    BOOTSTRAP_RESAMPLES,
+    alignment_stats,
+    autocorrelated_mean_ci95,
+    bootstrap_ci95,
+    correlation,
+    cosine_ci95,
+    expanded_tail,
+    mean_ci95,
+    percentile_interval,
+    seed_for,
 )
 
 

@@ -7,7 +7,14 @@ import pytest
 import torch
 
 from objreg.analysis.transfer import (
-    asymmetry, gram, quadratic_by_pair, relative_error, rounding_floor, taylor_errors, upper_pairs, weighted_sum,
+    asymmetry,
+    gram,
+    quadratic_by_pair,
+    relative_error,
+    rounding_floor,
+    taylor_errors,
+    upper_pairs,
+    weighted_sum,
 )
 
 

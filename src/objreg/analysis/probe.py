@@ -50,7 +50,13 @@ from objreg.analysis.shapley import CoalitionMoments
 from objreg.analysis.spectrum import eigenvector_alignment, orient, top_eigenpairs
 from objreg.analysis.stats import alignment_stats, seed_for
 from objreg.analysis.transfer import (
-    asymmetry, gram, quadratic_by_pair, rounding_floor, taylor_errors, upper_pairs, weighted_sum,
+    asymmetry,
+    gram,
+    quadratic_by_pair,
+    rounding_floor,
+    taylor_errors,
+    upper_pairs,
+    weighted_sum,
 )
 from objreg.core.handles import Objective
 from objreg.core.types import CorruptedBatch, TokenBatch

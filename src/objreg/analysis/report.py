@@ -13,7 +13,6 @@ from typing import Any
 from objreg.analysis.stats import autocorrelated_mean_ci95, correlation
 from objreg.analysis.transfer import REGIME_RULE, inside_regime, pair_key, relative_error
 
-
 #: The summed relative errors are reported only where the actual improvement is at least this
 #: share of ``Σ_t |∇D·Δθ_t|``.
 RESOLVED_SHARE = 0.1
