@@ -79,7 +79,7 @@ def test_parts_add_up_to_the_step_taken(kind):
     weights = {"mlm": 1.0, "sop": 0.5}
     run = Run(kind, params, list(weights))
     generator = torch.Generator().manual_seed(1)
-    for step in range(4):
+    for _step in range(4):
         split, delta = run.step(weights, random_gradients(params, weights, generator))
         predicted = weighted_sum(split.parts, delta)
         for n in params:
