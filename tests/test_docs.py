@@ -1,6 +1,8 @@
 """The docs stay true to the code (datasette-style meta-tests): every hook has a section in
-docs/hooks.md titled with its exact signature, and docs/cli.md holds the current --help of every
-command.
+docs/hooks.md titled with its exact signature, docs/cli.md holds the current --help of every
+command, and ``objreg analyze --help`` names every value the run accepts (the fixed choices that
+``AnalysisConfig`` validates with, and the registry's objectives, tasks, models and corpora), so
+help, docs/cli.md and validation cannot drift apart.
 
 After changing a command, regenerate docs/cli.md with::
 
@@ -19,6 +21,10 @@ import torch
 from click.testing import CliRunner
 
 import objreg
+from objreg.analysis.config import CHOICES, DTYPES, OPTIMIZERS
+from objreg.analysis.curvature import HVP_METHODS
+from objreg.analysis.devices import resolve_device
+from objreg.analysis.per_sample import METHODS as PER_SAMPLE_METHODS
 from objreg.cli import make_cli
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
@@ -63,14 +69,58 @@ def help_texts() -> dict[str, str]:
 def render_cli_page() -> str:
     parts = [
         "# Command-line reference\n",
-        "Generated from the CLI's own `--help`. Regenerate it with `python tests/test_docs.py --write`;",
-        "`tests/test_docs.py` fails when it is out of date. See also [hooks.md](hooks.md) and",
-        "[writing-a-plugin.md](writing-a-plugin.md).\n",
+        "The help of every command is generated from the CLI's own `--help` below. Regenerate this page",
+        "with `python tests/test_docs.py --write`; `tests/test_docs.py` fails when it is out of date, and",
+        "checks that `objreg analyze --help` names every value the run accepts. See also",
+        "[hooks.md](hooks.md) and [writing-a-plugin.md](writing-a-plugin.md).\n",
+        RUNNING,
     ]
     for command, text in help_texts().items():
         parts += [f"## {command}\n", "```text", text.rstrip(), "```\n"]
     return "\n".join(parts)
 
+
+#: What docs/cli.md says about a running `objreg analyze`, before the generated help.
+RUNNING = """## A run of `objreg analyze`: progress, stopping, output
+
+**Progress** goes to stderr. On a terminal: one line per finished stage with its time (loading
+the corpus, the tokenizer and the task data, building the model, fitting the downstream head,
+writing the report), then a bar with the steps done, the elapsed time and, from the first
+finished step on, the ETA and the seconds per step; under it the latest probe's numbers: `D`
+before and after the step, the change predicted to first and to first plus second order against
+the actual change, and each objective's dot (with its 95% interval over examples), cosine and
+share of conflicting examples. Where stderr is not a terminal (`nohup`, CI, `2> log`) the same
+comes as plain lines, one per stage and one per probe, each stamped with the time since the
+start (here the main job of the README, on a 2-core CPU shared with other jobs):
+
+```text
+[0:00:03] fitting the downstream head (100 steps on 1,024 examples)
+[0:00:20] training with probes: 0/16 steps
+[0:00:23] step 1/16 2.88 s/step, ETA 0:00:43 | D 3.1486 → 3.1585: change +0.009939, predicted +0.01147 (first order), +0.01325 (with second order) | mlm dot -0.9304 cosine -0.007; sop dot -0.2163 cosine -0.018
+```
+
+`--json` shows no progress: stdout holds the report and stderr only warnings or an error.
+
+**Stopping.** Ctrl-C (SIGINT) or SIGTERM during training lets the step in flight finish (its
+checkpoint written, with `--out`), then stops; a second one stops at once, abandoning that
+step (the previous checkpoint stays). While loading, the first one stops at once. The command
+then prints how to go on, and exits with 130 (SIGINT) or 143 (SIGTERM):
+
+```text
+Stopped with 7 of 20 steps done. Continue the run with:
+  objreg analyze --resume runs/mlm-sop
+```
+
+The resumed run ends with the report of an uninterrupted one (`tests/cli/test_interrupt.py`).
+Without `--out` there is nothing to resume, and it says so. Under `torchrun` the handlers are
+left to torchrun (the processes could otherwise stop after different steps); `--resume`
+continues from the last checkpoint as after `kill -9`.
+
+**Output** goes to stdout. Redirected (`> log.txt`, a pipe), tables keep their natural width
+instead of 80 columns. On a terminal, text columns wrap, numbers never do, and a table too wide
+even then is drawn wider than the terminal rather than cutting a number
+(`tests/cli/test_output.py` compares `> log.txt` with `--json`).
+"""
 
 HOOKS = hook_signatures()
 HELP = help_texts()
@@ -86,6 +136,107 @@ def test_hooks_page_documents_no_missing_hook():
     assert sorted(documented) == sorted(HOOKS)
 
 
+def flat(text: str) -> str:
+    """Help text as one line: click wraps at spaces and after hyphens."""
+    return re.sub(r"-\s+", "-", " ".join(text.split()))
+
+
+def option_help(command: str, option: str) -> str:
+    """The help of ``option`` in ``command``'s help, as one line."""
+    lines = HELP[command].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith(option + " "))
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].strip().startswith("-")), len(lines))
+    return flat(" ".join(lines[start:end]))
+
+
+@pytest.mark.parametrize("setting", sorted(CHOICES))
+def test_analyze_help_names_every_accepted_value_and_the_default(setting):
+    option = "--" + setting.replace("_", "-")
+    text = option_help("objreg analyze", option)
+    for value in CHOICES[setting]:
+        assert f" {value}:" in text, (option, value, text)
+    assert f"(default: {getattr(objreg.AnalysisConfig(pretrain=('mlm',)), setting)})" in text
+
+
+@pytest.mark.parametrize("setting", sorted(set(CHOICES) - {"device"}))
+def test_validation_accepts_exactly_the_values_the_help_names(setting):
+    for value in CHOICES[setting]:
+        assert getattr(objreg.AnalysisConfig(pretrain=("mlm",), **{setting: value}), setting) == value
+    with pytest.raises(objreg.InvalidParameterError, match=f"{setting} must be one of {', '.join(CHOICES[setting])}"):
+        objreg.AnalysisConfig(pretrain=("mlm",), **{setting: "nosuch"})
+    accepted = {"optimizer": OPTIMIZERS, "dtype": DTYPES, "per_sample_method": PER_SAMPLE_METHODS,
+                "hvp_method": HVP_METHODS}[setting]
+    assert set(CHOICES[setting]) == set(accepted)  # what the code below the config accepts
+
+
+def test_every_device_form_the_help_names_is_one_the_resolver_takes():
+    for form in CHOICES["device"]:
+        try:
+            resolve_device(form.replace(":N", ":0"))
+        except objreg.DeviceError:
+            pass  # a CUDA form on a machine without CUDA: accepted as a form, refused for the machine
+    with pytest.raises(objreg.InvalidParameterError):
+        resolve_device("tpu")
+
+
+def test_analyze_help_names_every_objective_task_model_and_corpus_the_registry_accepts():
+    registry = objreg.Registry.load(load_entrypoints=False)
+    for option, names in (
+        ("--pretrain", registry.objectives()),
+        ("--downstream", registry.tasks()),
+        ("--model", [p.name for p in registry.providers("model")]),
+        ("--corpus", [p.name for p in registry.providers("corpus")]),
+    ):
+        text = option_help("objreg analyze", option)
+        for name in names:
+            assert flat(name) in text, (option, name, text)
+    # ghost is what `auto` uses first; the issue found it missing.
+    assert " ghost:" in option_help("objreg analyze", "--per-sample-method")
+
+
+def test_a_plugin_s_task_shows_up_in_the_help():
+    class Extra:
+        @objreg.hookimpl
+        def objreg_objective_info(self):
+            return objreg.ObjectiveInfo(name="extratask", description="a task of a plugin", kind="downstream")
+
+        @objreg.hookimpl
+        def objreg_task_data(self, documents):
+            raise NotImplementedError
+
+        @objreg.hookimpl
+        def objreg_attention_mask(self, batch):
+            return objreg.AttentionMask.bidirectional(batch.is_padding)
+
+        @objreg.hookimpl
+        def objreg_loss(self, outputs, batch):
+            raise NotImplementedError
+
+    def manager():
+        pm = objreg.get_plugin_manager(load_entrypoints=False)
+        pm.register(Extra(), name="extratask")
+        return pm
+
+    result = CliRunner().invoke(make_cli(manager), ["analyze", "--help"], terminal_width=HELP_WIDTH)
+    assert "extratask (a task of a plugin)" in flat(result.stdout)
+
+
+@pytest.mark.parametrize("command", sorted(HELP))
+def test_every_option_says_its_default(command):
+    # Flags default to off, required options have none (--pretrain says "(required"); every other
+    # option names its default.
+    context = click.Context(builtin_cli())
+    target = builtin_cli()
+    for word in command.split()[1:]:
+        target = target.get_command(context, word)
+    for param in target.params:
+        if not isinstance(param, click.Option) or param.is_flag or param.required or param.name == "help":
+            continue
+        record = param.get_help_record(click.Context(target, parent=context))
+        assert "default" in record[1].lower() or "(required" in record[1] or param.show_default, (
+            command, param.name, record)
+
+
 @pytest.mark.parametrize("command", sorted(HELP))
 def test_cli_page_has_current_help(command):
     page = (DOCS / "cli.md").read_text()
@@ -97,6 +248,21 @@ def test_cli_page_has_current_help(command):
 def test_cli_page_covers_every_builtin_command():
     assert {"objreg", "objreg list", "objreg show", "objreg corrupt", "objreg analyze", "objreg experiment",
             "objreg experiment list", "objreg experiment run"} <= set(HELP)
+
+
+def test_hooks_page_documents_every_field_of_the_types_and_every_head_kind():
+    import dataclasses
+
+    page = (DOCS / "hooks.md").read_text()
+    for cls in (objreg.ObjectiveInfo, objreg.Vocabulary, objreg.HeadSpec, objreg.HeadKind, objreg.Provider,
+                objreg.Param):
+        section = page[page.index(cls.__name__):]
+        for field in dataclasses.fields(cls):
+            assert field.name in section, (cls.__name__, field.name)
+    for kind in objreg.Registry.load(load_entrypoints=False).head_kinds():
+        assert f"`{kind}`" in page, kind
+    for kind in objreg.core.types.LABEL_KINDS:
+        assert f"`{kind}`" in page, kind
 
 
 def test_experiments_page_has_a_section_and_an_existing_plot_for_every_experiment():

@@ -27,7 +27,7 @@ ALLOWED = {
     "plugins": ("objreg.toolkit",),
     "analysis": ("objreg.core", "objreg.toolkit", "objreg.analysis"),
     "experiments": ("objreg.toolkit", "objreg.analysis", "objreg.experiments", "objreg.testing"),
-    "cli": ("objreg.cli", "objreg.toolkit", "objreg.analysis", "objreg.experiments"),
+    "cli": ("objreg.cli", "objreg.toolkit", "objreg.analysis", "objreg.experiments", "objreg.testing"),
 }
 FACADE_OK = {"plugins", "experiments", "cli"}
 

@@ -27,6 +27,15 @@ def test_ci_runs_the_readme_test_command():
     assert test_command in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
 
 
+def test_bash_setup_lines_are_what_ci_runs():
+    # Every step of the README's bash blocks is either an objreg command (run below) or a setup
+    # step that .ci/run takes on a clean checkout.
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
+    steps = [part.strip() for block in blocks("bash") for line in block.splitlines() for part in line.split("&&")]
+    setup = [step for step in steps if step and not step.startswith("objreg ")]
+    assert setup and all(step.replace("-e .", "-e '.[test]'") in ci for step in setup), setup
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("index", range(len(blocks("python"))))
 def test_python_examples_run(index):

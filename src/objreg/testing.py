@@ -18,7 +18,11 @@ It runs the objective on a tiny model in float64 and checks what ``objreg analyz
   (``jvp``, ``ghost``, ``vmap``, and whatever ``auto`` picks), and the HVPs of the analyzer's
   curvature path equal double backward.
 
-Every failed check is reported, in one :class:`ContractError`, also when a hook raises.
+Every failed check is reported, in one :class:`ContractError`, also when a hook raises (a loss
+that calls ``.item()`` fails the ``vmap`` check, with what to change). ``quick=True`` skips the
+Hessian-vector products: ``objreg analyze`` runs those cheap checks (:func:`contract_problems`) on
+every objective that is not built in (:func:`is_third_party`) before training, and warns in one
+line when one fails.
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from objreg.analysis.per_sample import (
     dots_vmap,
     per_sample_dots,
 )
+from objreg.core.manager import BUILTIN_DISTRIBUTION
 from objreg.core.masks import AttentionMask
 from objreg.core.registry import merge_heads
 from objreg.toolkit.wordpiece import train_wordpiece
@@ -92,8 +97,22 @@ class _Checks:
         try:
             return action()
         except Exception as error:  # noqa: BLE001 - every failure is reported, not only the first
-            self.problems.append(f"{label}: raised {type(error).__name__}: {error}")
+            self.problems.append(raised(label, error))
             return None
+
+
+#: What torch says when a hook is not transform-safe (``.item()``, branching on tensor values).
+_IMPURE = (".item()", "data-dependent", "data dependent")
+
+
+def raised(label: str, error: BaseException) -> str:
+    """``label: raised RuntimeError: ...``, with what to change where the error says the hook is
+    not transform-safe."""
+    message = f"{label}: raised {type(error).__name__}: {error}"
+    if any(marker in str(error) for marker in _IMPURE):
+        message += (" (objreg_loss and objreg_attention_mask run under vmap, grad and jvp: no .item(), no Python "
+                    "branching on tensor values, no data-dependent shapes; docs/hooks.md)")
+    return message
 
 
 def check_objective_contract(
@@ -108,29 +127,68 @@ def check_objective_contract(
     params: dict[str, Any] | None = None,
     seed: int = 0,
     rtol: float = 1e-6,
+    quick: bool = False,
 ) -> list[str]:
     """Run every contract check on the pre-training objective ``name``.
+
+    Args:
+        quick: Only the cheap checks (everything but the Hessian-vector products), as
+            ``objreg analyze`` runs them on third-party objectives before training.
 
     Returns:
         The names of the checks that ran (all passed).
 
     Raises:
-        ContractError: listing every check that failed, with the objective and its origin.
+        ContractError: listing every check that failed, with the objective and its origin. A
+            hook that raises (a loss that calls ``.item()`` under ``vmap``, say) is a failed
+            check like any other, never an exception of its own.
     """
     registry = registry or objreg.Registry.load()
+    passed, problems = contract_problems(name, registry, tokenizer=tokenizer, texts=texts, seq_len=seq_len,
+                                         model=model, model_config=model_config, params=params, seed=seed,
+                                         rtol=rtol, quick=quick)
+    if problems:
+        where = f"objective {name!r} ({registry.origin(name)})"
+        raise ContractError([f"{where} failed: {p}" for p in problems])
+    return passed
+
+
+def contract_problems(
+    name: str,
+    registry: objreg.Registry,
+    *,
+    tokenizer: objreg.Tokenizer | None = None,
+    texts: Sequence[str] = SAMPLE_TEXTS,
+    seq_len: int = 48,
+    model: str = "default",
+    model_config: dict[str, Any] | None = None,
+    params: dict[str, Any] | None = None,
+    seed: int = 0,
+    rtol: float = 1e-6,
+    quick: bool = False,
+) -> tuple[list[str], list[str]]:
+    """:func:`check_objective_contract` without the raising: the checks that passed and the
+    problems, each a line naming the check (and the exception, where its code raised).
+
+    Raises:
+        UnknownObjectiveError, InvalidParameterError: as :meth:`objreg.Registry.get` does.
+    """
     tokenizer = tokenizer or _sample_tokenizer(texts)
-    objective = registry.get(name, vocab=tokenizer.vocab, **(params or {}))
     checks = _Checks()
+    objective = registry.get(name, vocab=tokenizer.vocab, **(params or {}))
     tokens = tokenizer.batch_from_texts(list(texts), seq_len)
     first = checks.run("corrupt", lambda: _check_corruption(objective, tokens, seed, checks))
     if first is not None:
         checks.run("attention", lambda: _check_attention(objective, first, checks))
         checks.run("losses and gradients", lambda: _check_gradients(
-            registry, objective, tokenizer, first, model, model_config, seed, rtol, checks))
-    if checks.problems:
-        where = f"objective {name!r} ({registry.origin(name)})"
-        raise ContractError([f"{where} failed: {p}" for p in checks.problems])
-    return checks.passed
+            registry, objective, tokenizer, first, model, model_config, seed, rtol, checks, quick))
+    return checks.passed, checks.problems
+
+
+def is_third_party(registry: objreg.Registry, name: str) -> bool:
+    """Whether objective ``name`` comes from anywhere but objreg's built-ins (an installed plugin,
+    or one registered at run time)."""
+    return registry.origin(name) != BUILTIN_DISTRIBUTION
 
 
 def _check_corruption(
@@ -188,7 +246,7 @@ def _check_attention(objective: objreg.Objective, batch: objreg.CorruptedBatch, 
 def _check_gradients(
     registry: objreg.Registry, objective: objreg.Objective, tokenizer: objreg.Tokenizer,
     batch: objreg.CorruptedBatch, model: str, model_config: dict[str, Any] | None, seed: int, rtol: float,
-    checks: _Checks,
+    checks: _Checks, quick: bool = False,
 ) -> None:
     built = registry.load_model(model, tokenizer.vocab, merge_heads({objective.name: objective.info.heads}),
                                 dict(TINY_MODEL if model_config is None else model_config), torch.Generator().manual_seed(seed))
@@ -217,7 +275,7 @@ def _check_gradients(
         except (NotImplementedError, RuntimeError) as error:
             if derivative_unsupported(error):  # this model lacks the method; auto moves on, as checked below
                 continue
-            checks.problems.append(f"per-sample dots by {method}: raised {type(error).__name__}: {error}")
+            checks.problems.append(raised(f"per-sample dots by {method}", error))
             continue
         checks.check(f"per-sample dots by {method} equal the per-example loop", _close(dots, reference, rtol),
                      _difference(dots, reference))
@@ -226,6 +284,8 @@ def _check_gradients(
         checks.check(f"per-sample dots as objreg analyze takes them ({chosen[1]}) equal the loop",
                      _close(chosen[0], reference, rtol), _difference(chosen[0], reference))
 
+    if quick:
+        return
     expected = hvp_double_backward(function.mean, shared, direction)
     scale = max(max(float(t.abs().max()) for t in expected.values()), 1.0)
     for method in ("forward_over_reverse", "auto"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -71,3 +73,26 @@ def test_a_task_that_trimming_breaks_falls_back_to_the_padded_set(qa):
     shared = detached(shared_parameters(model))
     expected = float(ObjectiveFunction(model, task, broken)(shared).mean())
     assert downstream.loss(model) == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_float32_model_is_evaluated_in_float64_at_its_current_parameters(qa):
+    task, batch, model = qa
+    model = model.float()
+    downstream = Downstream(task, batch)
+
+    def in_float64():  # an independent float64 copy of the model as it is now, every op in float64
+        reference = copy.deepcopy(model).double()
+        return float(ObjectiveFunction(reference, task, batch)(detached(shared_parameters(reference))).mean())
+
+    expected = in_float64()
+    assert downstream.loss(model) == pytest.approx(expected, rel=1e-13)
+    assert downstream.unit_roundoff(model) == 2.0**-53
+    # The copy follows the model: a changed weight changes D by exactly the float64 change.
+    with torch.no_grad():
+        next(iter(shared_parameters(model).values())).mul_(1.001)
+    moved = downstream.loss(model)
+    assert moved == pytest.approx(in_float64(), rel=1e-13) and moved != expected
+    # In the model's own dtype the value is float32's, off by its rounding.
+    own = Downstream(task, batch, evaluation_dtype=None)
+    assert own.unit_roundoff(model) == 2.0**-24
+    assert own.loss(model) == pytest.approx(moved, rel=1e-5) and own.loss(model) != moved

@@ -362,3 +362,15 @@ def test_projection_dimension_must_be_positive(build):
     fn, shared = build("sop")
     with pytest.raises(objreg.InvalidParameterError, match="positive integer"):
         per_sample.projected_per_sample_grads(fn, shared, 0, torch.Generator())
+
+
+@pytest.mark.parametrize("name, method", [("mlm", "auto"), ("mlm", "jvp"), ("contrastive", "auto")])
+def test_several_directions_from_one_pass_are_each_directions_dots(build, direction, name, method):
+    # mlm: ghost, one forward and backward for all three; contrastive is batch-coupled: one jvp each.
+    fn, shared = build(name)
+    directions = [direction(shared, seed) for seed in (1, 2, 3)]
+    many, used = per_sample.per_sample_dots_many(fn, shared, directions, method)
+    assert used == ("ghost" if (name, method) == ("mlm", "auto") else "jvp")
+    assert len(many) == 3
+    for v, dots in zip(directions, many):
+        assert rel_err(dots, per_sample.dots_loop(fn, shared, v)) <= 1e-8

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -98,8 +99,16 @@ def test_schedule_spectrum_and_optimizer_reach_the_report(run):
 def test_bad_input_is_one_line_and_exit_1(run, args, message):
     result = run(*args)
     assert result.exit_code == 1
-    assert message in result.stderr, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
+    assert_one_error_line(result.stderr, message)
+    assert "Traceback" not in result.output
+
+
+def assert_one_error_line(stderr: str, message: str) -> None:
+    """The error is one line, the last; before it at most the plain progress lines of the stages
+    that ran (``[0:00:01] loading corpus ...``: stderr is no terminal here)."""
+    *progress, last = stderr.strip().splitlines()
+    assert last.startswith("Error: ") and message in last, stderr
+    assert all(re.match(r"\[\d+:\d\d:\d\d\] ", line) for line in progress), stderr
 
 
 @pytest.mark.e2e
@@ -138,5 +147,26 @@ def test_bad_files_and_settings_are_one_line_and_exit_1(run, tmp_path):
     for args, message in cases:
         result = run(*args, "--steps", "1", "--eval-size", "4", "--head-fit-size", "8")
         assert result.exit_code == 1, (args, result.output)
-        assert message in result.stderr, (args, result.stderr)
-        assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.output
+        assert_one_error_line(result.stderr, message)
+        assert "Traceback" not in result.output
+
+
+def test_a_run_outside_the_taylor_regime_gets_a_one_line_warning(run):
+    import io
+
+    from rich.console import Console
+
+    from objreg.cli.analyze import _render
+
+    report = json.loads(run("--pretrain", "mlm", *SMALL, "--json").stdout)
+    regime = report["summary"]["taylor_regime"]
+
+    def rendered(inside):
+        out = io.StringIO()
+        report["summary"]["taylor_regime"] = {**regime, "inside": inside, "steps_outside": [] if inside else [0]}
+        _render(report, Console(file=out, width=120))
+        return [line for line in out.getvalue().splitlines() if "Taylor regime" in line]
+
+    assert rendered(True) == []
+    (line,) = rendered(False)
+    assert line.startswith("warning: outside the Taylor regime at 1 of 2 probed steps")

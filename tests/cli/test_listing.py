@@ -22,7 +22,7 @@ def test_list_json(run):
     result = run("list", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)  # stdout holds only the JSON
-    assert set(data) == {"objectives", "tasks", "modifiers", "providers"}
+    assert set(data) == {"objectives", "tasks", "modifiers", "providers", "head_kinds"}
     objectives = {o["name"]: o for o in data["objectives"]}
     assert {"clm", "mlm", "sop"} <= set(objectives)
     clm = objectives["clm"]
@@ -32,7 +32,39 @@ def test_list_json(run):
     assert "qa" in [t["name"] for t in data["tasks"]]
     assert data["tasks"][0]["kind"] == "downstream"
     assert ("model", "default") in {(p["kind"], p["name"]) for p in data["providers"]}
-    assert all(set(p) == {"kind", "name", "description"} for p in data["providers"])
+    assert all(set(p) == {"kind", "name", "description", "origin"} for p in data["providers"])
+    origins = {(p["kind"], p["name"]): p["origin"] for p in data["providers"]}
+    assert origins[("model", "default")] == "plugin 'objreg.models.transformer' (objreg (built-in))"
+
+
+def test_list_shows_where_modifiers_providers_and_head_kinds_come_from(run):
+    data = json.loads(run("list", "--json").stdout)
+    assert {m["origin"] for m in data["modifiers"]} == {"objreg (built-in): objreg.toolkit.modifiers"}
+    kinds = {k["name"]: k for k in data["head_kinds"]}
+    registry = objreg.Registry.load(load_entrypoints=False)
+    assert set(kinds) == set(registry.head_kinds())
+    assert kinds["generator"]["origin"] == "plugin 'rtd' (objreg (built-in))"  # rtd registers its generator
+    assert kinds["classifier"]["needs_outputs"] and not kinds["lm"]["needs_outputs"]
+    tables = run("list").stdout
+    for expected in ("Head kinds", "token_classifier", "plugin 'objreg.heads' (objreg (built-in))",
+                     "objreg (built-in): objreg.toolkit.modifiers"):
+        assert expected in tables
+
+
+def test_a_plugin_s_provider_shows_its_origin():
+    class Tiny:
+        @objreg.hookimpl
+        def objreg_register_models(self, register):
+            register(objreg.Provider("model", "tiny", "a tiny model", lambda *args: None))
+
+    def manager():
+        pm = objreg.get_plugin_manager(load_entrypoints=False)
+        pm.register(Tiny(), name="tinyplugin")
+        return pm
+
+    data = json.loads(CliRunner().invoke(make_cli(manager), ["list", "--json"]).stdout)
+    (tiny,) = [p for p in data["providers"] if p["name"] == "tiny"]
+    assert tiny["origin"] == "plugin 'tinyplugin' (registered at run time)"
 
 
 def test_list_tables(run):

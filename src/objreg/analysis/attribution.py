@@ -7,7 +7,10 @@ update, ``d_{k,i} = −A(α_k ∇ℓ_i / B)`` (``A = η I`` for SGD, the precond
 it helped). This is TracIn (Pruthi et al. 2020) evaluated along the actual trajectory: an
 example's score sums over the probe steps that drew it (the same text drawn twice counts twice,
 under different corruptions). The scores of one objective at one step add up to that objective's
-first-order part of the predicted improvement.
+first-order part of the predicted improvement with SGD. Under Adam ``A`` is the step's
+fresh-gradient map (the preconditioner times ``η(1−β₁)/(1−β₁ᵗ)``): the scores add up to each
+objective's *fresh, linearised* share of the step (``totals``), not to its Shapley part, which
+also holds the momentum its earlier examples built and Adam's nonlinearity.
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ class ExampleScores:
     def top(self, n: int, decode: Callable[[Sequence[int]], str] | None = None) -> dict[str, Any]:
         """The ``n`` most helpful (largest positive score) and ``n`` most harmful (most negative)
         examples, each ``{"objective", "score", "steps", "text"}``; ``text`` is decoded by
-        ``decode`` (token ids joined by spaces without one)."""
+        ``decode`` (token ids joined by spaces without one); ``totals``: every objective's
+        summed scores."""
 
         def describe(entry: _Entry) -> dict[str, Any]:
             text = decode(entry.token_ids) if decode else " ".join(map(str, entry.token_ids))
@@ -65,4 +69,7 @@ class ExampleScores:
         ranked = sorted(self.entries.values(), key=lambda e: (e.score, e.objective, e.token_ids))
         helpful = [describe(e) for e in reversed(ranked) if e.score > 0][:n]
         harmful = [describe(e) for e in ranked if e.score < 0][:n]
-        return {"examples": len(self.entries), "helpful": helpful, "harmful": harmful}
+        totals: dict[str, float] = {}
+        for entry in self.entries.values():
+            totals[entry.objective] = totals.get(entry.objective, 0.0) + entry.score
+        return {"examples": len(self.entries), "totals": totals, "helpful": helpful, "harmful": harmful}

@@ -10,13 +10,49 @@ from typing import Any
 
 import torch
 
-from objreg.analysis.curvature import HVP_METHODS
 from objreg.analysis.devices import resolve_device
-from objreg.analysis.schedules import parse_schedules, weights_at
+from objreg.analysis.schedules import parse_schedules
+from objreg.analysis.validation import check_schedules, check_settings
 from objreg.core.errors import InvalidParameterError
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+#: Every setting with a fixed set of values: each accepted value, in order, with one line saying
+#: what it does. Validation (:class:`AnalysisConfig`), ``objreg analyze --help`` and docs/cli.md
+#: read them from here; tests/test_docs.py checks that the three agree.
+CHOICES: dict[str, dict[str, str]] = {
+    "optimizer": {
+        "sgd": "plain SGD, the Taylor terms use the gradients directly",
+        "adam": "Adam, the analysis uses the step Adam actually took",
+        "adamw": "AdamW with decoupled weight decay, likewise",
+    },
+    "dtype": {
+        "float32": "single precision",
+        "float64": "double precision, for exactness checks",
+    },
+    "device": {
+        "auto": "CUDA when available, else the CPU",
+        "cpu": "the CPU",
+        "cuda": "the current CUDA device",
+        "cuda:N": "CUDA device N",
+    },
+    "per_sample_method": {
+        "auto": "the first of ghost, jvp, double_backward and loop that the model supports, ghost skipped for "
+                "batch-coupled objectives",
+        "ghost": "one forward and one input-gradient backward pass, no per-example weight gradient",
+        "jvp": "one forward-mode pass",
+        "double_backward": "two reverse passes",
+        "vmap": "per-example gradients with vmap(grad), a reference whose memory grows with the batch",
+        "loop": "one backward pass per example, the reference",
+    },
+    "hvp_method": {
+        "auto": "double_backward first on the CPU, forward_over_reverse first elsewhere, the other one where the "
+                "model lacks the first one's derivatives",
+        "forward_over_reverse": "jvp of grad, no second graph",
+        "double_backward": "differentiate the gradient graph again",
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -41,6 +77,9 @@ class AnalysisConfig:
         seed: Seeds model initialisation, data sampling and corruption (separate streams).
         device: ``auto`` (CUDA when available), ``cpu`` or ``cuda[:N]``.
         dtype: ``float32`` or ``float64`` (for exactness checks).
+        eval_dtype: The dtype ``D`` itself is evaluated in for the actual change (``float64``,
+            the default, on a float64 copy of the model: a float32 difference of two losses is
+            quantised), or ``model`` for the model's own dtype.
         corpus: ``default`` or a path (text, JSONL, directory).
         downstream_data: Path to the task's data; ``None`` uses its built-in set.
         model: ``default`` (small Transformer) or another name a model plugin provides.
@@ -50,11 +89,15 @@ class AnalysisConfig:
             before training, so ``∇D`` reflects a fitted probe rather than a random head.
         head_fit_size: Examples in that split, disjoint from the evaluation set (a small split
             overfits the probe: docs/analysis.md).
-        per_sample_method: ``auto`` (see :func:`objreg.analysis.per_sample.per_sample_dots`),
-            ``ghost``, ``jvp``, ``double_backward``, ``vmap`` or ``loop``.
-        hvp_method: ``auto`` (see :class:`objreg.analysis.curvature.Curvature`),
-            ``forward_over_reverse`` or ``double_backward``: how Hessian-vector products of ``D``
-            are taken.
+        per_sample_method: How the per-example dots ``⟨∇ℓ_i, ∇D⟩`` are taken: ``auto`` tries
+            ``ghost``, ``jvp``, ``double_backward`` and the per-example ``loop`` in that order and
+            takes the first the model supports (``ghost`` is skipped for batch-coupled
+            objectives; :func:`objreg.analysis.per_sample.per_sample_dots`); or one of them, or
+            ``vmap``. :data:`CHOICES` describes each.
+        hvp_method: How Hessian-vector products of ``D`` are taken: ``auto`` takes
+            ``double_backward`` first on the CPU and ``forward_over_reverse`` first elsewhere,
+            falling back to the other where a derivative is missing
+            (:class:`objreg.analysis.curvature.Curvature`); or one of the two.
         char_noise: Character noise rate (insert/delete/substitute) applied to the pre-training
             text before tokenising (:func:`objreg.toolkit.noise.noisy_corpus`); 0 disables it.
         spectrum: Top eigenvalues of ``D``'s Hessian to compute (Lanczos) at the first and the last
@@ -71,13 +114,14 @@ class AnalysisConfig:
     weights: Mapping[str, float] = field(default_factory=dict)
     schedule: Any = None
     steps: int = 16
-    lr: float = 0.01
+    lr: float = 0.005
     optimizer: str = "sgd"
     batch_size: int = 16
     seq_len: int = 128
     seed: int = 0
     device: str = "auto"
     dtype: str = "float32"
+    eval_dtype: str = "float64"
     corpus: str = "default"
     downstream_data: str | None = None
     model: str = "default"
@@ -93,6 +137,7 @@ class AnalysisConfig:
     objective_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        check_settings(self)  # types, ranges and sizes first: docs/reliability.md
         pretrain = tuple(self.pretrain)
         if not pretrain:
             raise InvalidParameterError("no pre-training objective given: name at least one, e.g. --pretrain mlm,sop")
@@ -109,8 +154,10 @@ class AnalysisConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidParameterError(f"{name} must be an integer ≥ 0, got {value!r}")
-        if self.hvp_method not in HVP_METHODS:
-            raise InvalidParameterError(f"hvp_method must be one of {', '.join(HVP_METHODS)}, got {self.hvp_method!r}")
+        for name in ("per_sample_method", "hvp_method", "optimizer", "dtype"):
+            value = getattr(self, name)
+            if value not in CHOICES[name]:
+                raise InvalidParameterError(f"{name} must be one of {', '.join(CHOICES[name])}, got {value!r}")
         if isinstance(self.head_warmup_steps, bool) or not isinstance(self.head_warmup_steps, int) or self.head_warmup_steps < 0:
             raise InvalidParameterError(f"head_warmup_steps must be an integer ≥ 0, got {self.head_warmup_steps!r}")
         if isinstance(self.char_noise, bool) or not isinstance(self.char_noise, (int, float)) or not (
@@ -121,12 +168,9 @@ class AnalysisConfig:
             raise InvalidParameterError(f"seq_len must be at least 8 tokens, got {self.seq_len}")
         if not isinstance(self.lr, (int, float)) or not math.isfinite(self.lr) or self.lr <= 0:
             raise InvalidParameterError(f"lr must be a positive finite number, got {self.lr!r}")
-        if self.optimizer not in OPTIMIZERS:
-            raise InvalidParameterError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}")
-        if self.dtype not in DTYPES:
-            raise InvalidParameterError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
-        for step in range(self.steps):  # a bad user schedule fails here, before anything is loaded
-            weights_at(step, self.steps, self.weights, self.schedule)
+        if self.eval_dtype not in (*DTYPES, "model"):
+            raise InvalidParameterError(f"eval_dtype must be one of {', '.join(DTYPES)}, model; got {self.eval_dtype!r}")
+        check_schedules(self.steps, self.weights, self.schedule)  # a bad user schedule fails here
         unknown = set(self.objective_params) - set(pretrain) - {self.downstream}
         if unknown:
             raise InvalidParameterError(
@@ -182,3 +226,4 @@ def parse_weights(weights: Mapping[str, float] | str | None, pretrain: Sequence[
     if not any(result.values()):
         raise InvalidParameterError("all objective weights are zero: nothing would be trained")
     return result
+

@@ -11,10 +11,18 @@ dimension. A task whose extras have a second dimension of size ``T`` that does n
 sequence would be broken by that, so :meth:`Downstream.check` compares the per-example losses of
 the trimmed chunks with those of the padded set once, and the padded set is used where they
 differ.
+
+``D`` itself (not its derivatives) is evaluated in float64 by default (``evaluation_dtype``),
+on a float64 copy of the model holding its current parameters: ``D(θ_{t+1}) − D(θ_t)`` is a
+difference of two nearly equal numbers, and in float32 it is quantised to about ``1e-7 · D``
+(the rounding of each forward pass), far above the Taylor error at small steps. The points
+``θ_t`` and ``θ_{t+1}`` are the float32 parameters themselves (exact in float64), so the
+change is the float64 ``D``'s exact change between them, to float64 rounding.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -61,14 +69,18 @@ class Downstream:
         batch: Its evaluation examples.
         chunk_size: Examples per chunk (bounds memory; small chunks trim more padding).
         group: The processes sharing the work (default: this one alone).
+        evaluation_dtype: The dtype :meth:`loss` evaluates ``D`` in (on a copy of the model
+            when the model's differs); None: the model's own.
     """
 
     task: Task
     batch: CorruptedBatch
     chunk_size: int = 16
     group: Group = field(default_factory=Group)
+    evaluation_dtype: torch.dtype | None = torch.float64
     chunks: list[CorruptedBatch] = field(init=False)
     compact: bool = field(init=False, default=True)
+    _copy: tuple[nn.Module, nn.Module] | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.order = length_order(self.batch)
@@ -124,9 +136,37 @@ class Downstream:
         """Gradient and Hessian-vector products of ``D`` at ``shared``, summed over the processes."""
         return Curvature(self.functions(model), shared, method, total=self.size, group=self.group)
 
+    def evaluation_model(self, model: nn.Module) -> nn.Module:
+        """The model :meth:`loss` evaluates: ``model`` itself when it already has the evaluation
+        dtype, else a copy in that dtype (made once) holding ``model``'s current parameters and
+        buffers, in the same train/eval mode."""
+        like = next(iter(model.parameters()), None)
+        dtype = self.evaluation_dtype
+        if dtype is None or like is None or like.dtype == dtype or not like.is_floating_point():
+            return model
+        if self._copy is None or self._copy[0] is not model:
+            shadow = copy.deepcopy(model).to(dtype)
+            for p in shadow.parameters():
+                p.grad = None
+                p.requires_grad_(False)
+            self._copy = (model, shadow)
+        shadow = self._copy[1]
+        with torch.no_grad():
+            for source, target in ((model.parameters(), shadow.parameters()), (model.buffers(), shadow.buffers())):
+                for a, b in zip(source, target):
+                    b.copy_(a)
+        return shadow.train(model.training)
+
+    def unit_roundoff(self, model: nn.Module) -> float:
+        """Half the machine epsilon of the dtype :meth:`loss` evaluates ``D`` in."""
+        like = next(iter(model.parameters()))
+        dtype = like.dtype if self.evaluation_dtype is None or not like.is_floating_point() else self.evaluation_dtype
+        return float(torch.finfo(dtype).eps) / 2
+
     @torch.no_grad()
     def loss(self, model: nn.Module) -> float:
-        """``D`` at the model's current parameters."""
+        """``D`` at the model's current parameters, evaluated in :attr:`evaluation_dtype`."""
+        model = self.evaluation_model(model)
         shared = detached(shared_parameters(model))
         sums = [f(shared).sum() for f in self.functions(model)]
         if self.group.distributed:

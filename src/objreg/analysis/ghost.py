@@ -14,7 +14,7 @@ for batch-coupled losses (``ObjectiveInfo.batch_coupled``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -92,17 +92,22 @@ class GhostDots:
         direction: ``v``, keyed like ``model.named_parameters()`` (a tied weight under the name
             that lists it); parameters it does not name contribute nothing.
         batch_size: ``B``; every hooked output must have it as its first dimension.
+        more: Further directions, keyed the same way, whose dots the same pass gives too
+            (:meth:`more_dots`): the forward and the backward are shared, only each module's
+            contraction is repeated.
 
     The caller guarantees what ghost dots need: the model treats rows independently and ℓ_i
     depends on row i alone (never for ``ObjectiveInfo.batch_coupled``).
     """
 
-    def __init__(self, model: nn.Module, direction: Params, batch_size: int):
+    def __init__(self, model: nn.Module, direction: Params, batch_size: int, more: Sequence[Params] = ()):
         self.model = model
         self.direction = direction
+        self.more = list(more)
         self.batch_size = batch_size
         self.roots: list[torch.Tensor] = []
         self.contributions: list[torch.Tensor] = []
+        self.more_contributions: list[list[torch.Tensor]] = [[] for _ in self.more]
         self._replaying = False
         self._handles: list[Any] = []
 
@@ -122,9 +127,16 @@ class GhostDots:
 
     def dots(self) -> torch.Tensor:
         """``[B]``: the contributions gathered so far (of the loss that was backpropagated)."""
+        return self._total(self.contributions)
+
+    def more_dots(self) -> list[torch.Tensor]:
+        """``[B]`` for each of the further directions ``more``."""
+        return [self._total(parts) for parts in self.more_contributions]
+
+    def _total(self, contributions: list[torch.Tensor]) -> torch.Tensor:
         like = next(iter(self.direction.values()))
         total = torch.zeros(self.batch_size, dtype=like.dtype, device=like.device)
-        for part in self.contributions:
+        for part in contributions:
             total = total + part.to(total.dtype)
         return total
 
@@ -142,9 +154,16 @@ class GhostDots:
                 output = output.detach().requires_grad_()
                 self.roots.append(output)
             d = {local: self.direction[name] for local, name in own.items()}
+            others = [{local: v[name] for local, name in own.items()} for v in self.more]
             # The values this call ran with (functional_call restores the originals before backward).
             values = {local: getattr(module, local) for local in own}
-            output.register_hook(lambda g: self.contributions.append(self._dot(module, values, args, kwargs, g, d)))
+
+            def on_gradient(g: torch.Tensor) -> None:
+                self.contributions.append(self._dot(module, values, args, kwargs, g, d))
+                for parts, other in zip(self.more_contributions, others):
+                    parts.append(self._dot(module, values, args, kwargs, g, other))
+
+            output.register_hook(on_gradient)
             return output
 
         return forward_hook
@@ -175,15 +194,20 @@ def dots_ghost(fn: ObjectiveFunction, shared: Params, direction: Params) -> torc
         InvalidParameterError: the objective couples the examples of a batch.
         GhostUnsupportedError: a module owning shared parameters does not map batch-first tensors.
     """
+    return dots_ghost_many(fn, shared, [direction])[0]
+
+
+def dots_ghost_many(fn: ObjectiveFunction, shared: Params, directions: Sequence[Params]) -> list[torch.Tensor]:
+    """:func:`dots_ghost` for several directions from the one forward and backward pass."""
     if fn.objective.info.batch_coupled:
         raise InvalidParameterError(
             f"{fn.objective.name!r} couples the examples of a batch (in-batch negatives); ghost dot products "
             f"attribute gradient by row and are not ⟨∇ℓ_i, v⟩ there: use method='jvp'"
         )
-    named = {n: direction[n] for n in shared}
-    with GhostDots(fn.model, named, fn.batch_size) as ghost, torch.enable_grad():
+    first, *more = [{n: direction[n] for n in shared} for direction in directions]
+    with GhostDots(fn.model, first, fn.batch_size, more) as ghost, torch.enable_grad():
         losses = fn({n: t.detach() for n, t in shared.items()})
         if ghost.roots and losses.requires_grad:
             # Only the roots are asked for, so autograd skips every weight gradient.
             torch.autograd.grad(losses.sum(), ghost.roots, allow_unused=True)
-    return ghost.dots().to(losses.dtype)
+    return [d.to(losses.dtype) for d in [ghost.dots(), *ghost.more_dots()]]

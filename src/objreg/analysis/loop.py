@@ -9,9 +9,13 @@ or not a step is probed, and the probe neither draws random numbers nor changes 
 state. Probes evaluate with ``model.eval()`` (training steps run in ``model.train()``); dropout
 only changes which update is taken, which the prediction reads as it happened.
 
-The trainer's whole state (:meth:`Trainer.state_dict`) is the model, the optimizer, the data and
-corruption generators, the global generator dropout draws from, the step to run next, and what
-the probe keeps across steps; all checkpointable as they are.
+Under Adam every step, probed or not, also advances the coalition moments the attribution of
+the step needs (:mod:`objreg.analysis.shapley`): each coalition of objectives keeps the Adam
+moments its own gradients would have built along the actual trajectory.
+
+The trainer's whole state (:meth:`Trainer.state_dict`) is the model, the optimizer, the coalition
+moments, the data and corruption generators, the global generator dropout draws from, the step to
+run next, and what the probe keeps across steps; all checkpointable as they are.
 
 Several processes (the downstream set's :class:`~objreg.analysis.group.Group`) run the same
 trajectory as one: every process draws and corrupts the same whole batches from the same
@@ -27,11 +31,12 @@ import torch
 from torch import nn
 
 from objreg.analysis.downstream import Downstream
-from objreg.analysis.functional import SHARED_PREFIX, Params
+from objreg.analysis.functional import SHARED_PREFIX, Params, shared_parameters
 from objreg.analysis.gradients import accumulate, check_finite, mean_loss_gradient, shared_part
-from objreg.analysis.optimizers import make_optimizer
+from objreg.analysis.optimizers import adam_settings, advance, make_optimizer, players
 from objreg.analysis.probe import Probe
 from objreg.analysis.schedules import Schedule, weights_at
+from objreg.analysis.shapley import CoalitionMoments
 from objreg.core.handles import Objective
 from objreg.core.types import CorruptedBatch, TokenBatch
 from objreg.toolkit.tokenizer import TokenizedCorpus
@@ -94,6 +99,11 @@ class Trainer:
         prefixes = (SHARED_PREFIX, *(f"heads.{h}." for h in heads))
         self.trainable = {n: p for n, p in model.named_parameters() if n.startswith(prefixes)}
         self.optimizer = make_optimizer(optimizer, list(self.trainable.values()), lr)
+        self.shared = shared_parameters(model)
+        settings = adam_settings(self.optimizer, self.shared)
+        # Adam: the moments of every coalition of objectives, from the first step (None for SGD).
+        self.coalitions = (CoalitionMoments(players(list(self.objectives), settings), seed=seed)
+                           if settings is not None else None)
         self.next_step = 0
         # Every step's weights up front: a bad user schedule fails before any training.
         self.weights_by_step = [self.weights_at(t) for t in range(steps)]
@@ -124,13 +134,16 @@ class Trainer:
         """One update on the weighted mix; returns the probe record when ``probe``."""
         tokens, batches = self.next_batches()
         weights = self.weights_by_step[step] if step < len(self.weights_by_step) else self.weights_at(step)
-        losses, gradients = self.accumulate_gradients(step, batches, weights, keep=probe)
+        losses, gradients = self.accumulate_gradients(step, batches, weights, keep=probe or self.coalitions is not None)
+        if self.coalitions is not None:
+            advance(self.coalitions, self.optimizer, self.shared, weights, gradients)
         if not probe:
             self.optimizer.step()
             return None
         self.model.eval()
         try:
-            pending = self.probe.measure(step, weights, self.optimizer, tokens, batches, losses, gradients)
+            pending = self.probe.measure(step, weights, self.optimizer, tokens, batches, losses, gradients,
+                                         self.coalitions)
             self.optimizer.step()
             return self.probe.finish(pending)
         finally:
@@ -181,6 +194,7 @@ class Trainer:
             # Dropout, where a model has it, draws from the global generator.
             "global_generator": torch.get_rng_state(),
             "attribution": self.probe.attribution.state_dict(),
+            "coalitions": self.coalitions.state_dict() if self.coalitions is not None else None,
             "hvp_method": self.probe.hvp_method,
             "update_rule": self.probe.update_rule,
             "methods_used": sorted(self.probe.methods_used),
@@ -194,6 +208,8 @@ class Trainer:
         self.corrupt_generator.set_state(state["corrupt_generator"])
         torch.set_rng_state(state["global_generator"])
         self.probe.attribution.load_state_dict(state["attribution"])
+        if self.coalitions is not None:
+            self.coalitions.load_state_dict(state["coalitions"])
         self.probe.hvp_method = state["hvp_method"]
         self.probe.update_rule = state["update_rule"]
         self.probe.methods_used = set(state["methods_used"])

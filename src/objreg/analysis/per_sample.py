@@ -27,7 +27,7 @@ import torch
 from torch.func import grad, jacrev, jvp, vmap
 
 from objreg.analysis.functional import ObjectiveFunction, Params, requiring_grad
-from objreg.analysis.ghost import dots_ghost
+from objreg.analysis.ghost import dots_ghost, dots_ghost_many
 from objreg.core.errors import InvalidParameterError
 
 METHODS = ("auto", "jvp", "ghost", "double_backward", "vmap", "loop")
@@ -203,3 +203,20 @@ def per_sample_dots(
             if not derivative_unsupported(error):
                 raise
     return dots_loop(fn, shared, direction), "loop"
+
+
+def per_sample_dots_many(
+    fn: ObjectiveFunction, shared: Params, directions: list[Params], method: str = "auto"
+) -> tuple[list[torch.Tensor], str]:
+    """:func:`per_sample_dots` for several directions: ``ghost`` gives them all from one forward
+    and backward pass; every other method takes one pass per direction."""
+    if method not in METHODS:
+        raise InvalidParameterError(f"per-sample method must be one of {', '.join(METHODS)}, got {method!r}")
+    if method == "ghost" or (method == "auto" and not fn.objective.info.batch_coupled):
+        try:
+            return dots_ghost_many(fn, shared, directions), "ghost"
+        except (NotImplementedError, RuntimeError) as error:
+            if method == "ghost" or not derivative_unsupported(error):
+                raise
+    first, used = per_sample_dots(fn, shared, directions[0], method)
+    return [first, *(per_sample_dots(fn, shared, d, used)[0] for d in directions[1:])], used

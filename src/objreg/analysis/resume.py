@@ -5,25 +5,32 @@ model, optimizer, data and corruption generators, the global CPU generator dropo
 what the probe keeps, the step to run next) and the probe records so far. It is rewritten after
 every finished step through a synced temporary file and an atomic rename, so it is either the
 previous step's or this one's, never half written: a killed run loses at most the step in flight.
-A resumed run takes every setting from the run's ``config.json``.
+It carries its own SHA-256 (:mod:`objreg.analysis.checksum`), verified before anything in it is
+parsed, so a damaged checkpoint is refused rather than resumed with wrong numbers.
+A resumed run takes every setting from the run's ``config.json``, which must be the one the run
+wrote (:mod:`objreg.analysis.fingerprint` keeps a copy in ``run.json``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from objreg.toolkit.atomic import atomic_file
+from objreg.analysis.checksum import ChecksumError, read_sealed, write_sealed
 from objreg.analysis.config import AnalysisConfig
+from objreg.analysis.fingerprint import check_config_unchanged
 from objreg.analysis.loop import Trainer
 from objreg.core.errors import DataError, InvalidParameterError
 
 CHECKPOINT = "checkpoint.pt"
-FORMAT = 1
+#: 3: sealed with a checksum, and holding the Adam attribution's coalition moments (older formats
+#: are not resumed).
+FORMAT = 3
 
 
 def resumed_config(run_dir: Path, given: list[str]) -> AnalysisConfig:
@@ -42,11 +49,14 @@ def resumed_config(run_dir: Path, given: list[str]) -> AnalysisConfig:
         saved = json.loads((run_dir / "config.json").read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise DataError(f"cannot resume {str(run_dir)!r}: it has no config.json (not a run directory of --out)") from None
-    except (OSError, ValueError) as e:
-        raise DataError(f"cannot resume {str(run_dir)!r}: config.json is unreadable ({e})") from None
+    except (OSError, ValueError, RecursionError) as e:
+        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e).splitlines()[0]
+        raise DataError(f"cannot resume {str(run_dir)!r}: config.json is unreadable ({reason})") from None
     fields = {f.name for f in dataclasses.fields(AnalysisConfig)}
     if not isinstance(saved, dict) or "pretrain" not in saved:
         raise DataError(f"cannot resume {str(run_dir)!r}: config.json is not an objreg run config")
+    _require_checkpoint(run_dir)
+    check_config_unchanged(run_dir, saved)
     return AnalysisConfig(**{k: v for k, v in saved.items() if k in fields})
 
 
@@ -64,10 +74,16 @@ def restore(trainer: Trainer, state: dict[str, Any], run_dir: Path) -> None:
 
 
 def save_checkpoint(out_dir: Path, trainer_state: dict[str, Any], records: list[dict[str, Any]]) -> None:
-    """Write ``checkpoint.pt`` in ``out_dir`` atomically."""
-    path = Path(out_dir) / CHECKPOINT
-    with atomic_file(path) as f:
-        torch.save({"format": FORMAT, "trainer": trainer_state, "records": records}, f)
+    """Write ``checkpoint.pt`` in ``out_dir`` atomically, sealed with its checksum."""
+    buffer = io.BytesIO()
+    torch.save({"format": FORMAT, "trainer": trainer_state, "records": records}, buffer)
+    write_sealed(Path(out_dir) / CHECKPOINT, buffer.getvalue())
+
+
+def _require_checkpoint(out_dir: Path) -> None:
+    if not (Path(out_dir) / CHECKPOINT).is_file():
+        raise DataError(f"cannot resume {str(out_dir)!r}: no {CHECKPOINT} (the run stopped before finishing a step); "
+                        f"start it again")
 
 
 def load_checkpoint(out_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -77,12 +93,16 @@ def load_checkpoint(out_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]
         DataError: the checkpoint is missing, unreadable or not one this version wrote.
     """
     path = Path(out_dir) / CHECKPOINT
-    if not path.is_file():
-        raise DataError(f"cannot resume {str(out_dir)!r}: no {CHECKPOINT} (the run stopped before finishing a step); "
-                        f"start it again")
+    _require_checkpoint(out_dir)
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises many types for a truncated or foreign file
+        payload = read_sealed(path, CHECKPOINT)
+    except ChecksumError as e:
+        raise ChecksumError(f"cannot resume {str(out_dir)!r}: {e}; the run cannot continue from it") from None
+    except OSError as e:
+        raise DataError(f"cannot resume {str(out_dir)!r}: {CHECKPOINT} is unreadable ({e.strerror})") from None
+    try:
+        data = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    except Exception as e:  # torch raises many types for a foreign payload
         raise DataError(f"cannot resume {str(out_dir)!r}: {CHECKPOINT} is unreadable ({type(e).__name__})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT or not {"trainer", "records"} <= set(data):
         raise DataError(f"cannot resume {str(out_dir)!r}: {CHECKPOINT} is not an objreg checkpoint of format {FORMAT}")

@@ -16,12 +16,22 @@ from pathlib import Path
 from typing import Any
 
 from objreg.analysis.config import AnalysisConfig
+from objreg.analysis.failures import resource_errors
+from objreg.analysis.fingerprint import (
+    RunInputs,
+    absolute_paths,
+    check_resumable,
+    check_same_config,
+    write_fingerprint,
+)
 from objreg.analysis.group import Group
 from objreg.analysis.launch import from_environment
 from objreg.analysis.loop import StepCallback, Trainer
 from objreg.analysis.prepare import check, prepare
 from objreg.analysis.report import AlignmentReport, summarise
 from objreg.analysis.resume import load_checkpoint, restore, resumed_config
+from objreg.analysis.rundir import claim
+from objreg.analysis.validation import check_call, check_providers, fields_of
 from objreg.analysis.writer import RunWriter
 from objreg.core.registry import Registry
 from objreg.toolkit.cache import cache_dir
@@ -75,6 +85,9 @@ def analyze(
         InvalidParameterError: ``resume`` given with other run settings, or naming a finished run.
         DataError: ``resume`` names a directory without a readable config or checkpoint.
     """
+    check_call(pretrain=pretrain, downstream=downstream, registry=registry, out_dir=out_dir, resume=resume,
+               on_step=on_step, on_status=on_status, cache=cache, writer=writer, settings=settings,
+               fields=fields_of(AnalysisConfig))
     if resume is not None:
         given = [*(["pretrain"] if pretrain is not None else []), *(["downstream"] if downstream is not None else []),
                  *(["out_dir"] if out_dir is not None else []), *settings]
@@ -85,12 +98,36 @@ def analyze(
             pretrain = [p.strip() for p in pretrain.split(",") if p.strip()]
         config = AnalysisConfig(pretrain=tuple(pretrain or ()), downstream=downstream or "qa", **settings)
     registry = registry or Registry.load()
+    if resume is None:
+        config = absolute_paths(config, registry)  # the same files when resumed from elsewhere
     check(config, registry)
+    check_providers(config, registry)
     group = from_environment(config.device)
-    return _run(config, registry, group, out_dir, resume, on_step, on_status or (lambda _: None), cache, writer)
+    with resource_errors(out_dir, registry.pm):
+        return _run(config, registry, group, out_dir, resume, on_step, on_status or (lambda _: None), cache, writer)
 
 
 def _run(
+    config: AnalysisConfig, registry: Registry, group: Group, out_dir: str | Path | None, resume: str | Path | None,
+    on_step: StepCallback | None, status: Callable[[str], None], cache: Path | None, make_writer: WriterFactory,
+) -> AlignmentReport:
+    """The run with its directory claimed: locked by the main process for the run's life
+    (:mod:`~objreg.analysis.rundir`) and, resumed, checked against the fingerprint of the run that
+    started there (:mod:`~objreg.analysis.fingerprint`)."""
+    claimed = None
+    if out_dir is not None:
+        claimed = group.on_main(lambda: claim(out_dir, resume=resume is not None,
+                                              option="--out" if resume is None else "--resume"))
+        if resume is not None:
+            group.agree(lambda: check_resumable(Path(resume), registry))
+    try:
+        return _run_claimed(config, registry, group, out_dir, resume, on_step, status, cache, make_writer)
+    finally:
+        if claimed is not None:
+            claimed.release()
+
+
+def _run_claimed(
     config: AnalysisConfig, registry: Registry, group: Group, out_dir: str | Path | None, resume: str | Path | None,
     on_step: StepCallback | None, status: Callable[[str], None], cache: Path | None, make_writer: WriterFactory,
 ) -> AlignmentReport:
@@ -105,14 +142,18 @@ def _run(
     writing = out_dir is not None
     # Made first, so an unwritable directory fails before anything is loaded; None off the main process.
     writer = group.on_main(lambda: make_writer(Path(out_dir))) if writing else None
-    trainer, report_config = prepare(config, registry, cache or cache_dir(), status, group=group)
+    inputs = RunInputs.resumed(Path(resume)) if resume is not None else RunInputs(
+        Path(out_dir) if writing else None, keep=group.is_main)
+    trainer, report_config = prepare(config, inputs.registry(registry), cache or cache_dir(), status, group=group)
     if resume is not None:
+        check_same_config(Path(resume), report_config)
         restore(trainer, state, Path(resume))
         # Lines past the checkpoint belong to the step in flight when the run stopped: drop them.
         group.on_main(lambda: writer.rewrite_steps(records))
         status(f"resuming at step {trainer.next_step} of {config.steps}")
     elif writing:
-        group.on_main(lambda: (writer.write_config(report_config), writer.start_steps()))
+        group.on_main(lambda: (write_fingerprint(Path(out_dir), config, report_config, inputs, registry),
+                               writer.write_config(report_config), writer.start_steps()))
 
     def record_step(step: int, record: dict[str, Any] | None) -> None:
         if record is not None:
@@ -148,7 +189,7 @@ def build_report(
         "hvp_method": probe.hvp_method,
     }
     summary = summarise(
-        list(config.pretrain), records, seed=config.seed,
+        list(config.pretrain), records,
         weights_by_step=trainer.weights_by_step, update_rule=probe.update_rule,
         attribution=probe.attribution_report(config.attribution_top) if config.attribution_top else None,
     )

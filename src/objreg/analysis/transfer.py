@@ -9,11 +9,25 @@ so the first-order term splits by part and the second-order term by pair of part
 ``a,b`` gets ``½ d_aᵀ H d_a`` on the diagonal and ``d_aᵀ H d_b`` (both cross terms) off it, so the
 pairs add up to the whole second-order term. With SGD, ``d_k = −η α_k g_k`` and the pairs are
 ``η² α_a α_b S_ab`` (halved on the diagonal) with ``S_ab = g_aᵀ H_D g_b``.
+
+How good the prediction is (:func:`taylor_errors`): the absolute errors of the first-order and
+of the first+second-order prediction, the same relative to the first-order term's magnitude
+(the scale of the change, which does not vanish when the actual change happens to be small),
+and whether the step is inside the *Taylor regime*, where the remainder shrinks with each order:
+the first+second-order error is at most :data:`REMAINDER_RATIO` of the first-order error (the
+second-order term accounts for most of what first order misses), or both errors are negligible
+(at most :data:`NEGLIGIBLE` of the first-order term, or within the rounding floor). With
+``Δθ ∝ η`` the first-order error is ``O(η²)`` and the first+second-order one ``O(η³)``: halving
+``η`` cuts the absolute errors about 4× and 8×, and, relative to the first-order term (``O(η)``),
+about 2× and 4×. The ratio ``|second| / |first|`` is reported but not part of the rule: the
+first-order term vanishes wherever ``∇D`` happens to be nearly orthogonal to the step, however
+small the step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -61,6 +75,49 @@ def quadratic_by_pair(names: Sequence[str], matrix: np.ndarray) -> dict[str, flo
 def relative_error(predicted: float, actual: float) -> float | None:
     """``|predicted − actual| / |actual|`` (None when nothing changed)."""
     return abs(predicted - actual) / abs(actual) if actual != 0 else None
+
+
+#: An error at most this share of the first-order term counts as negligible.
+NEGLIGIBLE = 0.01
+#: Inside the regime the first+second-order error is at most this share of the first-order error.
+REMAINDER_RATIO = 0.5
+
+REGIME_RULE = (
+    f"a step is inside the Taylor regime when the first+second-order error is at most {REMAINDER_RATIO:g} of the "
+    f"first-order error, or both are negligible (the first+second-order error at most {NEGLIGIBLE:g} of the "
+    "first-order term, or the first-order error within the rounding floor); a run is inside when every probed step "
+    "is and the same holds for its summed prediction"
+)
+
+
+def inside_regime(error1: float, error2: float, scale: float, floor: float) -> bool:
+    """The rule of :data:`REGIME_RULE` for one prediction (``scale``: ``|first-order term|``)."""
+    return error2 <= REMAINDER_RATIO * error1 or error2 <= NEGLIGIBLE * scale or error1 <= floor
+
+
+def rounding_floor(downstream_before: float, downstream_after: float, evaluation_roundoff: float,
+                   grad_norm: float, step_norm: float, model_roundoff: float) -> float:
+    """How far rounding alone can move the comparison of one step: the resolution of the
+    evaluated change, ``u_D (|D(θ_t)| + |D(θ_{t+1})|)`` (``u_D`` the unit roundoff of the dtype
+    ``D`` is evaluated in), plus the rounding of the first-order term formed in the model's dtype,
+    ``u · ‖∇D‖ ‖Δθ‖``. An estimate, not a bound: errors near it are rounding."""
+    return evaluation_roundoff * (abs(downstream_before) + abs(downstream_after)) + model_roundoff * grad_norm * step_norm
+
+
+def taylor_errors(first: float, second: float, actual: float, floor: float) -> dict[str, Any]:
+    """The errors of one step's prediction and its Taylor-regime diagnostic (module docstring)."""
+    error1, error2 = abs(first - actual), abs(first + second - actual)
+    scale = abs(first)
+    return {
+        "error": {"first_order": error1, "first_plus_second_order": error2},
+        "scaled_error": {"first_order": error1 / scale if scale > 0 else None,
+                         "first_plus_second_order": error2 / scale if scale > 0 else None},
+        "rounding_floor": floor,
+        "second_to_first": abs(second) / scale if scale > 0 else None,
+        "second_order_helps": error2 < error1,
+        "remainder_ratio": error2 / error1 if error1 > 0 else None,
+        "inside_regime": inside_regime(error1, error2, scale, floor),
+    }
 
 
 def weighted_sum(parts: Mapping[str, Params], like: Params) -> Params:

@@ -14,10 +14,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from objreg.toolkit.atomic import atomic_file
 from objreg.analysis.report import AlignmentReport, report_csv
 from objreg.analysis.resume import remove_checkpoint, save_checkpoint
 from objreg.core.errors import DataError
+from objreg.toolkit.atomic import atomic_file
 
 
 class RunWriter:

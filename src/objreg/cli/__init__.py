@@ -16,11 +16,12 @@ from typing import Any
 import click
 
 import objreg
+from objreg.analysis.failures import describe as describe_failure
 from objreg.cli.analyze import analyze
 from objreg.cli.corrupt import corrupt
 from objreg.cli.experiment import experiment
 from objreg.cli.listing import list_command
-from objreg.cli.render import plugin_manager
+from objreg.cli.render import _PLUGIN_MANAGER_KEY, plugin_manager
 from objreg.cli.show import show
 
 RAISE_ERRORS_ENV = "OBJREG_RAISE_ERRORS"
@@ -88,6 +89,12 @@ def _warnings_as_lines() -> Iterator[None]:
         yield
 
 
+def _current_plugin_manager() -> Any:
+    """The plugin manager this invocation built, if it built one."""
+    ctx = click.get_current_context(silent=True)
+    return ctx.find_root().meta.get(_PLUGIN_MANAGER_KEY) if ctx is not None else None
+
+
 @contextmanager
 def _errors_as_click_exceptions() -> Iterator[None]:
     """Turn exceptions into click's one-line ``Error: ...`` and exit code 1.
@@ -106,6 +113,12 @@ def _errors_as_click_exceptions() -> Iterator[None]:
             raise
         if isinstance(error, objreg.ObjregError):
             raise click.ClickException(str(error)) from error
+        # A full disk, no memory, a forbidden directory; an installed plugin's exception.
+        described = describe_failure(error, pm=_current_plugin_manager())
+        if described is not None:
+            raise click.ClickException(str(described)) from error
+        if isinstance(error, RecursionError):
+            raise click.ClickException("an input is nested too deeply to read (a JSON file?)") from error
         raise click.ClickException(
             f"internal error: {type(error).__name__}: {error} (set {RAISE_ERRORS_ENV}=1 for the traceback)"
         ) from error

@@ -1,35 +1,32 @@
 """``objreg analyze``: parse options, call ``objreg.analyze``, render the report. No math here.
 
+While it runs, stderr shows its progress (:mod:`objreg.cli.progress`); Ctrl-C and SIGTERM stop
+it cleanly and say how to resume it (:mod:`objreg.cli.interrupt`). The report goes to stdout:
+tables at their natural width where stdout is not a terminal, numbers never cut
+(:mod:`objreg.cli.render`); ``--json`` prints the report alone. Third-party objectives go through
+the contract suite's cheap checks first, and a failure is one warning line.
+
 Under ``torchrun`` every process runs the command (the library shares the work between them);
 only the first (``RANK`` 0) prints, as only it writes ``--out``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import os
+import warnings
+from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import click
 from rich import box
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
-from rich.table import Table
 
 import objreg
-from objreg.cli import render
-
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(objreg.AnalysisConfig) if f.default is not dataclasses.MISSING}
-
-
-def _default(name: str) -> str:
-    return f"(default: {_DEFAULTS[name]})"
+from objreg.cli import options, render
+from objreg.cli.interrupt import Interrupts, Stopped, distributed, exit_code, stopped_message
+from objreg.cli.options import RegistryOption, choices, default
+from objreg.cli.progress import TRAINING, RunDisplay
 
 
 def _parse_params(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
@@ -47,57 +44,79 @@ def _parse_params(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
 
 
 @click.command()
-@click.option("--pretrain", default=None, help="Comma-separated pre-training objectives, e.g. mlm,sop (required).")
-@click.option("--downstream", default=None, help="Downstream task (default: qa).")
-@click.option("--weights", default=None, help="Base objective weights, e.g. mlm=1,sop=0.5 (default 1 each).")
+@click.option("--pretrain", default=None, metavar="OBJ,...", cls=RegistryOption, describe=options.describe_pretrain,
+              fallback="Comma-separated pre-training objectives, e.g. mlm,sop (required); `objreg list` names them.")
+@click.option("--downstream", default=None, metavar="TASK", cls=RegistryOption,
+              describe=options.describe_downstream,
+              fallback=f"Downstream task; `objreg list` names them {default('downstream')}.")
+@click.option("--weights", default=None, metavar="OBJ=W,...",
+              help="Base objective weights, e.g. mlm=1,sop=0.5 (default: 1 each).")
 @click.option("--schedule", default=None, metavar="[OBJ=]SHAPE,...",
               help="How each weight changes over the run (weight × shape): constant, linear[:START:END], "
                    "cosine[:START:END] (both default 1→0) or step:AT[:BEFORE:AFTER] (default 1, 0); an entry "
-                   "without OBJ= applies to the rest, e.g. 'mlm=linear:1:0,sop=step:8:0:1' or 'cosine'.")
-@click.option("--steps", type=int, default=None, help=f"Training steps {_default('steps')}.")
-@click.option("--lr", type=float, default=None, help=f"Learning rate {_default('lr')}.")
-@click.option("--optimizer", default=None, help=f"sgd, adam or adamw {_default('optimizer')}.")
-@click.option("--batch-size", type=int, default=None, help=f"Examples per objective per step {_default('batch_size')}.")
-@click.option("--seq-len", type=int, default=None, help=f"Tokens per row {_default('seq_len')}.")
-@click.option("--seed", type=int, default=None, help=f"Random seed {_default('seed')}.")
-@click.option("--device", default=None, help=f"auto, cpu or cuda[:N] {_default('device')}.")
-@click.option("--dtype", default=None, help=f"float32 or float64 {_default('dtype')}.")
-@click.option("--corpus", default=None, help=f"'default' or a text/JSONL file or directory {_default('corpus')}.")
-@click.option("--downstream-data", default=None, help="The task's data file (e.g. SQuAD JSON); default: built-in set.")
-@click.option("--model", default=None, help=f"Model name {_default('model')}.")
-@click.option("--probe-every", type=int, default=None, help=f"Probe alignment every N steps {_default('probe_every')}.")
-@click.option("--eval-size", type=int, default=None, help=f"Downstream evaluation examples {_default('eval_size')}.")
+                   "without OBJ= applies to the rest, e.g. 'mlm=linear:1:0,sop=step:8:0:1' or 'cosine' "
+                   "(default: constant).")
+@click.option("--steps", type=int, default=None, help=f"Training steps {default('steps')}.")
+@click.option("--lr", type=float, default=None, help=f"Learning rate {default('lr')}.")
+@click.option("--optimizer", default=None, metavar="NAME", help=choices("optimizer", "The optimizer"))
+@click.option("--batch-size", type=int, default=None, help=f"Examples per objective per step {default('batch_size')}.")
+@click.option("--seq-len", type=int, default=None, help=f"Tokens per row {default('seq_len')}.")
+@click.option("--seed", type=int, default=None, help=f"Random seed {default('seed')}.")
+@click.option("--device", default=None, metavar="DEVICE", help=choices("device", "Where to compute"))
+@click.option("--dtype", default=None, metavar="NAME", help=choices("dtype", "Floating-point type"))
+@click.option("--corpus", default=None, metavar="NAME|PATH", cls=RegistryOption, describe=options.describe_corpus,
+              fallback=f"Pre-training text; `objreg list` names the forms {default('corpus')}.")
+@click.option("--downstream-data", default=None, metavar="PATH",
+              help="The task's data, in a format --downstream names for it, e.g. SQuAD JSON for qa (default: the "
+                   "task's built-in set, from held-out corpus documents).")
+@click.option("--model", default=None, metavar="NAME|DIR", cls=RegistryOption, describe=options.describe_model,
+              fallback=f"The backbone; `objreg list` names them {default('model')}.")
+@click.option("--probe-every", type=int, default=None,
+              help=f"Probe alignment every N steps, and always the first and the last {default('probe_every')}.")
+@click.option("--eval-size", type=int, default=None,
+              help=f"Downstream examples whose loss is D {default('eval_size')}.")
 @click.option("--head-warmup-steps", type=int, default=None,
-              help=f"Linear-probe steps fitting the downstream head first {_default('head_warmup_steps')}.")
+              help=f"Linear-probe steps fitting the downstream head first, 0 for none {default('head_warmup_steps')}.")
 @click.option("--head-fit-size", type=int, default=None,
-              help=f"Examples that fit the downstream head, apart from the evaluation set {_default('head_fit_size')}.")
-@click.option("--per-sample-method", default=None,
-              help=f"auto, jvp, double_backward, vmap or loop {_default('per_sample_method')}.")
-@click.option("--hvp-method", default=None,
-              help=f"auto, forward_over_reverse or double_backward {_default('hvp_method')}.")
+              help=f"Examples that fit the downstream head, apart from the evaluation set {default('head_fit_size')}.")
+@click.option("--per-sample-method", default=None, metavar="METHOD",
+              help=choices("per_sample_method", "How the per-example dots ⟨∇ℓ_i, ∇D⟩ are taken"))
+@click.option("--hvp-method", default=None, metavar="METHOD",
+              help=choices("hvp_method", "How Hessian-vector products of D are taken"))
 @click.option("--char-noise", type=float, default=None, metavar="RATE",
-              help="Character noise (insert/delete/substitute) on the pre-training text before tokenising.")
+              help=f"Character noise (insert/delete/substitute) on the pre-training text before tokenising, a rate "
+                   f"in [0, 1] {default('char_noise')}.")
 @click.option("--spectrum", type=int, default=None, metavar="K",
               help="Also compute the top K eigenvalues of the downstream Hessian (Lanczos) at the first and last "
-                   "step, with each objective's alignment to the eigenvectors (costs tens of HVPs).")
+                   f"step, with each objective's alignment to the eigenvectors (costs tens of HVPs) "
+                   f"{default('spectrum')}.")
 @click.option("--attribution-top", type=int, default=None, metavar="N",
-              help=f"List the N most helpful and most harmful pre-training examples {_default('attribution_top')}.")
-@click.option("--param", "params", multiple=True, metavar="OBJ.NAME=VALUE", help="Objective parameter, repeatable.")
-@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
-              help="Write config.json, steps.jsonl, report.json, report.csv and PNG plots here.")
+              help=f"List the N most helpful and most harmful pre-training examples {default('attribution_top')}.")
+@click.option("--param", "params", multiple=True, metavar="OBJ.NAME=VALUE",
+              help="An objective's or the task's parameter (`objreg show OBJ` lists them), repeatable (default: "
+                   "each parameter's reference default).")
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), metavar="DIR",
+              help="Write config.json, steps.jsonl, report.json, report.csv and PNG plots here, and a checkpoint "
+                   "after every step, which makes the run resumable (default: write nothing).")
 @click.option("--resume", default=None, type=click.Path(file_okay=False), metavar="DIR",
               help="Continue the interrupted run written with --out DIR from its last finished step, with the "
-                   "settings in DIR/config.json (no other run option with it); ends as an uninterrupted run would.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout and nothing else.")
+                   "settings in DIR/config.json (no other run option with it); ends as an uninterrupted run would "
+                   "(default: start a new run).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the report as JSON on stdout and nothing else (no progress on stderr).")
 @click.pass_context
 def analyze(
     ctx: click.Context, pretrain: str | None, downstream: str | None, params: tuple[str, ...], out_dir: str | None,
-    resume: str | None, as_json: bool, **options: Any,
+    resume: str | None, as_json: bool, **settings_given: Any,
 ) -> None:
     """Train on a weighted mix of pre-training objectives and measure how each one's gradient
     aligns with the downstream task's gradient, how the updates meet the downstream curvature, and
-    how well the first- and second-order Taylor predictions match the change that happened."""
-    settings = {k: v for k, v in options.items() if v is not None}
+    how well the first- and second-order Taylor predictions match the change that happened.
+
+    Progress goes to stderr: a live display on a terminal, plain lines otherwise. Ctrl-C stops
+    after the step in flight (twice: at once) and prints the command that resumes the run.
+    """
+    settings = {k: v for k, v in settings_given.items() if v is not None}
     objective_params = _parse_params(params)
     if objective_params:
         settings["objective_params"] = objective_params
@@ -115,32 +134,83 @@ def analyze(
     else:
         names = [p.strip() for p in pretrain.split(",") if p.strip()]
         settings["out_dir"] = out_dir
-    settings["registry"] = render.registry(ctx)
+    registry = render.registry(ctx)
+    settings["registry"] = registry
     if not _prints():
         objreg.analyze(names, downstream, **settings)
         return
-    console = Console(stderr=True)
+    # Bad settings fail here, in milliseconds and in one line, before any progress is shown.
+    config = _checked_config(names, downstream, settings, resume, registry)
+    total = config.steps
+    errors = render.console(stderr=True)
+    display = None if as_json else RunDisplay(errors, total, live=errors.is_terminal)
+    notify = display.notify if display is not None else (lambda message: click.echo(message, err=True))
+    interrupts = Interrupts(notify, installed=not distributed())
+
+    def on_status(message: str) -> None:
+        interrupts.training = message == TRAINING
+        if display is not None:
+            display.status(message)
+
+    finished = [0]
+
+    def on_step(step: int, record: dict[str, Any] | None) -> None:
+        finished[0] = step + 1
+        if display is not None:
+            display.step(step, record)
+        interrupts.after_step(step, total)
+
+    try:
+        with interrupts, display or nullcontext():
+            for name in names or ():
+                _check_contract(registry, name, dict(config.objective_params.get(name, {})), on_status)
+            report = objreg.analyze(names, downstream, on_step=on_step, on_status=on_status, **settings)
+    except Stopped as stop:
+        click.echo(stopped_message(stop, out_dir, finished[0], total), err=True)
+        ctx.exit(exit_code(stop))
     if as_json:
-        report = objreg.analyze(names, downstream, **settings)
         click.echo(report.to_json())
         return
-    # Off where stderr is no terminal (logs, CI): there it would only add stray lines.
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True, disable=not console.is_terminal) as progress:
-        bar = progress.add_task("preparing", total=None)
-
-        def on_status(message: str) -> None:
-            progress.update(bar, description=message)
-
-        def on_step(step: int, record: dict[str, Any] | None) -> None:
-            total = None if resume else options["steps"] or _DEFAULTS["steps"]
-            progress.update(bar, completed=step + 1, total=total, description="training with probes")
-
-        report = objreg.analyze(names, downstream, on_step=on_step, on_status=on_status, **settings)
-    _render(report.to_dict(), render.console())
+    console = render.console()
+    _render(report.to_dict(), console)
     if out_dir:
-        render.console().print(
-            f"Wrote {out_dir}/: report.json, report.csv, steps.jsonl, config.json and PNG plots", markup=False
+        console.print(f"Wrote {out_dir}/: report.json, report.csv, steps.jsonl, config.json and PNG plots", markup=False)
+
+
+def _checked_config(names: list[str] | None, downstream: str | None, settings: dict[str, Any], resume: str | None,
+                    registry: objreg.Registry) -> objreg.AnalysisConfig:
+    """The run's settings, checked as ``objreg.analyze`` checks them (names, parameters, device)."""
+    from objreg.analysis.prepare import check  # the trainer's modules: loaded when a run starts
+    from objreg.analysis.resume import resumed_config
+    from objreg.analysis.validation import check_directory_argument
+
+    if resume is not None:
+        check_directory_argument("resume", resume)  # before Path() turns '' into '.'
+        config = resumed_config(Path(resume), [])
+    else:
+        given = {k: v for k, v in settings.items() if k not in ("out_dir", "registry")}
+        config = objreg.AnalysisConfig(pretrain=tuple(names or ()), downstream=downstream or "qa", **given)
+    check(config, registry)
+    return config
+
+
+def _check_contract(registry: objreg.Registry, name: str, params: dict[str, Any], status: Any) -> None:
+    """The contract suite's cheap checks on a third-party objective; problems are one warning."""
+    from objreg.testing import contract_problems, is_third_party
+
+    try:
+        if not is_third_party(registry, name):
+            return
+        status(f"checking the plugin contract of {name!r}")
+        _, problems = contract_problems(name, registry, params=params, quick=True)
+    except objreg.ObjregError:
+        return  # an unknown name or a bad parameter: objreg.analyze reports it
+    if problems:
+        first = problems[0].splitlines()[0]
+        warnings.warn(
+            f"objective {name!r} ({registry.origin(name)}) fails {len(problems)} check(s) of the plugin contract, so "
+            f"its numbers may be wrong; the first: {first} (objreg.testing.check_objective_contract({name!r}) "
+            f"lists them all)", stacklevel=2,
         )
 
 
@@ -156,17 +226,18 @@ def _render(report: dict[str, Any], console: Console) -> None:
         f"model={config['model']} ({config['shared_parameters']:,} shared parameters)  device={config['device']}  "
         f"optimizer={config['optimizer']} lr={config['lr']}  steps={config['steps']}"
     )
-    table = Table(title="Alignment with the downstream gradient (mean over probes)")
-    columns = ["objective", "weight", "dot ⟨∇L,∇D⟩", "95% CI", "cosine", "conflicting", "‖∇L‖", "predicted gain"]
-    for column in columns:
-        table.add_column(column, justify="right" if column != "objective" else "left")
+    numbers = ("weight", "dot ⟨∇L,∇D⟩", "95% CI", "cosine", "conflicting", "‖∇L‖", "predicted gain")
+    table = render.table("Alignment with the downstream gradient (over probes)", "objective", *numbers,
+                         numbers=numbers)
     for name, a in summary["alignment"].items():
         table.add_row(
-            name, _weight(config["weights"][name], summary["weights_by_step"].get(name, [])), f"{a['dot']:.4g}",
-            f"[{a['ci95'][0]:.3g}, {a['ci95'][1]:.3g}]", f"{a['cosine']:+.3f}", f"{a['conflict_fraction']:.0%}",
-            f"{a['grad_norm']:.3g}", f"{a['first_order_contribution']:+.4g}",
+            render.text(name), _weight(config["weights"][name], summary["weights_by_step"].get(name, [])),
+            f"{a['dot']:.4g}", f"[{a['ci95'][0]:.3g}, {a['ci95'][1]:.3g}]", f"{a['cosine']:+.3f}",
+            f"{a['conflict_fraction']:.0%}", f"{a['grad_norm']:.3g}", f"{a['first_order_contribution']:+.4g}",
         )
-    console.print(table)
+    render.show(console, table)
+    console.print("dot: mean over probes, t interval over probes; cosine: Σ dot / √(Σ‖∇L‖² Σ‖∇D‖²) over probes, "
+                  "the sign of dot", markup=False, style="dim")
     _render_interaction(report["pretrain"], summary["second_order"], console)
     _render_taylor(summary, console)
     _render_spectrum(summary.get("spectrum") or [], console)
@@ -176,8 +247,14 @@ def _render(report: dict[str, Any], console: Console) -> None:
         f"downstream loss {summary['initial_downstream_loss']:.4f} → {summary['final_downstream_loss']:.4f}; "
         f"first-order predicted improvement {summary['first_order_term']:.4g}, "
         f"with second order {summary['predicted_improvement']:.4g}, actual {summary['actual_improvement']:.4g}"
-        + (f" (relative error {first:.1%} → {both:.1%})" if first is not None and both is not None else "")
+        + (f" (relative error {first:.1%} → {both:.1%})" if first is not None and both is not None else ""),
+        markup=False,
     )
+    regime = summary.get("taylor_regime") or {"inside": True}
+    if not regime["inside"]:
+        console.print(f"warning: outside the Taylor regime at {len(regime['steps_outside'])} of {summary['probes']} "
+                      f"probed steps (the second-order term made the prediction worse); lower --lr "
+                      f"(docs/analysis.md)", markup=False)
 
 
 def _weight(base: float, by_step: list[float]) -> str:
@@ -187,26 +264,25 @@ def _weight(base: float, by_step: list[float]) -> str:
     return f"{base:g}"
 
 
+def _secondary(title: str, *columns: str, numbers: tuple[str, ...]) -> Any:
+    """A table without side walls: only the alignment table's rows start with │ (the README test reads them)."""
+    return render.table(title, *columns, numbers=numbers, box=box.SIMPLE, show_edge=False)
+
+
 def _render_interaction(names: list[str], pairs: dict[str, float], console: Console) -> None:
-    # Secondary tables use a box without side walls: only the alignment table's rows start with │.
-    table = Table(title="Second-order interaction S_ij = g_iᵀ H_D g_j (mean over probes)", box=box.SIMPLE,
-                  show_edge=False)
-    table.add_column("")
-    for name in names:
-        table.add_column(name, justify="right")
+    table = _secondary("Second-order interaction S_ij = g_iᵀ H_D g_j (mean over probes)", "", *names,
+                       numbers=tuple(names))
     for i, a in enumerate(names):
-        table.add_row(a, *[f"{pairs[f'{a},{b}' if i <= j else f'{b},{a}']:.4g}" for j, b in enumerate(names)])
-    console.print(table)
+        table.add_row(render.text(a), *[f"{pairs[f'{a},{b}' if i <= j else f'{b},{a}']:.4g}"
+                                        for j, b in enumerate(names)])
+    render.show(console, table)
 
 
 def _render_taylor(summary: dict[str, Any], console: Console) -> None:
     probes = summary["probes"]
-    table = Table(title=f"Taylor prediction vs what happened (sums over {probes} probed steps; improvement = drop of D)",
-                  box=box.SIMPLE, show_edge=False)
-    table.add_column("term")
-    table.add_column("improvement", justify="right")
-    table.add_column("relative error", justify="right")
-    table.add_column("Pearson r / Spearman ρ vs actual, over steps", justify="right")
+    numbers = ("improvement", "relative error", "Pearson r / Spearman ρ vs actual, over steps")
+    table = _secondary(f"Taylor prediction vs what happened (sums over {probes} probed steps; improvement = drop of D)",
+                       "term", *numbers, numbers=numbers)
     correlation = summary["correlation"]
     table.add_row("first order  −Σ ∇D·Δθ", f"{summary['first_order_term']:+.4g}",
                   _percent(summary["first_order_relative_error"]), _pair(correlation["first_order"]))
@@ -216,8 +292,8 @@ def _render_taylor(summary: dict[str, Any], console: Console) -> None:
     table.add_row("actual  −Σ ΔD", f"{summary['actual_improvement']:+.4g}", "", "")
     for part, value in summary["contributions"]["first_order"].items():
         if part not in summary["alignment"]:  # the optimizer's own parts (momentum, weight decay)
-            table.add_row(f"  of which first order from {part}", f"{value:+.4g}", "", "")
-    console.print(table)
+            table.add_row(render.text(f"  of which first order from {part}"), f"{value:+.4g}", "", "")
+    render.show(console, table)
     console.print(f"Update split: {summary['update_rule']}", markup=False)
 
 
@@ -232,18 +308,16 @@ def _pair(values: dict[str, float | None]) -> str:
 def _render_spectrum(spectra: list[dict[str, Any]], console: Console) -> None:
     if not spectra:
         return
-    table = Table(title="Top eigenvalues of H_D, and |cos| of each gradient with the top eigenvector",
-                  box=box.SIMPLE, show_edge=False)
-    table.add_column("step", justify="right")
-    table.add_column("eigenvalues", justify="left")
     names = list(spectra[0]["alignment"])
-    for name in [*names, "∇D"]:
-        table.add_column(f"|cos| {name}", justify="right")
+    cosines = tuple(f"|cos| {name}" for name in [*names, "∇D"])
+    # The eigenvalues wrap between numbers, never inside one.
+    table = _secondary("Top eigenvalues of H_D, and |cos| of each gradient with the top eigenvector", "step",
+                       "eigenvalues", *cosines, numbers=("step", *cosines))
     for entry in spectra:
         cosines = [abs(entry["alignment"][n][0]) for n in names] + [abs(entry["downstream_alignment"][0])]
         table.add_row(str(entry["step"]), ", ".join(f"{v:.4g}" for v in entry["eigenvalues"]),
                       *[f"{c:.3f}" for c in cosines])
-    console.print(table)
+    render.show(console, table)
 
 
 def _render_attribution(attribution: dict[str, Any] | None, console: Console) -> None:
@@ -255,7 +329,8 @@ def _render_attribution(attribution: dict[str, Any] | None, console: Console) ->
         console.print(f"Pre-training examples that {title} the downstream task most (first-order improvement, "
                       f"of {attribution['examples']} scored):", markup=False)
         for e in entries:
-            text = e["text"] if len(e["text"]) <= 90 else e["text"][:89] + "…"
-            steps = ",".join(map(str, e["steps"]))
-            console.print(f"  {e['score']:>+10.3g}  {e['objective']:<8} step {steps:<5} {text}", markup=False,
-                          highlight=False)
+            line = f"  {e['score']:>+10.3g}  {e['objective']:<8} step {','.join(map(str, e['steps'])):<5} "
+            # A terminal line ends where the terminal does (the text cut short); a file gets it whole.
+            room = max(console.width - len(line), 30)
+            text = e["text"] if len(e["text"]) <= room else e["text"][: room - 1] + "…"
+            console.print(line + text, markup=False, highlight=False)

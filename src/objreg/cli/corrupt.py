@@ -1,7 +1,8 @@
 """``objreg corrupt NAME --text ...``: see what an objective does to real text.
 
 Tokenises the texts with the default tokenizer, corrupts them with a seeded generator and shows
-the model input, the labels, the extras and the attention mask, token by token.
+the model input, the labels, the extras and the attention mask, token by token. Labels are shown
+by what they are (``ObjectiveInfo.label_kind``): token ids as tokens, class targets as numbers.
 """
 
 from __future__ import annotations
@@ -41,17 +42,32 @@ def _tokens_or_none(tokenizer: objreg.Tokenizer, labels: list[int]) -> list[str 
     return [None if label == objreg.IGNORE_INDEX else s for label, s in zip(labels, strings)]
 
 
+def label_kind(declared: str, labels: torch.Tensor, vocab: objreg.Vocabulary) -> str:
+    """``tokens`` or ``classes``: as declared, or for ``auto`` from the values (class targets when
+    every label is a special token's id, which no token-predicting objective has)."""
+    if declared != "auto":
+        return declared
+    given = labels[labels != objreg.IGNORE_INDEX]
+    if given.numel() and bool(torch.isin(given, vocab.special_id_tensor().to(given.device)).all()):
+        return "classes"
+    return "tokens"
+
+
 def corruption_rows(
-    tokenizer: objreg.Tokenizer, batch: objreg.TokenBatch, corrupted: objreg.CorruptedBatch, mask: torch.Tensor
+    tokenizer: objreg.Tokenizer, batch: objreg.TokenBatch, corrupted: objreg.CorruptedBatch, mask: torch.Tensor,
+    kind: str = "tokens",
 ) -> list[dict[str, Any]]:
     """One dict per row with every field as plain lists (what ``--json`` prints). Rows keep their
-    padding so that positions line up with the attention mask."""
+    padding so that positions line up with the attention mask. ``kind``: the labels are token ids
+    (shown as tokens) or ``classes`` (shown as numbers)."""
     rows = []
     for b in range(batch.batch_size):
+        labels = corrupted.labels[b].tolist()
         rows.append({
             "original": tokenizer.tokens(batch.input_ids[b]),
             "input": tokenizer.tokens(corrupted.input_ids[b]),
-            "labels": _tokens_or_none(tokenizer, corrupted.labels[b].tolist()),
+            "labels": _tokens_or_none(tokenizer, labels) if kind == "tokens" else
+            [None if label == objreg.IGNORE_INDEX else label for label in labels],
             "attention_mask": mask[b].int().tolist(),
             "extras": {name: value[b].tolist() for name, value in sorted(corrupted.extras.items())},
         })
@@ -64,7 +80,8 @@ def corruption_rows(
               help="A text to corrupt; repeat for several rows.")
 @click.option("--seed", default=0, show_default=True, help="Seed of the corruption's random generator.")
 @click.option("--param", "raw_params", multiple=True, metavar="KEY=VALUE",
-              help="Override a parameter of the objective (see `objreg show NAME`); repeatable.")
+              help="Override a parameter of the objective (see `objreg show NAME`); repeatable (default: the "
+                   "objective's reference defaults).")
 @click.option("--seq-len", type=click.IntRange(min=3), default=None,
               help="Truncate rows to this many tokens [default: fit the longest text].")
 @click.option("--char-noise", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True,
@@ -89,11 +106,12 @@ def corrupt(
     objective = registry.get(name, vocab=selection.vocab_with_counts(tokenizer.vocab, batch), **params)
     corrupted = objective.corrupt(batch, torch.Generator().manual_seed(seed))
     mask = objective.attention_mask(corrupted)
-    rows = corruption_rows(tokenizer, batch, corrupted, mask)
+    kind = label_kind(info.label_kind, corrupted.labels, tokenizer.vocab)
+    rows = corruption_rows(tokenizer, batch, corrupted, mask, kind)
     if as_json:
         # Compact: indented, the masks alone would run to thousands of lines.
-        render.echo_json({"objective": name, "seed": seed, "params": dict(objective.params), "rows": rows},
-                         indent=None)
+        render.echo_json({"objective": name, "seed": seed, "params": dict(objective.params), "label_kind": kind,
+                          "rows": rows}, indent=None)
         return
     console = render.console()
     settings = ", ".join(f"{k}={v}" for k, v in objective.params.items()) or "no parameters"
@@ -101,17 +119,17 @@ def corrupt(
     # The terminal view hides padding; JSON keeps it so positions line up with the mask.
     original_padding, input_padding = batch.is_padding.tolist(), corrupted.is_padding.tolist()
     for b, row in enumerate(rows):
-        _print_row(console, b, row, original_padding[b], input_padding[b])
+        _print_row(console, b, row, original_padding[b], input_padding[b], kind)
     _print_mask(console, rows[0], input_padding[0])
 
 
 def _print_row(
-    console: Any, b: int, row: dict[str, Any], original_padding: list[bool], input_padding: list[bool]
+    console: Any, b: int, row: dict[str, Any], original_padding: list[bool], input_padding: list[bool], kind: str,
 ) -> None:
     original = [t for t, pad in zip(row["original"], original_padding) if not pad]
     inputs = [t for t, pad in zip(row["input"], input_padding) if not pad]
     labels = [label for label, pad in zip(row["labels"], input_padding) if not pad]
-    grid = render.table(f"Row {b}", "pos", "original", "input", "label")
+    grid = render.table(f"Row {b}", "pos", "original", "input", "label" if kind == "tokens" else "label (class)")
     for i in range(max(len(original), len(inputs))):
         before = original[i] if i < len(original) else ""
         after = inputs[i] if i < len(inputs) else ""
@@ -122,7 +140,7 @@ def _print_row(
             render.text(after, "bold red" if after != before else ""),
             render.text("·" if label is None else label, "green" if label is not None else "dim"),
         )
-    console.print(grid)
+    render.show(console, grid)
     for name, values in row["extras"].items():
         long = isinstance(values, list) and len(values) > EXTRAS_LIMIT
         shown = [*values[:EXTRAS_LIMIT], "..."] if long else values

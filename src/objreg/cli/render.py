@@ -2,21 +2,31 @@
 
 Commands reach the plugins through :func:`registry`, which asks the root ``objreg`` group for its
 plugin manager, so a test can run the whole CLI on a manager it built itself.
+
+Output that survives redirection: where stdout is not a terminal (``> log.txt``, a pipe, CI),
+tables are drawn at their natural width, never squeezed to 80 columns; on a terminal, text
+columns wrap but number columns never do, and a table that cannot fit even so is drawn wider
+than the terminal (which wraps its lines) rather than cutting a number.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
 import objreg
 
 _PLUGIN_MANAGER_KEY = "objreg.plugin_manager"
+#: Width of a console that is not a terminal: wide enough that no table is squeezed.
+UNBOUNDED_WIDTH = 10_000
 
 
 def plugin_manager(ctx: click.Context) -> Any:
@@ -42,11 +52,16 @@ def echo_json(data: Any, indent: int | None = 2) -> None:
     click.echo(json.dumps(data, indent=indent, ensure_ascii=False))
 
 
-def console() -> Console:
-    """A console on the current stdout (click's test runner swaps it). Soft wrap: long lines
-    (the mask grid) are left for the terminal to wrap rather than broken mid-row; tables still
-    fit themselves to the width."""
-    return Console(soft_wrap=True, highlight=False)
+def console(stderr: bool = False) -> Console:
+    """A console on the current stdout (click's test runner swaps it), or stderr.
+
+    Soft wrap: long lines (the mask grid) are left for the terminal to wrap rather than broken
+    mid-row. Not a terminal: unbounded width, so tables keep their natural width in files.
+    """
+    out = Console(soft_wrap=True, highlight=False, stderr=stderr)
+    if not out.is_terminal:
+        out.width = UNBOUNDED_WIDTH
+    return out
 
 
 def text(value: Any, style: str = "") -> Text:
@@ -54,8 +69,56 @@ def text(value: Any, style: str = "") -> Text:
     return Text("" if value is None else str(value), style=style)
 
 
-def table(title: str, *columns: str) -> Table:
-    grid = Table(title=title, title_justify="left", show_lines=False)
+class NumberTable(Table):
+    """A table that knows which of its columns hold numbers (cells never to be broken or cut)."""
+
+    numbers: set[int]
+
+
+def table(title: str, *columns: str, numbers: tuple[str, ...] = (), **options: Any) -> NumberTable:
+    """A table with a left-aligned title. Columns named in ``numbers`` are right-aligned, and
+    :func:`show` never breaks or cuts their cells."""
+    grid = NumberTable(title=title, title_justify="left", show_lines=False, **options)
+    grid.numbers = set()
     for column in columns:
-        grid.add_column(column)
+        if column in numbers:
+            grid.numbers.add(len(grid.columns))
+            grid.add_column(column, justify="right")
+        else:
+            grid.add_column(column, overflow="fold")
     return grid
+
+
+def show(out: Console, grid: Table) -> None:
+    """Print ``grid`` without breaking or cutting a number.
+
+    At its natural width where that fits (always, where the output is not a terminal). Otherwise
+    each number column is fixed at its widest cell (its header wraps within that), text columns
+    fold, and a table that cannot fit even so is drawn wider than the console (the terminal then
+    wraps its lines) rather than cutting a number.
+    """
+    wide = out.options.update_width(UNBOUNDED_WIDTH)
+    if Measurement.get(out, wide, grid).maximum <= out.width:
+        out.print(grid)
+        return
+    for index in getattr(grid, "numbers", ()):
+        column = grid.columns[index]
+        cells = [Text.from_markup(c) if isinstance(c, str) else c for c in column.cells]
+        header = max((len(word) for word in str(column.header).split()), default=0)
+        column.width = max([header, *(Measurement.get(out, wide, cell).maximum for cell in cells)])
+    needed = Measurement.get(out, wide, grid).minimum
+    with _at_least(out, needed):
+        out.print(grid)
+
+
+@contextmanager
+def _at_least(out: Console, width: int) -> Iterator[None]:
+    if width <= out.width:
+        yield
+        return
+    before = out.width
+    out.width = width
+    try:
+        yield
+    finally:
+        out.width = before

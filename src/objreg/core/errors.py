@@ -64,3 +64,29 @@ class NonFiniteLossError(ObjregError, FloatingPointError):
 
 class DeviceError(ObjregError, RuntimeError):
     """A device was asked for that this machine does not have."""
+
+
+class ResourceError(ObjregError, RuntimeError):
+    """The machine ran out of something a run needs (disk space, memory) or refused a write;
+    the message says what to change."""
+
+
+class PluginFailure(ObjregError):
+    """An exception raised inside a plugin's hook or provider: the message names the plugin,
+    the hook and the distribution it came from. The original exception is the ``__cause__``.
+
+    Attributes:
+        plugin: The plugin's registered name.
+        hook: The hook (or provider) that raised.
+        origin: The distribution (and version) the plugin came from.
+    """
+
+    def __init__(self, plugin: str, hook: str, origin: str, error: BaseException, escape_hatch: bool = True):
+        self.plugin, self.hook, self.origin, self.error = plugin, hook, origin, error
+        detail = " ".join(str(error).split())
+        if len(detail) > 200:
+            detail = detail[:199] + "…"
+        message = f"plugin {plugin!r} ({origin}) failed in {hook}: {type(error).__name__}" + (f": {detail}" if detail else "")
+        if escape_hatch:
+            message += "; to run without installed plugins set OBJREG_LOAD_PLUGINS='' (or list the ones to keep)"
+        super().__init__(message)

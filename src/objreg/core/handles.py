@@ -87,6 +87,10 @@ class Objective(_Handle):
     def _need_vocab(self) -> Vocabulary:
         if self.vocab is None:
             raise InvalidParameterError(f"objective {self.name!r} needs a vocabulary to corrupt: pass vocab=")
+        if not isinstance(self.vocab, Vocabulary):
+            raise InvalidParameterError(
+                f"objective {self.name!r}: vocab must be an objreg.Vocabulary (tokenizer.vocab), got {type(self.vocab).__name__}"
+            )
         return self.vocab
 
     @property
@@ -100,6 +104,7 @@ class Objective(_Handle):
         ``objreg_prepare_batch``; most objectives need nothing). ``model`` is put in eval mode for
         the call and given back in the mode it was in."""
         vocab = self._need_vocab()
+        self._check_batch(batch, vocab, "prepare")
         if not self.prepares:
             return batch
         training = getattr(model, "training", False)
@@ -116,8 +121,35 @@ class Objective(_Handle):
             raise self._problem("objreg_prepare_batch", f"returned {type(result).__name__} instead of a TokenBatch")
         return result
 
+    def _check_batch(self, batch: TokenBatch, vocab: Vocabulary, what: str) -> None:
+        """A :class:`TokenBatch` whose ids lie in this objective's vocabulary (one from another
+        tokenizer would come back with ids beyond it, and index past the model's embeddings)."""
+        if not isinstance(batch, TokenBatch):
+            raise InvalidParameterError(
+                f"objective {self.name!r}: {what} takes a TokenBatch (objreg.tokenize(texts)), got {type(batch).__name__}"
+            )
+        ids = batch.input_ids
+        if not isinstance(ids, torch.Tensor) or ids.dtype not in (torch.int64, torch.int32) or ids.dim() != 2:
+            got = f"{ids.dtype} {tuple(ids.shape)}" if isinstance(ids, torch.Tensor) else type(ids).__name__
+            raise InvalidParameterError(f"objective {self.name!r}: the batch's input_ids must be a 2-D integer "
+                                        f"tensor [B, T], got {got}")
+        if ids.numel() == 0:
+            raise InvalidParameterError(f"objective {self.name!r}: the batch is empty ({tuple(ids.shape)})")
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= vocab.size:
+            bad = high if high >= vocab.size else low
+            raise InvalidParameterError(
+                f"objective {self.name!r}: the batch holds token id {bad}, outside its vocabulary of {vocab.size} ids "
+                f"(0..{vocab.size - 1}); tokenise with the tokenizer whose vocab the objective was given"
+            )
+
     def corrupt(self, batch: TokenBatch, generator: torch.Generator) -> CorruptedBatch:
         vocab = self._need_vocab()
+        self._check_batch(batch, vocab, "corrupt")
+        if not isinstance(generator, torch.Generator):
+            raise InvalidParameterError(
+                f"objective {self.name!r}: corrupt draws from a torch.Generator, got {type(generator).__name__}"
+            )
         result = self._hooks["objreg_corrupt"](batch=batch, generator=generator, params=self.params, vocab=vocab)
         if not isinstance(result, CorruptedBatch):
             raise self._problem("objreg_corrupt", f"returned {type(result).__name__} instead of a CorruptedBatch")

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from objreg.core.errors import InvalidParameterError, PluginError, UnknownNameError, UnknownObjectiveError
+from objreg.core.guard import attributed
 from objreg.core.handles import Objective, Task
 from objreg.core.heads import build_heads
 from objreg.core.hookspecs import DOWNSTREAM_HOOKS, PER_OBJECTIVE_HOOKS, PRETRAIN_HOOKS
@@ -151,12 +152,16 @@ class Registry:
         return sorted(n for n, i in self._infos.items() if i.kind == "downstream")
 
     def info(self, name: str) -> ObjectiveInfo:
+        _check_name(name, "objective or task")
         if name not in self._infos:
             raise UnknownObjectiveError(name, self._infos, kind="objective or task")
         return self._infos[name]
 
     def get(self, name: str, vocab: Vocabulary | None = None, **params: Any) -> Objective:
         """The pre-training objective ``name`` with ``params`` overriding its defaults."""
+        _check_name(name, "objective")
+        if vocab is not None and not isinstance(vocab, Vocabulary):
+            raise InvalidParameterError(f"vocab must be an objreg.Vocabulary (tokenizer.vocab), got {type(vocab).__name__}")
         if name in self._infos and self._infos[name].kind != "pretrain":
             raise InvalidParameterError(
                 f"{name!r} is a downstream task, not a pre-training objective; objectives: {', '.join(self.objectives())}"
@@ -167,6 +172,7 @@ class Registry:
 
     def get_task(self, name: str, **params: Any) -> Task:
         """The downstream task ``name`` with ``params`` overriding its defaults."""
+        _check_name(name, "task")
         if name in self._infos and self._infos[name].kind != "downstream":
             raise InvalidParameterError(
                 f"{name!r} is a pre-training objective, not a downstream task; tasks: {', '.join(self.tasks())}"
@@ -203,16 +209,18 @@ class Registry:
                            [p for p in registered if p.accepts is not None and not p.fallback],
                            [p for p in registered if p.fallback]):
             for provider in candidates:
-                if provider.handles(name):
+                if attributed(self.pm, f"the accepts of {kind} provider {provider.name!r}", provider.handles, name):
                     return provider
         raise UnknownNameError(kind if kind != "tokenizer" else "tokenizer for model", name,
                                [p.name for p in registered])
 
     def load_corpus(self, name: str, cache_dir: Path) -> Corpus:
-        return self.provider("corpus", name).load(name, cache_dir)
+        provider = self.provider("corpus", name)
+        return attributed(self.pm, f"the corpus provider {provider.name!r}", provider.load, name, cache_dir)
 
     def load_tokenizer(self, model: str, corpus: Corpus, cache_dir: Path) -> Any:
-        return self.provider("tokenizer", model).load(model, corpus, cache_dir)
+        provider = self.provider("tokenizer", model)
+        return attributed(self.pm, f"the tokenizer provider {provider.name!r}", provider.load, model, corpus, cache_dir)
 
     def load_model(
         self,
@@ -230,8 +238,16 @@ class Registry:
                 raise InvalidParameterError(
                     f"head {spec.name!r} has unknown kind {spec.kind!r}; registered kinds: {', '.join(sorted(kinds))}"
                 )
-        backbone: nn.Module = self.provider("model", model).load(model, vocab, dict(config or {}), generator)
-        return ObjregModel(backbone, build_heads(heads, backbone, kinds, generator))
+        provider = self.provider("model", model)
+        backbone: nn.Module = attributed(self.pm, f"the model provider {provider.name!r}", provider.load, model, vocab,
+                                         dict(config or {}), generator)
+        return ObjregModel(backbone, attributed(self.pm, "the build of a head kind", build_heads, heads, backbone,
+                                                kinds, generator))
+
+
+def _check_name(name: object, kind: str) -> None:
+    if not isinstance(name, str):
+        raise InvalidParameterError(f"{kind} name must be a str, got {type(name).__name__} {name!r}")
 
 
 def _unknown_hooks(pm: ObjregPluginManager) -> list[str]:

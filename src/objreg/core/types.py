@@ -5,6 +5,9 @@ can flatten them as pytrees; metadata and configuration are frozen dataclasses. 
 batch has the batch dimension first, so a batch can be sliced per example and vmapped over.
 
 Shapes: ``B`` batch size, ``T`` sequence length, ``H`` hidden size, ``V`` vocabulary size.
+
+Longer than objreg's other modules on purpose: every type a plugin author meets is here, so the
+whole data contract reads in one file (docs/hooks.md summarises it).
 """
 
 from __future__ import annotations
@@ -255,6 +258,10 @@ class Param:
 ObjectiveKind = Literal["pretrain", "downstream"]
 
 
+#: What an objective's labels can be (``ObjectiveInfo.label_kind``).
+LABEL_KINDS = ("auto", "tokens", "classes")
+
+
 @dataclass(frozen=True)
 class ObjectiveInfo:
     """What an objective (or downstream task) is, returned by ``objreg_objective_info``.
@@ -276,6 +283,10 @@ class ObjectiveInfo:
         min_sentences: Sentences a row needs (SOP/NSP need 2).
         runs_backbone: True when ``objreg_loss`` runs the backbone itself (``model.encode``) and
             never reads ``outputs.hidden``: the host then skips its own pass and hands ``None``.
+        label_kind: What ``CorruptedBatch.labels`` holds where it is not ``IGNORE_INDEX``, for
+            display (``objreg corrupt``): ``"tokens"`` (token ids to predict), ``"classes"``
+            (class indices per position, e.g. replaced or not) or ``"auto"`` (decided from the
+            values: classes when every label is the id of a special token).
     """
 
     name: str
@@ -289,10 +300,15 @@ class ObjectiveInfo:
     min_seq_len: int = 4
     min_sentences: int = 1
     runs_backbone: bool = False
+    label_kind: str = "auto"
 
     def __post_init__(self) -> None:
         if self.kind not in ("pretrain", "downstream"):
             raise InvalidParameterError(f"ObjectiveInfo {self.name!r}: kind must be 'pretrain' or 'downstream'")
+        if self.label_kind not in LABEL_KINDS:
+            raise InvalidParameterError(
+                f"ObjectiveInfo {self.name!r}: label_kind must be one of {', '.join(LABEL_KINDS)}, got {self.label_kind!r}"
+            )
         names = [p.name for p in self.params]
         if len(set(names)) != len(names):
             raise InvalidParameterError(f"ObjectiveInfo {self.name!r}: duplicate parameter names {names}")

@@ -7,6 +7,7 @@ in :data:`EXPERIMENTS`, run with :func:`run` or ``objreg experiment run NAME``.
 from __future__ import annotations
 
 import importlib
+import tempfile
 from pathlib import Path
 from types import ModuleType
 
@@ -43,6 +44,21 @@ def claims() -> dict[str, str]:
     return {name: module(name).CLAIM for name in EXPERIMENTS}
 
 
+def check_writable_directory(out_dir: Path) -> None:
+    """Create ``out_dir`` and write a scratch file in it, so an unwritable ``--out`` fails before
+    minutes of work rather than after.
+
+    Raises:
+        InvalidParameterError: it cannot be created or written.
+    """
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as e:
+        raise InvalidParameterError(f"--out {str(out_dir)!r} cannot be written: {e.strerror or e}") from None
+
+
 def run(name: str, *, quick: bool = False, seed: int = 0, out_dir: str | Path | None = None,
         device: str = "auto", status=None) -> ExperimentResult:
     """Run the experiment ``name``; with ``out_dir``, also write ``result.json`` and its plots there.
@@ -53,10 +69,12 @@ def run(name: str, *, quick: bool = False, seed: int = 0, out_dir: str | Path | 
     """
     experiment = module(name)
     if out_dir is not None:
+        if not str(out_dir).strip():  # before Path(), which reads "" as "."
+            raise InvalidParameterError("--out is empty: give a directory path (use . for this directory)")
         out_dir = Path(out_dir)
         if out_dir.exists() and not out_dir.is_dir():
             raise InvalidParameterError(f"--out {str(out_dir)!r} exists and is not a directory")
-        out_dir.mkdir(parents=True, exist_ok=True)
+        check_writable_directory(out_dir)  # before the experiment runs, not after
     setting = Setting(quick=quick, seed=seed, out_dir=out_dir, device=device,
                       status=status or (lambda _message: None))
     result = experiment.run(setting)

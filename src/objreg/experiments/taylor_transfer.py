@@ -15,8 +15,9 @@ corruption at every ``η``, so step 0 is the same gradient at the same point and
 only through the trajectory. Quick: ``η = 2e-3 … 2.5e-4`` (4 rates), 4 steps, 8 rows per
 objective of 64 tokens, 16 ``qa`` examples. Full: ``η = 4e-3 … 2.5e-4`` (5 rates), 12 steps, the
 analyzer's default sizes (16 rows of 128 tokens, 64 ``qa`` examples, 100 probe-fitting steps).
-The grid stays below the analyzer's default ``η = 0.01``, where step 0 is outside the Taylor
-regime (its second-order error exceeds the change itself), and far above float64's rounding floor.
+The grid stays below ``η = 0.01`` (where, on the analyzer's former row-split evaluation set,
+step 0 was outside the Taylor regime: its second-order error exceeded the change itself), and
+far above float64's rounding floor.
 
 **Measured.** Per step ``t`` and rate ``η``, the errors ``|first − actual|`` and
 ``|first + second − actual|`` from the analyzer's probe records; per step, the least-squares

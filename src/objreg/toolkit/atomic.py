@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -26,8 +28,10 @@ def atomic_path(path: Path) -> Iterator[Path]:
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as error:
         tmp.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.filename in (None, str(tmp), tmp):
+            error.filename = str(path)  # a full disk is reported for the file being written, not its temporary
         raise
 
 
@@ -43,3 +47,27 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def temporary_name_pattern(name: str) -> str:
+    """The glob pattern of :func:`atomic_path`'s temporary files for a file called ``name``."""
+    return f".{glob.escape(name)}.*.tmp"
+
+
+def remove_stale_temporaries(directory: Path, names: Iterable[str] | None = None, older_than: float = 0.0) -> list[Path]:
+    """Remove temporary files an interrupted :func:`atomic_path` left in ``directory``: those of
+    the files ``names`` (every ``.NAME.*.tmp`` when None) last modified more than ``older_than``
+    seconds ago. Only call it where no other process may be writing them (a locked run directory),
+    or with an age no write takes (a shared cache). Returns what was removed."""
+    removed = []
+    patterns = [temporary_name_pattern(n) for n in names] if names is not None else [".*.tmp"]
+    now = time.time()
+    for pattern in patterns:
+        for path in sorted(Path(directory).glob(pattern)):
+            try:
+                if path.is_file() and not path.is_symlink() and now - path.stat().st_mtime >= older_than:
+                    path.unlink()
+                    removed.append(path)
+            except OSError:
+                continue  # gone already, or not ours to remove: leave it
+    return removed

@@ -17,7 +17,9 @@ formats share the line reader, the JSON records, the JSON type names and the lab
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -72,12 +74,34 @@ def label_order(labels: Sequence[str]) -> list[str]:
     return sorted(distinct)
 
 
+def _not_a_file(path: Path) -> str:
+    if path.is_dir():
+        return "is a directory, not a file"
+    return "is not a regular file (a pipe, FIFO or device)" if path.exists() else "does not exist"
+
+
+def check_regular(path: Path, what: str) -> None:
+    """``path``, if it exists, must be a regular file or a directory: checked with ``stat``,
+    which never blocks (opening a FIFO waits for a writer; a pipe can be read only once).
+
+    Raises:
+        DataError: it is a FIFO, pipe, socket or device.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise DataError(f"{what} is not a regular file (a pipe, FIFO, socket or device): objreg reads its inputs "
+                        f"more than once; save it to a file first")
+
+
 def read_lines(path: Path, what: str, allowed: str = "") -> Iterator[tuple[int, str]]:
     """``(line number, line)`` of a UTF-8 file, streamed, without line endings (a leading BOM is
     not text). Split on newlines only, so line numbers match an editor's. ``what`` names the file
     in errors (``"classification data file"``), ``allowed`` says what the file may hold."""
     if not path.is_file():
-        state = "is a directory, not a file" if path.is_dir() else "does not exist"
+        state = _not_a_file(path)
         raise DataError(f"{what} {path} {state}" + (f"; {allowed}" if allowed else ""))
     try:
         with path.open("rb") as handle:
@@ -116,6 +140,8 @@ def _jsonl_records(path: Path, what: str, allowed: str) -> Iterator[tuple[int, d
             continue
         try:
             value = json.loads(line)
+        except RecursionError:
+            raise DataError(f"{path} line {number}: JSON nested too deeply to read; {allowed}") from None
         except json.JSONDecodeError as e:
             raise DataError(f"{path} line {number}: not valid JSON ({e.msg}, column {e.colno}); {allowed}") from None
         if not isinstance(value, dict):
@@ -508,10 +534,12 @@ def read_squad(path: Path, what: str = "qa data file") -> SquadFile:
     context at ``answer_start`` is skipped (:attr:`SquadFile.mismatched`)."""
     path = Path(path)
     if not path.is_file():
-        state = "is a directory, not a file" if path.is_dir() else "does not exist"
+        state = _not_a_file(path)
         raise DataError(f"{what} {path} {state}; pass a SQuAD v1.1/v2.0 JSON file")
     try:
         top = json.loads(path.read_text(encoding="utf-8"))
+    except RecursionError:
+        raise DataError(f"{path}: JSON nested too deeply to read. {SQUAD_SHAPE}") from None
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: not valid JSON at line {e.lineno}, column {e.colno}: {e.msg}. {SQUAD_SHAPE}") from None
     except UnicodeDecodeError as e:

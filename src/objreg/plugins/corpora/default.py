@@ -32,13 +32,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import objreg
-from objreg.toolkit.atomic import atomic_path
+from objreg.toolkit.atomic import atomic_path, remove_stale_temporaries
 from objreg.toolkit.wordpiece import train_wordpiece, wordpiece_from_vocab, wordpiece_tokenizer
 
 NAME = "default"
 #: Bump when the extraction rules change, so old caches are rebuilt rather than reused.
 CORPUS_FORMAT = 1
-TOKENIZER_FORMAT = 1
+#: 2: trained by objreg's own reproducible WordPiece trainer (toolkit.wordpiece).
+TOKENIZER_FORMAT = 2
 VOCAB_SIZE = 8000
 #: The default tokenizer's vocabulary, trained once on the default corpus and shipped (see
 #: load_tokenizer for why it is not retrained).
@@ -115,10 +116,9 @@ def load_tokenizer(model: str, corpus: objreg.Corpus, cache_dir: Path) -> objreg
     tokenizer of its own (a fallback: a model's own tokenizer provider answers first).
 
     On the default corpus it is the vocabulary shipped with objreg (trained once on this corpus),
-    identical on every machine: WordPiece training is not bit-reproducible (tokenizers#1794), so
-    training it afresh would make the same seed give different numbers on another machine. On any
-    other corpus it is trained on that corpus and cached by content, which keeps it stable on one
-    machine.
+    identical on every machine. On any other corpus it is trained on that corpus by objreg's own
+    reproducible trainer (:func:`objreg.toolkit.wordpiece.train_wordpiece`: the same corpus gives
+    the same tokenizer on any machine, with or without a cache) and cached by content.
     """
     if corpus.name == NAME:
         return wordpiece_from_vocab(SHIPPED_VOCAB, f"default WordPiece-{VOCAB_SIZE} (shipped)")
@@ -329,6 +329,8 @@ def _write_cache(path: Path, write: Callable[[Path], object]) -> None:
     be written the caller goes on without it (with a warning)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        # Temporary files of a write killed an hour ago or more: no write takes that long.
+        remove_stale_temporaries(path.parent, older_than=3600)
         with atomic_path(path) as tmp:
             write(tmp)
     except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception for I/O errors

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import objreg
-from objreg.toolkit.taskfiles import evenly_spaced, is_heading, json_type, read_lines
+from objreg.toolkit.taskfiles import check_regular, evenly_spaced, is_heading, json_type, read_lines
 
 JSONL_SUFFIXES = (".jsonl", ".json")
 #: Names ending like this are meant as paths even when the file does not exist.
@@ -44,6 +44,7 @@ def load_corpus(name: str, cache_dir: Path) -> objreg.Corpus:
             f"corpus file {name!r} does not exist; give a plain-text (.txt) or JSONL (.jsonl) file, "
             f"or a directory of them"
         )
+    check_regular(path, f"corpus {name!r}")  # a FIFO would block, a pipe be read once
     if path.is_dir():
         documents, what, holder = _read_directory(path), f"directory {name}", "its .txt and .jsonl files hold"
     else:
@@ -165,6 +166,8 @@ def _parse_jsonl(path: Path) -> Iterator[Document]:
             continue  # blank lines (a trailing newline, spacing) carry no record
         try:
             record = json.loads(line)
+        except RecursionError:
+            raise objreg.DataError(f"corpus file '{path}' line {number}: JSON nested too deeply to read") from None
         except json.JSONDecodeError as e:
             # A pretty-printed .json file fails here; say how such a file is read.
             hint = " (a .json corpus is read as JSON Lines)" if path.suffix.lower() == ".json" else ""

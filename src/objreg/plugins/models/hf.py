@@ -28,6 +28,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
+import re
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -226,8 +228,18 @@ def load_model(model: str, vocab: Vocabulary, config: Mapping[str, Any], generat
     try:
         with _quiet(transformers):
             backbone = transformers.AutoModel.from_pretrained(str(path), **kwargs)
+    except pickle.UnpicklingError as e:
+        # torch.load(weights_only=True) refused a pickled object: say so in one line (its own
+        # message is six, and ends in advice to turn the protection off).
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+        what = f" ({found.group(1)})" if found else ""
+        raise objreg.DataError(
+            f"model directory {model!r}: its pytorch_model.bin holds pickled Python objects{what} that objreg will not "
+            f"load (unpickling can run code); save the model as safetensors (save_pretrained(DIR, "
+            f"safe_serialization=True)) where you trust it"
+        ) from None
     except (OSError, ValueError) as e:
-        raise objreg.DataError(f"model directory {model!r}: cannot load the model: {e}") from None
+        raise objreg.DataError(f"model directory {model!r}: cannot load the model: {' '.join(str(e).split())}") from None
     for module in backbone.modules():
         if isinstance(module, nn.Dropout):
             module.p = 0.0
