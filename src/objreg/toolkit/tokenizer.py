@@ -143,12 +143,13 @@ class Tokenizer:
             words = list(chain.from_iterable(word_lists))
         else:  # token ids only: every token is a word of its own, and nothing per token to pack
             words_in, words = lengths, []
-        ids = list(chain.from_iterable(ids for ids, _ in sentences))
         per_row = [len(chunk.sentences) for chunk in chunks]
         documents = [chunk.document for chunk in chunks]
-        N, S, B = len(ids), len(sentences), len(chunks)
+        S, B = len(sentences), len(chunks)
         if not given and S == B and lengths[0] > 0 and lengths.count(lengths[0]) == B and per_row.count(1) == B:
-            return self._assemble_equal(ids, lengths[0], documents, seq_len)
+            return self._assemble_equal([ids for ids, _ in sentences], documents, seq_len)
+        ids = list(chain.from_iterable(ids for ids, _ in sentences))
+        N = len(ids)
         integers = ids + words + lengths + words_in + per_row + documents
         flat = torch.frombuffer(bytearray(struct.pack(f"{len(integers)}q", *integers)), dtype=torch.long)
         token_id = flat[:N]
@@ -198,12 +199,15 @@ class Tokenizer:
         document_ids = torch.where(is_padding, -1, document[:, None])
         return TokenBatch(input_ids, is_padding, is_special, word_ids, sentence_ids, document_ids)
 
-    def _assemble_equal(self, ids: list[int], length: int, documents: list[int], seq_len: int) -> TokenBatch:
-        """:meth:`assemble` of rows of token ids only, one run of ``length`` ids each (the rows of
-        a ``group_texts`` pipeline): the same batch, built as ``[B, length]`` blocks instead of a
-        scatter of every token."""
-        B = len(documents)
-        flat = torch.frombuffer(bytearray(struct.pack(f"{len(ids) + B}q", *ids, *documents)), dtype=torch.long)
+    def _assemble_equal(self, rows: list[list[int]], documents: list[int], seq_len: int) -> TokenBatch:
+        """:meth:`assemble` of rows of token ids only, the same number of ids each (the rows of a
+        ``group_texts`` pipeline): the same batch, built as ``[B, length]`` blocks instead of a
+        scatter of every token. Each row is packed on its own, which spares the flat list of all
+        the batch's ids (a third of the packing's cost)."""
+        B, length = len(rows), len(rows[0])
+        row = struct.Struct(f"{length}q")
+        packed = b"".join([row.pack(*ids) for ids in rows]) + struct.pack(f"{B}q", *documents)
+        flat = torch.frombuffer(bytearray(packed), dtype=torch.long)
         n = min(length, seq_len - 2)  # content tokens a row keeps
         tokens = flat[: B * length].view(B, length)[:, :n]
         v = self.vocab
