@@ -62,6 +62,30 @@ def test_structured_attention_equals_the_dense_mask_at_real_queries(name, monkey
     assert torch.allclose(g_structured, g_dense, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("name", list(structures()))
+def test_structured_attention_in_float64_equals_a_softmax_loop_over_the_dense_mask(name, monkeypatch):
+    """Each path of StructuredAttention, in float64, against softmax(q·k/√d) over the keys the
+    dense mask allows, one query at a time; padding queries get zero."""
+    monkeypatch.setattr(layers, "QUERY_BLOCK", 16)
+    mask, kind = structures()[name]
+    heads, size = 2, 8
+    g = torch.Generator().manual_seed(3)
+    q, k, v = (torch.randn(B, heads, T, size, generator=g, dtype=torch.float64) for _ in range(3))
+    out = StructuredAttention(mask, torch.float64)(q, k, v, 0.0)
+    assert out.dtype == torch.float64 and StructuredAttention(mask, torch.float64).kind == kind
+    allowed = mask.dense()
+    expected = torch.zeros_like(out)
+    for b in range(B):
+        for t in range(T):
+            keys = allowed[b, t].nonzero().flatten()
+            if bool(mask.is_padding[b, t]) or keys.numel() == 0:
+                continue
+            for h in range(heads):
+                weights = torch.softmax(k[b, h, keys] @ q[b, h, t] / size**0.5, dim=0)
+                expected[b, h, t] = weights @ v[b, h, keys]
+    assert torch.allclose(out, expected, rtol=0, atol=1e-12), (out - expected).abs().max()
+
+
 def test_block_mask_is_the_dense_mask_cut_to_the_block():
     for mask, _ in structures().values():
         full = mask.dense()

@@ -50,20 +50,25 @@ def split_row(cb: objreg.CorruptedBatch, b: int) -> tuple[list[int], list[int]]:
 
 
 def reconstruct(source: list[int], target: list[int], sentinels=SENTINELS, eos=EOS) -> list[int]:
-    """Put each span of the target back in place of its sentinel in the source (a plain loop)."""
+    """Put the ``k``-th span of the target back in place of the ``k``-th sentinel of the source (a
+    plain loop; pairing by order holds also where a long row reuses the sentinels)."""
     assert target[-1] == eos
-    filled: dict[int, list[int]] = {}
-    current = None
+    sentinels = set(sentinels)
+    pieces: list[list[int]] = []  # [sentinel, span tokens...]
     for token in target[:-1]:
         if token in sentinels:
-            current = token
-            filled[current] = []
+            pieces.append([token])
         else:
-            filled[current].append(token)
-    out = []
+            pieces[-1].append(token)  # IndexError: a target that does not start with a sentinel
+    out, k = [], 0
     for token in source:
-        out += filled.pop(token) if token in filled else [token]
-    assert not filled, "a target span whose sentinel is not in the source"
+        if token in sentinels:
+            assert pieces[k][0] == token, "the k-th sentinels of source and target differ"
+            out += pieces[k][1:]
+            k += 1
+        else:
+            out.append(token)
+    assert k == len(pieces), "a target span whose sentinel is not in the source"
     return out
 
 
@@ -200,6 +205,28 @@ def test_long_rows_reuse_the_sentinels_in_turn(registry):
         out = [x for t in source for x in (next(filled) if t in (5, 6) else [t])]
         assert out == batch.input_ids[b][~batch.is_padding[b]].tolist()
     assert spans_in_source and len([t for t in split_row(cb, 0)[0] if t in (5, 6)]) == 6
+
+
+@pytest.mark.parametrize("T", [2048, 8192])
+def test_pretraining_lengths_cycle_the_64_sentinels_and_reconstruct(registry, T):
+    """At T=2,048 and 8,192 a row has 102 and 409 spans for 64 sentinels: span k gets sentinel
+    k mod 64 in source and target, every id and label is valid, and the row comes back."""
+    lengths = [T - 2, T // 3]
+    batch = synthetic_batch(lengths, seed=9)
+    cb = corrupt(registry, batch)
+    num_noise, num_spans = spans.noise_counts(torch.tensor(lengths), 0.15, 3.0)
+    assert int(num_spans[0]) > len(SENTINELS)
+    assert bool(((cb.input_ids >= 0) & (cb.input_ids < VOCAB.size)).all())
+    assert bool(((cb.labels == IGNORE_INDEX) | ((cb.labels >= 0) & (cb.labels < VOCAB.size))).all())
+    for b in range(2):
+        source, target = split_row(cb, b)
+        k, noise = int(num_spans[b]), int(num_noise[b])
+        cycled = [SENTINELS[i % len(SENTINELS)] for i in range(k)]
+        assert [t for t in source if t in SENTINELS] == cycled == [t for t in target if t in SENTINELS]
+        assert len(target) == noise + k + 1
+        assert reconstruct(source, target) == batch.input_ids[b][~batch.is_padding[b]].tolist()
+        # The labels are the target, read from the last source token on.
+        assert cb.labels[b][len(source) - 1 : len(source) + len(target) - 1].tolist() == target
 
 
 def test_no_sentinels_at_all_is_a_clear_error(registry):

@@ -52,15 +52,19 @@ def split_row(cb, b):
 
 
 def reconstruct(source: list[int], target: list[int]) -> list[int]:
+    """The ``k``-th span of the target in place of the ``k``-th sentinel of the source (by order, so
+    reused sentinels pair up too)."""
     assert target[-1] == NAMED["[EOS]"]
-    filled, current = {}, None
+    sentinels, pieces = set(SENTINELS), []
     for token in target[:-1]:
-        if token in SENTINELS:
-            current = token
-            filled[current] = []
+        if token in sentinels:
+            pieces.append([token])
         else:
-            filled[current].append(token)
-    return [t for token in source for t in (filled.pop(token) if token in filled else [token])]
+            pieces[-1].append(token)
+    spans_in_source = [t for t in source if t in sentinels]
+    assert spans_in_source == [p[0] for p in pieces], "source and target sentinels differ"
+    filled = iter(pieces)
+    return [t for token in source for t in (next(filled)[1:] if token in sentinels else [token])]
 
 
 def test_defaults_follow_the_survey(registry):
@@ -105,6 +109,26 @@ def test_mode_token_and_corruption_match_each_rows_denoiser(registry):
             assert len(target) == noise + num_spans + 1
             assert reconstruct(source[1:], target) == original
     assert seen == {"R", "X", "S"}
+
+
+@pytest.mark.parametrize("T", [2048, 8192])
+@pytest.mark.parametrize("denoiser", ["R:3:0.15", "X:3:0.5"])
+def test_pretraining_lengths_cycle_the_sentinels_and_reconstruct(registry, T, denoiser):
+    """Span denoisers at T=2,048 and 8,192 need 102 to 1,365 sentinels of 64: span k gets sentinel
+    k mod 64, and each row comes back from its source and target."""
+    _, mean, density = denoiser.split(":")
+    lengths = [T - 2, T // 2]
+    batch = synthetic_batch(lengths, seed=6)
+    cb = corrupt(registry, batch, denoisers=denoiser, weights="1")
+    noise, num_spans = spans.noise_counts(torch.tensor(lengths), float(density), float(mean))
+    for b in range(2):
+        source, target = split_row(cb, b)
+        k = int(num_spans[b])
+        assert source[0] == MODE["R" if denoiser.startswith("R") else "X"]
+        assert [t for t in source if t in SENTINELS] == [SENTINELS[i % len(SENTINELS)] for i in range(k)]
+        assert len(target) == int(noise[b]) + k + 1
+        assert reconstruct(source[1:], target) == batch.input_ids[b][~batch.is_padding[b]].tolist()
+    assert int(num_spans[0]) > len(SENTINELS)
 
 
 def test_without_mode_tokens(registry):
