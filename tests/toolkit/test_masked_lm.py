@@ -52,3 +52,17 @@ def test_masked_lm_loss_adds_smoothing_and_a_stopped_consistency_term(zipf):
     # extras hold data only: the loss options come from params.
     assert set(cb.extras) == {"masked_positions", "masked_weights", "consistency_input_ids", "consistency_positions",
                               "consistency_weights"}
+
+
+def test_document_positions_equal_positions_within_documents():
+    """The one-document shortcut gives what the scan gives, and packed rows still take the scan."""
+    g = torch.Generator().manual_seed(0)
+    B, T = 6, 23
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    padding = torch.arange(T)[None, :] >= lengths[:, None]
+    one = torch.where(padding, -1, torch.arange(B)[:, None] + 5)
+    packed = torch.where(padding, -1, torch.randint(0, 3, (B, T), generator=g).cumsum(dim=1))
+    for documents in (one, packed, one[:, :1], one[:, :0]):
+        expected = objreg.masks.positions_within_documents(documents)
+        assert torch.equal(masked_lm.document_positions(documents), expected)
+    assert not torch.equal(objreg.masks.positions_within_documents(packed), torch.arange(T).expand(B, T))
