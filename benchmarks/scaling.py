@@ -242,10 +242,10 @@ def plot(result: dict[str, Any], path: str) -> None:
 
     figure, axes = plt.subplots(2, 3, figsize=(15, 8.5))
     panels = (("corruption", "corruption per batch (assemble + corrupt)", ("objreg", "reference")),
-              ("attention", "attention for one pass", ("structured_plan", "dense", "dense_bias")),
+              ("attention", "attention for one pass", ("structured", "structured_plan", "dense", "dense_bias")),
               ("training", "one training step (default model)", ("structured", "dense")))
     colors = {"mlm": "C0", "clm": "C1", "t5": "C2"}
-    styles = {"objreg": "-", "structured": "-", "structured_plan": "-", "reference": "--", "dense": "--",
+    styles = {"objreg": "-", "structured": "-", "structured_plan": "-.", "reference": "--", "dense": "--",
               "dense_bias": ":"}
     for column, (part, title, sides) in enumerate(panels):
         for row, (measure, unit) in enumerate((("ms", "ms per batch"), ("mib", "peak MiB per batch"))):
@@ -253,7 +253,8 @@ def plot(result: dict[str, Any], path: str) -> None:
             for name, series in result["series"].get(part, {}).items():
                 for side in sides:
                     xs = [p["T"] for p in series if side in p.get(measure, {})]
-                    ys = [max(p[measure][side], 1e-3) for p in series if side in p.get(measure, {})]
+                    floor = 1e-2 if measure == "mib" else 1e-3  # below the resolution: drawn at the floor
+                    ys = [max(p[measure][side], floor) for p in series if side in p.get(measure, {})]
                     if xs:
                         label = f"{name} {REFERENCES.get(name, 'reference') if side == 'reference' else side}"
                         ax.plot(xs, ys, styles[side], marker="o", label=label, color=colors.get(name, "C3"))
