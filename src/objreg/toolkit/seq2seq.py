@@ -51,12 +51,13 @@ def require_tokens(vocab: Vocabulary | None, tokens: tuple[str, ...], sentinels:
     if sentinels and not vocab.sentinel_ids:
         missing.append("span sentinels (<extra_id_0>, <extra_id_1>, ...)")
     if missing:
-        added = [t for t in tokens if t not in vocab.named_ids] + (
-            [f"<extra_id_{i}>" for i in (0, 1)] + ["..."] if sentinels and not vocab.sentinel_ids else [])
+        added = [t for t in tokens if t not in vocab.named_ids]
+        if sentinels and not vocab.sentinel_ids:
+            added += ["<extra_id_0>", "<extra_id_1>", "..."]
         raise DataError(
-            f"{objective} needs {', '.join(missing)}, which the tokenizer lacks; add them as special tokens "
-            f"(tokenizer.add_special_tokens({{'additional_special_tokens': [{', '.join(added)}]}})), resize the "
-            f"model (model.resize_token_embeddings(len(tokenizer))) and save both to the model directory"
+            f"{objective} needs {', '.join(missing)}, which the tokenizer lacks; add them "
+            f"(tokenizer.add_tokens({added!r}, special_tokens=True)), resize the model "
+            f"(model.resize_token_embeddings(len(tokenizer))) and save both to the model directory"
         )
 
 

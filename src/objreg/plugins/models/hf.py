@@ -68,7 +68,7 @@ ROLES = {
 }
 #: Other names of the named markers in released tokenizers (StarCoder, Qwen / CodeLlama-style).
 MARKER_ALIASES = {
-    "[EOS]": ("eos_token",),
+    "[EOS]": ("eos_token", "<|endoftext|>", "</s>"),
     "[FIM_PREFIX]": ("<fim_prefix>", "<|fim_prefix|>"),
     "[FIM_MIDDLE]": ("<fim_middle>", "<|fim_middle|>"),
     "[FIM_SUFFIX]": ("<fim_suffix>", "<|fim_suffix|>"),
@@ -253,11 +253,13 @@ def load_tokenizer(model: str) -> objreg.Tokenizer:
 
 
 def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Bool ``[B, T, S]`` (True: may attend) as the 4-D additive mask ``[B, 1, T, S]``. finfo.min,
-    not -inf: a query with no allowed key gets a uniform row, not NaN. Both values in the model's
-    dtype (float64's minimum does not fit the default float32)."""
+    """Bool ``[B, T, S]`` (True: may attend) as the 4-D additive mask ``[B, 1, T, S]``. A finite
+    floor, not -inf: a query with no allowed key gets a uniform row, not NaN. The floor fits the
+    model's dtype and float32 alike (Llama's eager attention takes its softmax in float32, where
+    float64's minimum would become -inf)."""
     zero = torch.zeros((), dtype=dtype, device=mask.device)
-    floor = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=mask.device)
+    floor = torch.full((), max(torch.finfo(dtype).min, torch.finfo(torch.float32).min), dtype=dtype,
+                       device=mask.device)
     return torch.where(mask, zero, floor)[:, None]
 
 
