@@ -24,6 +24,10 @@ Traps handled here:
   ``eager`` attention, so ``jvp``, ``vmap`` and double backward all work.
 * Dropout (modules, and the float rates BART and Llama apply functionally) would make two
   forward passes differ and break the Taylor check: all are set to 0, as in the default backbone.
+* An embedding's ``padding_idx`` drops that row's gradient in reverse mode only: where the id is
+  a real token (BART's pad id 1 is a BERT vocabulary's first ``[unusedN]``, a span sentinel),
+  backward and forward-mode derivatives would disagree. ``padding_idx`` is cleared (the forward
+  pass is the same; padding positions never reach a loss, so their rows get no gradient anyway).
 
 The tokenizer is the directory's ``tokenizer.json`` as its users built it (:func:`load_tokenizer`):
 BERT's specials where it has them, else the GPT-2/T5 ones (``<|endoftext|>``, ``</s>``, ``<pad>``);
@@ -369,10 +373,13 @@ def _check_length(input_ids: torch.Tensor, max_positions: int) -> None:
         )
 
 
-def _no_dropout(model: nn.Module) -> None:
+def _deterministic(model: nn.Module) -> None:
+    """No dropout, and no ``padding_idx`` (module docstring)."""
     for module in model.modules():
         if isinstance(module, nn.Dropout):
             module.p = 0.0
+        if isinstance(module, nn.Embedding):
+            module.padding_idx = None
         for name in DROPOUT_ATTRIBUTES:
             if isinstance(getattr(module, name, None), float):
                 setattr(module, name, 0.0)
@@ -410,7 +417,7 @@ def load_model(
         ) from None
     except (OSError, ValueError) as e:
         raise objreg.DataError(f"model directory {model!r}: cannot load the model: {' '.join(str(e).split())}") from None
-    _no_dropout(loaded)
+    _deterministic(loaded)
     embedding_rows = loaded.get_input_embeddings().weight.shape[0]
     if vocab.size > embedding_rows:
         raise objreg.DataError(
