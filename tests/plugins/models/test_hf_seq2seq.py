@@ -6,17 +6,15 @@ bidirectional rows; a clear refusal of causal objectives."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
 
 import objreg
 from objreg.analysis.functional import ObjectiveFunction, detached, shared_parameters
 from objreg.analysis.per_sample import dots_loop, per_sample_dots
+from objreg.cli import make_cli
 from objreg.core.registry import merge_heads
 
 transformers = pytest.importorskip("transformers")
@@ -105,11 +103,10 @@ def test_causal_objectives_are_refused_in_one_line(registry, model_dir, name, te
 
 @pytest.mark.e2e
 def test_analyze_t5_and_bart_on_a_t5_directory(model_dir, tmp_path):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(objreg.__file__).parents[1])}
-    command = [sys.executable, "-m", "objreg", "analyze", "--pretrain", "t5,bart", "--downstream", "qa",
-               "--model", model_dir("t5"), "--steps", "1", "--batch-size", "2", "--eval-size", "4", "--seq-len", "32",
-               "--head-warmup-steps", "1", "--head-fit-size", "4", "--out", str(tmp_path / "run")]
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
+    args = ["analyze", "--pretrain", "t5,bart", "--downstream", "qa", "--model", model_dir("t5"), "--steps", "1",
+            "--batch-size", "2", "--eval-size", "4", "--seq-len", "32", "--head-warmup-steps", "1",
+            "--head-fit-size", "4", "--out", str(tmp_path / "run")]
+    done = CliRunner().invoke(make_cli(), args)
+    assert done.exit_code == 0, done.output[-2000:]
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert set(report["summary"]["alignment"]) == {"t5", "bart"}
