@@ -42,9 +42,8 @@ class _Handle:
         model (:data:`CAUSAL`)."""
         mask = self._hooks["objreg_attention_mask"](batch=batch, params=self.params)
         B, T = batch.input_ids.shape
-        if isinstance(mask, AttentionMask) and mask.shape == (B, T, T):
-            return _causal(mask) if CAUSAL in batch.extras else mask
-        if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and tuple(mask.shape) == (B, T, T):
+        structured = isinstance(mask, AttentionMask) and mask.shape == (B, T, T)
+        if structured or isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and tuple(mask.shape) == (B, T, T):
             return _causal(mask) if CAUSAL in batch.extras else mask
         got = f"{tuple(mask.shape)} {getattr(mask, 'dtype', mask.__class__.__name__)}" if hasattr(mask, "shape") \
             else type(mask).__name__

@@ -121,6 +121,26 @@ def test_byte_level_bpe_tokenizer_plays_every_role_with_endoftext(registry, gpt2
     assert tokenizer.decode(batch.input_ids[0]).startswith("The committee met")
 
 
+def test_byte_level_bpe_clm_and_causal_qa_dots_equal_a_loop_in_float64(registry, gpt2_bpe_dir, texts):
+    tokenizer = registry.load_tokenizer(gpt2_bpe_dir, objreg.Corpus("unused", ()), objreg.cache_dir())
+    documents = [objreg.toolkit.tokenizer.split_sentences(t) for t in texts * 3]
+    task = registry.get_task("qa")
+    data = task.task_data(None, documents, tokenizer, 48, 4)
+    objective = registry.get("clm", vocab=tokenizer.vocab)
+    heads = merge_heads({"clm": objective.info.heads, "qa": data.heads})
+    model = registry.load_model(gpt2_bpe_dir, tokenizer.vocab, heads, {}, torch.Generator().manual_seed(0)).double()
+    shared = detached(shared_parameters(model))
+    g = torch.Generator().manual_seed(1)
+    direction = {n: torch.randn(t.shape, generator=g, dtype=t.dtype) for n, t in shared.items()}
+    batch = objective.corrupt(tokenizer.batch_from_texts(texts, 24), torch.Generator().manual_seed(0))
+    assert data.batch.extras["causal"].all()
+    for function in (ObjectiveFunction(model, objective, batch), ObjectiveFunction(model, task, data.batch)):
+        auto, _ = per_sample_dots(function, shared, direction, "auto")
+        loop = dots_loop(function, shared, direction)
+        assert (loop.abs() > 0).all()
+        torch.testing.assert_close(auto, loop, rtol=1e-9, atol=1e-9 * float(loop.abs().max()))
+
+
 def test_fim_is_refused_before_the_model_loads_and_the_fix_works(registry, gpt2_bpe_dir, tmp_path, texts):
     # A directory whose weights cannot load: the refusal comes from the vocabulary alone.
     broken = tmp_path / "broken"

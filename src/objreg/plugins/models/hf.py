@@ -169,7 +169,7 @@ def architecture(path: Path) -> str:
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise objreg.DataError(f"{path / 'config.json'}: cannot be read as JSON ({e})") from None
+        raise objreg.DataError(f"model directory {str(path)!r}: cannot read config.json: not valid JSON ({e})") from None
     if config.get("is_encoder_decoder"):
         return "encoder-decoder"
     try:
