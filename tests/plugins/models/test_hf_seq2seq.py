@@ -101,6 +101,33 @@ def test_causal_objectives_are_refused_in_one_line(registry, model_dir, name, te
     assert "\n" not in str(refused.value)
 
 
+def test_a_t5_style_tokenizer_plays_its_own_roles(registry, tmp_path, texts, tiny_model):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = sorted({w for t in texts for w in t.replace(".", " .").split()})
+    specials = ["<pad>", "</s>", "<unk>"]
+    sentinels = [f"<extra_id_{i}>" for i in range(10)]
+    vocab = {token: i for i, token in enumerate(specials + words + sentinels)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.add_special_tokens(specials + sentinels)
+    backend.save(str(tmp_path / "tokenizer.json"))
+    tiny_model(tmp_path, "t5", len(vocab))
+    tokenizer = registry.load_tokenizer(str(tmp_path), objreg.Corpus("unused", ()), objreg.cache_dir())
+    v = tokenizer.vocab
+    assert (v.pad_id, v.unk_id, v.cls_id, v.sep_id) == (0, 2, 1, 1)  # <pad>, <unk>, </s> ends (and starts) rows
+    assert tokenizer.tokens(list(v.sentinel_ids)) == sentinels and v.named_ids["[EOS]"] == 1
+    with pytest.raises(objreg.DataError, match="^mlm needs a mask token"):
+        registry.get("mlm", vocab=v)  # T5's vocabulary has none
+    objective = registry.get("t5", vocab=v)
+    heads = merge_heads({"t5": objective.info.heads})
+    model = registry.load_model(str(tmp_path), v, heads, {}, torch.Generator().manual_seed(0))
+    batch = objective.corrupt(tokenizer.batch_from_texts(texts, 24), torch.Generator().manual_seed(0))
+    targets = batch.input_ids[batch.labels != objreg.IGNORE_INDEX]
+    assert set(v.sentinel_ids) & set(batch.input_ids.flatten().tolist())  # T5's own sentinels mark the spans
+    assert torch.isfinite(objective.losses(model, batch)).all() and targets.numel() > 0
+
+
 @pytest.mark.e2e
 def test_analyze_t5_and_bart_on_a_t5_directory(model_dir, tmp_path):
     args = ["analyze", "--pretrain", "t5,bart", "--downstream", "qa", "--model", model_dir("t5"), "--steps", "1",

@@ -68,7 +68,9 @@ ROLES = {
     "sep": ("sep_token", "[SEP]", "eos_token", "</s>", "<|endoftext|>"),
     "pad": ("pad_token", "[PAD]", "<pad>", "eos_token", "<|endoftext|>"),
     "unk": ("unk_token", "[UNK]", "<unk>", "eos_token", "<|endoftext|>"),
-    "mask": ("mask_token", "[MASK]", "<mask>", "unk_token", "[UNK]", "<unk>", "eos_token", "<|endoftext|>"),
+    # No mask token of its own: the end-of-text token stands in (the built-in qa set's questions
+    # need a placeholder), and objectives that insert masks refuse (masked_lm.require_mask_token).
+    "mask": ("mask_token", "[MASK]", "<mask>", "eos_token", "</s>", "<|endoftext|>"),
 }
 #: Other names of the named markers in released tokenizers (StarCoder, Qwen / CodeLlama-style).
 MARKER_ALIASES = {
