@@ -42,7 +42,6 @@ Written like a third-party plugin: it imports only the public ``objreg`` facade,
 from __future__ import annotations
 
 import contextlib
-import itertools
 import json
 import os
 import pickle
@@ -56,30 +55,8 @@ from torch import nn
 
 import objreg
 from objreg import Vocabulary
-from objreg.toolkit import encoder_decoder
+from objreg.toolkit import encoder_decoder, special_tokens
 
-#: objreg's named markers, in the order they take the [unusedN] tokens after the sentinels.
-NAMED_MARKERS = ("[EOS]", "[NLU]", "[NLG]", "[S2S]", "[FIM_PREFIX]", "[FIM_MIDDLE]", "[FIM_SUFFIX]", "[FIM_PAD]")
-NUM_SENTINELS = 64
-#: The tokens that play each of objreg's roles, first found wins: ``*_token`` entries are the
-#: directory's own settings (special_tokens_map.json, tokenizer_config.json), the rest literal.
-ROLES = {
-    "cls": ("cls_token", "[CLS]", "bos_token", "<s>", "eos_token", "<|endoftext|>", "</s>"),
-    "sep": ("sep_token", "[SEP]", "eos_token", "</s>", "<|endoftext|>"),
-    "pad": ("pad_token", "[PAD]", "<pad>", "eos_token", "<|endoftext|>"),
-    "unk": ("unk_token", "[UNK]", "<unk>", "eos_token", "<|endoftext|>"),
-    # No mask token of its own: the end-of-text token stands in (the built-in qa set's questions
-    # need a placeholder), and objectives that insert masks refuse (masked_lm.require_mask_token).
-    "mask": ("mask_token", "[MASK]", "<mask>", "eos_token", "</s>", "<|endoftext|>"),
-}
-#: Other names of the named markers in released tokenizers (StarCoder, Qwen / CodeLlama-style).
-MARKER_ALIASES = {
-    "[EOS]": ("eos_token", "<|endoftext|>", "</s>"),
-    "[FIM_PREFIX]": ("<fim_prefix>", "<|fim_prefix|>"),
-    "[FIM_MIDDLE]": ("<fim_middle>", "<|fim_middle|>"),
-    "[FIM_SUFFIX]": ("<fim_suffix>", "<|fim_suffix|>"),
-    "[FIM_PAD]": ("<fim_pad>", "<|fim_pad|>"),
-}
 SETTING_KEYS = ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token", "bos_token", "eos_token")
 #: Float dropout rates some transformers modules apply functionally (BART, Llama).
 DROPOUT_ATTRIBUTES = ("dropout", "attention_dropout", "activation_dropout", "layerdrop")
@@ -186,41 +163,6 @@ def architecture(path: Path) -> str:
     return "encoder"
 
 
-def _pick(backend: Any, candidates: tuple[str, ...], settings: Mapping[str, str]) -> str | None:
-    """The first candidate the vocabulary holds (``*_token``: the directory's setting)."""
-    for candidate in candidates:
-        token = settings.get(candidate) if candidate.endswith("_token") else candidate
-        if token is not None and backend.token_to_id(token) is not None:
-            return token
-    return None
-
-
-def _sentinels(backend: Any) -> list[str]:
-    """T5's ``<extra_id_0>``, ``<extra_id_1>``, ... as far as they go, else BERT's first 64
-    ``[unusedN]``, else none."""
-    t5 = list(itertools.takewhile(lambda t: backend.token_to_id(t) is not None,
-                                  (f"<extra_id_{i}>" for i in itertools.count())))
-    if t5:
-        return t5
-    unused = [f"[unused{i}]" for i in range(NUM_SENTINELS)]
-    return unused if all(backend.token_to_id(t) is not None for t in unused) else []
-
-
-def _named(backend: Any, settings: Mapping[str, str]) -> dict[str, str]:
-    """objreg's named markers: under their own names or a released alias, else the [unusedN]
-    tokens after the 64 sentinels (BERT vocabularies), else left out."""
-    unused = [f"[unused{i}]" for i in range(NUM_SENTINELS, NUM_SENTINELS + len(NAMED_MARKERS))]
-    has_unused = all(backend.token_to_id(t) is not None for t in unused)
-    named = {}
-    for marker, spare in zip(NAMED_MARKERS, unused):
-        token = _pick(backend, (marker, *MARKER_ALIASES.get(marker, ())), settings)
-        if token is None and has_unused:
-            token = spare
-        if token is not None:
-            named[marker] = token
-    return named
-
-
 def load_tokenizer(model: str) -> objreg.Tokenizer:
     """The model directory's ``tokenizer.json`` with its truncation, padding and post-processor
     switched off (objreg frames rows itself), each role played by the token the module docstring
@@ -241,16 +183,15 @@ def load_tokenizer(model: str) -> objreg.Tokenizer:
     backend.no_truncation()
     backend.no_padding()
     settings = _settings(path)
-    roles = {role: _pick(backend, candidates, settings) for role, candidates in ROLES.items()}
-    missing = [role for role, token in roles.items() if token is None]
-    if missing:
+    roles = special_tokens.roles(backend, settings)
+    if None in roles.values():
         raise objreg.DataError(
             f"{file}: no token to start and end rows with (it has none of [CLS]/[SEP], <s>/</s>, <|endoftext|> or a "
             f"bos/eos token); give the tokenizer one, e.g. tokenizer.add_special_tokens({{'eos_token': '</s>'}}), "
             f"resize the model's embeddings and save both to {model}"
         )
     return objreg.Tokenizer(
-        backend, **roles, sentinels=_sentinels(backend), named=_named(backend, settings),
+        backend, **roles, sentinels=special_tokens.sentinels(backend), named=special_tokens.named(backend, settings),
         name=f"{path.name} (tokenizer.json)", architecture=architecture(path),
     )
 
