@@ -29,7 +29,8 @@ Traps handled here:
   backward and forward-mode derivatives would disagree. ``padding_idx`` is cleared (the forward
   pass is the same; padding positions never reach a loss, so their rows get no gradient anyway).
 
-The tokenizer is the directory's ``tokenizer.json`` as its users built it (:func:`load_tokenizer`):
+The tokenizer is the directory's ``tokenizer.json`` as its users built it (:func:`load_tokenizer`,
+:mod:`objreg.toolkit.special_tokens`):
 BERT's specials where it has them, else the GPT-2/T5 ones (``<|endoftext|>``, ``</s>``, ``<pad>``);
 span sentinels from T5's ``<extra_id_N>`` or BERT's first 64 ``[unusedN]``; objreg's named markers
 (``[EOS]``, ``[FIM_PREFIX]``, ...) under their own names, StarCoder's/Qwen's FIM names, or the
