@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
+import objreg
+
 transformers = pytest.importorskip("transformers")
 
 TEXTS = [
@@ -20,6 +22,11 @@ TEXTS = [
     "Bees collect nectar. They store honey in wax cells.",
 ]
 BERT_VOCAB = 30522
+
+
+@pytest.fixture(scope="session")
+def registry() -> objreg.Registry:
+    return objreg.Registry.load(load_entrypoints=False)
 
 
 @pytest.fixture(scope="session")

@@ -21,13 +21,12 @@ from objreg.plugins.models import hf
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module")
-def registry() -> objreg.Registry:
-    return objreg.Registry.load(load_entrypoints=False)
+def tokenizer_of(registry, directory):
+    return registry.load_tokenizer(directory, objreg.Corpus("unused", ()), objreg.cache_dir())
 
 
 def load(registry, directory, names):
-    tokenizer = registry.load_tokenizer(directory, objreg.Corpus("unused", ()), objreg.cache_dir())
+    tokenizer = tokenizer_of(registry, directory)
     heads = merge_heads({n: registry.info(n).heads for n in names})
     model = registry.load_model(directory, tokenizer.vocab, heads, {}, torch.Generator().manual_seed(0))
     return tokenizer, model
@@ -72,7 +71,7 @@ def test_per_sample_dots_equal_a_loop_in_float64(registry, model_dir, family, na
 
 @pytest.mark.parametrize("task", ["qa", "classification", "token_classification"])
 def test_tasks_run_causally_on_a_decoder(registry, model_dir, task, texts):
-    tokenizer, model = load(registry, model_dir("gpt2"), ())
+    tokenizer = tokenizer_of(registry, model_dir("gpt2"))
     documents = [objreg.toolkit.tokenizer.split_sentences(t) for t in texts * 3]
     handle = registry.get_task(task)
     data = handle.task_data(None, documents, tokenizer, 48, 6)
@@ -89,7 +88,7 @@ def test_tasks_run_causally_on_a_decoder(registry, model_dir, task, texts):
 
 
 def test_classification_reads_the_last_real_token_on_a_decoder(registry, model_dir, texts):
-    tokenizer, model = load(registry, model_dir("gpt2"), ())
+    tokenizer = tokenizer_of(registry, model_dir("gpt2"))
     documents = [objreg.toolkit.tokenizer.split_sentences(t) for t in texts * 3]
     task = registry.get_task("classification")
     data = task.task_data(None, documents, tokenizer, 48, 6)
@@ -97,8 +96,8 @@ def test_classification_reads_the_last_real_token_on_a_decoder(registry, model_d
                                 torch.Generator().manual_seed(0)).double()
     batch = data.batch
     losses = task.losses(model, batch)
-    # Independently: the classifier on the hidden state of each row's last real token.
-    hidden = model.encode(batch.input_ids, task.attention_mask(batch), batch.position_ids)
+    # Independently: the classifier on the causal hidden state of each row's last real token.
+    hidden = model.encode(batch.input_ids, objreg.masks.causal(batch.is_padding), batch.position_ids)
     last = (~batch.is_padding).sum(1) - 1
     logits = model.heads["classification"](hidden[torch.arange(batch.batch_size), last][:, None])
     expected = torch.nn.functional.cross_entropy(logits, batch.extras["label"], reduction="none")
@@ -107,7 +106,7 @@ def test_classification_reads_the_last_real_token_on_a_decoder(registry, model_d
 
 
 def test_byte_level_bpe_tokenizer_plays_every_role_with_endoftext(registry, gpt2_bpe_dir, texts):
-    tokenizer = registry.load_tokenizer(gpt2_bpe_dir, objreg.Corpus("unused", ()), objreg.cache_dir())
+    tokenizer = tokenizer_of(registry, gpt2_bpe_dir)
     vocab = tokenizer.vocab
     eot = tokenizer.backend.token_to_id("<|endoftext|>")
     assert (vocab.cls_id, vocab.sep_id, vocab.pad_id, vocab.unk_id) == (eot, eot, eot, eot)
@@ -122,7 +121,7 @@ def test_byte_level_bpe_tokenizer_plays_every_role_with_endoftext(registry, gpt2
 
 
 def test_byte_level_bpe_clm_and_causal_qa_dots_equal_a_loop_in_float64(registry, gpt2_bpe_dir, texts):
-    tokenizer = registry.load_tokenizer(gpt2_bpe_dir, objreg.Corpus("unused", ()), objreg.cache_dir())
+    tokenizer = tokenizer_of(registry, gpt2_bpe_dir)
     documents = [objreg.toolkit.tokenizer.split_sentences(t) for t in texts * 3]
     task = registry.get_task("qa")
     data = task.task_data(None, documents, tokenizer, 48, 4)
@@ -147,7 +146,7 @@ def test_fim_is_refused_before_the_model_loads_and_the_fix_works(registry, gpt2_
     broken.mkdir()
     for name in ("config.json", "tokenizer.json"):
         (broken / name).write_bytes((Path(gpt2_bpe_dir) / name).read_bytes())
-    tokenizer = registry.load_tokenizer(str(broken), objreg.Corpus("unused", ()), objreg.cache_dir())
+    tokenizer = tokenizer_of(registry, str(broken))
     with pytest.raises(objreg.DataError) as refused:
         registry.get("fim", vocab=tokenizer.vocab)
     message = str(refused.value)

@@ -20,11 +20,6 @@ from objreg.core.registry import merge_heads
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module")
-def registry() -> objreg.Registry:
-    return objreg.Registry.load(load_entrypoints=False)
-
-
 def load(registry, directory, names):
     tokenizer = registry.load_tokenizer(directory, objreg.Corpus("unused", ()), objreg.cache_dir())
     heads = merge_heads({n: registry.info(n).heads for n in names})
