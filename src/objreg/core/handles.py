@@ -67,17 +67,22 @@ class _Handle:
             raise self._problem("objreg_loss", f"returned {got} instead of per-sample losses of shape [{B}]")
         return loss
 
-    def losses(self, model: Model, batch: CorruptedBatch, mask: torch.Tensor | None = None) -> torch.Tensor:
-        """The backbone pass and the loss: per-sample losses ``[B]`` of ``model`` on ``batch``.
-        The pass is skipped for an objective that runs the backbone itself."""
-        if mask is None:
-            mask = self.attention_mask(batch)
-        if getattr(model, "architecture", "encoder") == "encoder-decoder" and self.info.pattern in ("causal", "custom"):
+    def check_architecture(self, architecture: str) -> None:
+        """Refuse, in one line, to run a causal or custom mask on an encoder-decoder
+        (``Backbone.architecture``; docs/models.md). Cheap: run it before loading a model too."""
+        if architecture == "encoder-decoder" and self.info.pattern in ("causal", "custom"):
             raise InvalidParameterError(
                 f"{self.name!r} ({self.info.pattern} attention) does not run on an encoder-decoder model, whose encoder "
                 f"is bidirectional and whose decoder reads a source; there use t5, bart, ul2 or prefix_lm (encoder and "
                 f"decoder) or a bidirectional objective (the encoder alone), or load a decoder-only model"
             )
+
+    def losses(self, model: Model, batch: CorruptedBatch, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The backbone pass and the loss: per-sample losses ``[B]`` of ``model`` on ``batch``.
+        The pass is skipped for an objective that runs the backbone itself."""
+        if mask is None:
+            mask = self.attention_mask(batch)
+        self.check_architecture(getattr(model, "architecture", "encoder"))
         hidden = None if self.info.runs_backbone else model.encode(batch.input_ids, mask, batch.position_ids)
         return self.loss(ModelOutputs(hidden, model), batch, mask)
 

@@ -6,6 +6,7 @@ bidirectional rows; a clear refusal of causal objectives."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -94,6 +95,16 @@ def test_causal_objectives_are_refused_in_one_line(registry, model_dir, name, te
     with pytest.raises(objreg.InvalidParameterError, match="does not run on an encoder-decoder") as refused:
         objective.losses(model, batch)
     assert "\n" not in str(refused.value)
+
+
+def test_analyze_refuses_clm_on_an_encoder_decoder_before_loading_it(model_dir, tmp_path):
+    weightless = tmp_path / "t5"
+    weightless.mkdir()
+    for name in ("config.json", "tokenizer.json"):  # no weights: the refusal must not need them
+        (weightless / name).write_bytes((Path(model_dir("t5")) / name).read_bytes())
+    with pytest.raises(objreg.InvalidParameterError, match="'clm' \\(causal attention\\) does not run on an encoder-dec"):
+        objreg.analyze(pretrain=["clm"], downstream="qa", model=str(weightless), steps=1, batch_size=2, eval_size=4,
+                       seq_len=32, head_warmup_steps=0)
 
 
 def test_a_t5_style_tokenizer_plays_its_own_roles(registry, tmp_path, texts, tiny_model):
