@@ -216,7 +216,8 @@ class HFBackbone(nn.Module):
 
     Attributes:
         model: The transformers model (``AutoModel``: no pooler, no LM head): the shared parameters.
-        architecture: ``encoder`` or ``decoder``; both run the mask they are given.
+        architecture: ``encoder`` or ``decoder``; both run the mask they are given
+            (``encoder-decoder``: :class:`HFEncoderDecoderBackbone`).
     """
 
     def __init__(self, model: nn.Module, architecture: str = "encoder"):
@@ -251,7 +252,7 @@ class HFBackbone(nn.Module):
     forward = encode
 
 
-class HFEncoderDecoderBackbone(nn.Module):
+class HFEncoderDecoderBackbone(HFBackbone):
     """A transformers encoder-decoder (T5, BART) as an :class:`objreg.Backbone` whose ``encode``
     runs ``[source ; target]`` rows through the real encoder and decoder
     (:mod:`objreg.toolkit.encoder_decoder`); position ids are the model's own (from 0 in each).
@@ -262,22 +263,10 @@ class HFEncoderDecoderBackbone(nn.Module):
         start_id: The decoder's start token (``config.decoder_start_token_id``, else the pad id).
     """
 
-    architecture = "encoder-decoder"
-
     def __init__(self, model: nn.Module, pad_id: int):
-        super().__init__()
-        config = model.config
-        self.model = model
-        self.hidden_size = int(config.hidden_size)
-        self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
-        self.num_layers = int(getattr(config, "num_hidden_layers", 1) or 1)
-        self.max_positions = int(getattr(config, "max_position_embeddings", 0) or 0)
-        self.layer_norm_eps = _layer_norm_eps(config)
-        start = getattr(config, "decoder_start_token_id", None)
+        super().__init__(model, "encoder-decoder")
+        start = getattr(model.config, "decoder_start_token_id", None)
         self.start_id = int(pad_id if start is None else start)
-
-    def input_embeddings(self) -> nn.Parameter:
-        return self.model.get_input_embeddings().weight
 
     def position_embeddings(self) -> nn.Parameter | None:
         return None  # T5: relative positions; BART: offset tables, one per stack
@@ -329,9 +318,7 @@ def _deterministic(model: nn.Module) -> None:
                 setattr(module, name, 0.0)
 
 
-def load_model(
-    model: str, vocab: Vocabulary, config: Mapping[str, Any], generator: torch.Generator
-) -> HFBackbone | HFEncoderDecoderBackbone:
+def load_model(model: str, vocab: Vocabulary, config: Mapping[str, Any], generator: torch.Generator) -> HFBackbone:
     if config:
         raise objreg.InvalidParameterError(
             f"a Hugging Face model directory takes no model config overrides, got {', '.join(sorted(config))}"
