@@ -78,6 +78,8 @@ def prepare(
         name: registry.get(name, vocab=tokenized.vocab, **config.objective_params.get(name, {}))
         for name in config.pretrain
     }
+    for objective in objectives.values():  # a causal objective on an encoder-decoder, before loading it
+        objective.check_architecture(getattr(tokenizer, "architecture", "encoder"))
 
     status(f"loading downstream data for {config.downstream!r}")
     fit_size = config.head_fit_size if config.head_warmup_steps else 0

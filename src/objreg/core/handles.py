@@ -38,13 +38,13 @@ class _Handle:
 
     def attention(self, batch: CorruptedBatch) -> AttentionMask | torch.Tensor:
         """The attention as the plugin describes it: an :class:`AttentionMask` or a dense bool
-        ``[B, T, T]`` tensor (checked)."""
+        ``[B, T, T]`` tensor (checked); made causal for a task's rows built for a decoder-only
+        model (:data:`CAUSAL`)."""
         mask = self._hooks["objreg_attention_mask"](batch=batch, params=self.params)
         B, T = batch.input_ids.shape
-        if isinstance(mask, AttentionMask) and mask.shape == (B, T, T):
-            return mask
-        if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and tuple(mask.shape) == (B, T, T):
-            return mask
+        structured = isinstance(mask, AttentionMask) and mask.shape == (B, T, T)
+        if structured or isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and tuple(mask.shape) == (B, T, T):
+            return _causal(mask) if CAUSAL in batch.extras else mask
         got = f"{tuple(mask.shape)} {getattr(mask, 'dtype', mask.__class__.__name__)}" if hasattr(mask, "shape") \
             else type(mask).__name__
         raise self._problem("objreg_attention_mask",
@@ -67,11 +67,22 @@ class _Handle:
             raise self._problem("objreg_loss", f"returned {got} instead of per-sample losses of shape [{B}]")
         return loss
 
+    def check_architecture(self, architecture: str) -> None:
+        """Refuse, in one line, to run a causal or custom mask on an encoder-decoder
+        (``Backbone.architecture``; docs/models.md). Cheap: run it before loading a model too."""
+        if architecture == "encoder-decoder" and self.info.pattern in ("causal", "custom"):
+            raise InvalidParameterError(
+                f"{self.name!r} ({self.info.pattern} attention) does not run on an encoder-decoder model, whose encoder "
+                f"is bidirectional and whose decoder reads a source; there use t5, bart, ul2 or prefix_lm (encoder and "
+                f"decoder) or a bidirectional objective (the encoder alone), or load a decoder-only model"
+            )
+
     def losses(self, model: Model, batch: CorruptedBatch, mask: torch.Tensor | None = None) -> torch.Tensor:
         """The backbone pass and the loss: per-sample losses ``[B]`` of ``model`` on ``batch``.
         The pass is skipped for an objective that runs the backbone itself."""
         if mask is None:
             mask = self.attention_mask(batch)
+        self.check_architecture(getattr(model, "architecture", "encoder"))
         hidden = None if self.info.runs_backbone else model.encode(batch.input_ids, mask, batch.position_ids)
         return self.loss(ModelOutputs(hidden, model), batch, mask)
 
@@ -161,8 +172,28 @@ class Objective(_Handle):
         return result
 
 
+#: The ``extras`` key that marks a task's rows as built for a decoder-only model (``[B]`` bool,
+#: all True): the host then makes the task's attention causal (docs/models.md).
+CAUSAL = "causal"
+
+
+def _causal(mask: AttentionMask | torch.Tensor) -> AttentionMask | torch.Tensor:
+    """``mask`` with no query attending a later key: a bidirectional :class:`AttentionMask`
+    becomes the causal one (structured still), anything else a dense ``mask & lower triangle``."""
+    if isinstance(mask, AttentionMask) and mask.pattern == "bidirectional":
+        return AttentionMask.causal(mask.is_padding, mask.document_ids)
+    dense_mask = dense(mask)
+    T = dense_mask.shape[-1]
+    return dense_mask & torch.ones(T, T, dtype=torch.bool, device=dense_mask.device).tril()
+
+
 class Task(_Handle):
-    """A downstream task: its fixed evaluation data, attention and loss."""
+    """A downstream task: its fixed evaluation data, attention and loss.
+
+    On a decoder-only model (a tokenizer whose ``architecture`` is ``"decoder"``) the task runs
+    causally, as the model does: its rows carry :data:`CAUSAL` and its attention is intersected
+    with the causal mask; a task that reads one summary state takes the last real token's
+    (:func:`objreg.toolkit.heads.summary_states`)."""
 
     def task_data(
         self, source: str | None, documents: Sequence[Sequence[str]], tokenizer: Tokenizer, seq_len: int, limit: int
@@ -175,7 +206,11 @@ class Task(_Handle):
             result = TaskData(result)
         if not isinstance(result, TaskData) or not isinstance(result.batch, CorruptedBatch):
             raise self._problem("objreg_task_data", f"returned {type(result).__name__} instead of a TaskData")
-        return TaskData(result.batch, self._sized_heads(result.heads))
+        batch = result.batch
+        if getattr(tokenizer, "architecture", "encoder") == "decoder":
+            flag = torch.ones(batch.input_ids.shape[0], dtype=torch.bool, device=batch.input_ids.device)
+            batch = batch._replace(extras={**batch.extras, CAUSAL: flag})
+        return TaskData(batch, self._sized_heads(result.heads))
 
     def _sized_heads(self, sized: Sequence[HeadSpec]) -> tuple[HeadSpec, ...]:
         declared = {spec.name: spec for spec in self.info.heads}

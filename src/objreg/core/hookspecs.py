@@ -79,11 +79,14 @@ def objreg_objective_info() -> ObjectiveInfo:
 
 
 @hookspec
-def objreg_check_params(params: Mapping[str, Any]) -> None:
-    """Check constraints that span several parameters (optional).
+def objreg_check_params(params: Mapping[str, Any], vocab: Vocabulary | None) -> None:
+    """Check constraints that span several parameters, and what the vocabulary must hold (optional).
 
     :param params: The resolved parameters; each value has already been checked on its own
         against its :class:`objreg.Param` (type, bounds, choices).
+    :param vocab: The vocabulary the objective will corrupt with, or None when it is created
+        without one. Raise :class:`objreg.DataError` for a special token it lacks (a FIM marker,
+        span sentinels), with the fix in the message: this runs before any model is loaded.
 
     Raise :class:`objreg.InvalidParameterError` naming the parameters and what is allowed, e.g.
     "mask_replace_prob + random_replace_prob must be at most 1". Called when the objective is

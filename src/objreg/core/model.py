@@ -27,6 +27,13 @@ class Backbone(Protocol):
         num_layers: Transformer layers (a head kind may size itself from it, e.g. rtd's generator).
         max_positions: Longest row the position embedding allows (0: no limit).
         layer_norm_eps: The backbone's LayerNorm epsilon, for heads that normalise.
+        architecture: Optional (``"encoder"`` when absent): ``"encoder"`` (bidirectional stack),
+            ``"decoder"`` (a decoder-only causal LM that honours any mask it is given) or
+            ``"encoder-decoder"``, whose ``encode`` takes the ``[source ; target]`` rows of
+            ``objreg.toolkit.seq2seq`` with their prefix mask, runs the source through the encoder
+            and the target through the decoder, and returns the states in the prefix-LM layout
+            (``objreg.toolkit.encoder_decoder``); rows with a bidirectional mask run on the encoder
+            alone. See docs/models.md.
     """
 
     hidden_size: int
@@ -53,11 +60,25 @@ class Backbone(Protocol):
         ...
 
 
+#: The architectures a backbone can declare (``Backbone.architecture``).
+ARCHITECTURES = ("encoder", "decoder", "encoder-decoder")
+
+
+def architecture_of(backbone: object) -> str:
+    """``backbone.architecture``, ``"encoder"`` where it declares none."""
+    value = getattr(backbone, "architecture", "encoder")
+    if value not in ARCHITECTURES:
+        raise ValueError(f"backbone architecture must be one of {', '.join(ARCHITECTURES)}, got {value!r}")
+    return value
+
+
 class Model(Protocol):
-    """What ``objreg_loss`` sees as ``outputs.model``: the heads and another backbone pass."""
+    """What ``objreg_loss`` sees as ``outputs.model``: the heads, the backbone's architecture and
+    another backbone pass."""
 
     heads: Mapping[str, nn.Module]
     hidden_size: int
+    architecture: str
 
     def encode(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
@@ -82,6 +103,7 @@ class ObjregModel(nn.Module):
         self.backbone = backbone
         self.heads = heads
         self.hidden_size = int(backbone.hidden_size)
+        self.architecture = architecture_of(backbone)
 
     def encode(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor

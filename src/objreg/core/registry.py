@@ -168,7 +168,8 @@ class Registry:
             )
         if name not in self._infos:
             raise UnknownObjectiveError(name, self.objectives())
-        return Objective(self._infos[name], self._resolve(name, params), self._hooks_for(name), self.origin(name), vocab)
+        return Objective(self._infos[name], self._resolve(name, params, vocab), self._hooks_for(name), self.origin(name),
+                         vocab)
 
     def get_task(self, name: str, **params: Any) -> Task:
         """The downstream task ``name`` with ``params`` overriding its defaults."""
@@ -181,9 +182,9 @@ class Registry:
             raise UnknownObjectiveError(name, self.tasks(), kind="downstream task")
         return Task(self._infos[name], self._resolve(name, params), self._hooks_for(name), self.origin(name))
 
-    def _resolve(self, name: str, overrides: Mapping[str, Any]) -> Mapping[str, Any]:
+    def _resolve(self, name: str, overrides: Mapping[str, Any], vocab: Vocabulary | None = None) -> Mapping[str, Any]:
         params = self._infos[name].resolve_params(overrides)
-        self._hooks_for(name)["objreg_check_params"](params=params)
+        self._hooks_for(name)["objreg_check_params"](params=params, vocab=vocab)
         return params
 
     # -- providers and head kinds -------------------------------------------------------------------

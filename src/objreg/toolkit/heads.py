@@ -9,9 +9,23 @@ import torch.nn.functional as F
 from torch import nn
 
 from objreg.core.errors import InvalidParameterError
+from objreg.core.handles import CAUSAL
 from objreg.core.heads import init_weights
 
-__all__ = ["ClassifierHead", "FirstTokenProjection", "LMHead", "init_weights"]
+__all__ = ["ClassifierHead", "FirstTokenProjection", "LMHead", "init_weights", "summary_states"]
+
+
+def summary_states(hidden: torch.Tensor, batch: object) -> torch.Tensor:
+    """The states a first-token head (``classifier``, ``projection``) should read, ``[B, T', H]``:
+    ``hidden`` itself, whose first token has seen the whole row under bidirectional attention;
+    on rows built for a decoder-only model (``batch.extras["causal"]``, where only the last real
+    token has seen the row) that token's state alone, ``[B, 1, H]``, as Hugging Face's
+    ``*ForSequenceClassification`` heads on causal LMs read it. Fixed shapes (vmap-safe)."""
+    if CAUSAL not in getattr(batch, "extras", {}):
+        return hidden
+    last = (~batch.is_padding).sum(dim=1).sub(1).clamp(min=0)  # (B,)
+    index = last[:, None, None].expand(-1, 1, hidden.shape[-1])  # (B, 1, H)
+    return hidden.gather(1, index)  # (B, 1, H)
 
 
 class LMHead(nn.Module):

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 import torch
 
 from objreg.core import masks
+from objreg.core.errors import DataError
 from objreg.core.model import Model
 from objreg.core.types import IGNORE_INDEX, CorruptedBatch, ModelOutputs, TokenBatch, Vocabulary
 from objreg.toolkit.losses import consistency_kl, gather_positions, smoothed_nll, weighted_mean
@@ -104,3 +105,17 @@ def prepare(batch: TokenBatch, model: Model, params: Mapping[str, Any], vocab: V
     if params.get("masking_policy") != "entropy":
         return None
     return batch._replace(surprisal=token_surprisal(model, batch, vocab))
+
+
+def require_mask_token(vocab: Vocabulary | None, objective: str) -> None:
+    """Before any model is loaded (``objreg_check_params``): a :class:`DataError` with the fix
+    when the vocabulary's mask token is no token of its own but the row or padding token (a
+    GPT-2-style tokenizer has no mask token, and objreg's Hugging Face loader then lets its
+    end-of-text token stand in for it, which masking must not insert). Nothing to check without
+    a vocabulary (None)."""
+    if vocab is not None and vocab.mask_id in (vocab.cls_id, vocab.sep_id, vocab.pad_id):
+        raise DataError(
+            f"{objective} needs a mask token of its own, which the tokenizer lacks; add one "
+            f"(tokenizer.add_tokens(['[MASK]'], special_tokens=True)), resize the model "
+            f"(model.resize_token_embeddings(len(tokenizer))) and save both to the model directory"
+        )

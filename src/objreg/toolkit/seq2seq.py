@@ -41,6 +41,26 @@ def named_id(vocab: Vocabulary, token: str, objective: str) -> int:
     return vocab.named_ids[token]
 
 
+def require_tokens(vocab: Vocabulary | None, tokens: tuple[str, ...], sentinels: bool, objective: str) -> None:
+    """Before any model is loaded (``objreg_check_params``): a :class:`DataError` with the fix in
+    one line when ``vocab`` lacks one of the named ``tokens`` or, with ``sentinels``, span
+    sentinels. Nothing to check without a vocabulary (None)."""
+    if vocab is None:
+        return
+    missing = [t for t in tokens if t not in vocab.named_ids]
+    if sentinels and not vocab.sentinel_ids:
+        missing.append("span sentinels (<extra_id_0>, <extra_id_1>, ...)")
+    if missing:
+        added = [t for t in tokens if t not in vocab.named_ids]
+        if sentinels and not vocab.sentinel_ids:
+            added += ["<extra_id_0>", "<extra_id_1>", "..."]
+        raise DataError(
+            f"{objective} needs {', '.join(missing)}, which the tokenizer lacks; add them "
+            f"(tokenizer.add_tokens({added!r}, special_tokens=True)), resize the model "
+            f"(model.resize_token_embeddings(len(tokenizer))) and save both to the model directory"
+        )
+
+
 def end_of_text_id(vocab: Vocabulary) -> int:
     """``[EOS]`` where the vocabulary names one, else ``[SEP]`` (BERT-style vocabularies end text with it)."""
     return vocab.named_ids.get("[EOS]", vocab.sep_id)

@@ -42,6 +42,9 @@ class Tokenizer:
             token strings, or a mapping from the name objectives use (``"[EOS]"``) to the token
             that stands for it in this vocabulary (e.g. BERT's ``"[unused0]"``).
         name: Shown in reports.
+        architecture: The architecture of the model this tokenizer came with (``encoder``,
+            ``decoder`` or ``encoder-decoder``, as ``objreg.Backbone.architecture``): downstream
+            tasks built with a decoder-only model's tokenizer run causally (docs/models.md).
     """
 
     def __init__(
@@ -56,9 +59,11 @@ class Tokenizer:
         sentinels: Sequence[str] = (),
         named: Sequence[str] | Mapping[str, str] = (),
         name: str = "",
+        architecture: str = "encoder",
     ):
         self.backend = backend
         self.name = name
+        self.architecture = architecture
 
         def token_id(token: str) -> int:
             value = backend.token_to_id(token)  # type: ignore[attr-defined]

@@ -1,26 +1,43 @@
 """Hugging Face models: ``--model DIR`` loads a local transformers model directory, offline.
 
-The directory's encoder becomes the shared backbone (``backbone.*``, its pooler left out: the
-objectives' heads pool for themselves) and its ``tokenizer.json`` the tokenizer; the host adds the
-heads the objectives and the task declare (an ``lm`` head decodes with the checkpoint's input
-embeddings, one Parameter counted once, whether or not the checkpoint has an MLM head). Needs the
-``hf`` extra (``pip install 'objreg[hf]'``).
+Three architecture families (docs/models.md), read from ``config.json``:
 
-Three traps, handled here:
+* **encoders** (BERT, RoBERTa, ...): the encoder is the shared backbone, its pooler left out;
+* **decoder-only causal LMs** (GPT-2, Llama, Mistral, ...): the decoder stack (``AutoModel``,
+  no LM head) is the backbone and runs whatever mask an objective gives it, as a 4-D mask: causal
+  for ``clm``, the permuted causal mask of ``fim``, prefix masks for ``prefix_lm``/``ul2``/``t5``,
+  bidirectional for ``mlm``; downstream tasks run causally;
+* **encoder-decoders** (T5, BART): the corrupted input goes to the encoder and the target, shifted
+  right behind the model's ``decoder_start_token_id``, to the decoder
+  (:mod:`objreg.toolkit.encoder_decoder`).
+
+The host adds the heads the objectives and the task declare (an ``lm`` head decodes with the
+checkpoint's input embeddings, one Parameter counted once). Needs the ``hf`` extra
+(``pip install 'objreg[hf]'``).
+
+Traps handled here:
 
 * transformers turns a 2-D padding mask into a 4-D one with code that breaks under ``vmap``; the
-  backbone gets a ready 4-D additive mask (``[B, 1, T, T]``), which transformers passes through.
+  backbone gets a ready 4-D additive mask (``[B, 1, T, T]``), which transformers passes through
+  (and which replaces a decoder's own causal mask).
 * SDPA and flash attention have no forward-mode derivative: the model is loaded with the
   ``eager`` attention, so ``jvp``, ``vmap`` and double backward all work.
-* Dropout would make two forward passes differ (and break the Taylor check); every dropout
-  probability is set to 0, as in the default backbone.
+* Dropout (modules, and the float rates BART and Llama apply functionally) would make two
+  forward passes differ and break the Taylor check: all are set to 0, as in the default backbone.
+* An embedding's ``padding_idx`` drops that row's gradient in reverse mode only: where the id is
+  a real token (BART's pad id 1 is a BERT vocabulary's first ``[unusedN]``, a span sentinel),
+  backward and forward-mode derivatives would disagree. ``padding_idx`` is cleared (the forward
+  pass is the same; padding positions never reach a loss, so their rows get no gradient anyway).
 
-Models without ``[unusedN]`` tokens have no span sentinels or FIM/UL2 markers; objectives that
-need them say so. On BERT vocabularies the first 64 ``[unusedN]`` tokens serve as sentinels and
-the next ones as objreg's named markers (``[EOS]``, ``[NLU]``, ...): they are never produced by
-the tokenizer, which is what a sentinel needs.
+The tokenizer is the directory's ``tokenizer.json`` as its users built it (:func:`load_tokenizer`,
+:mod:`objreg.toolkit.special_tokens`):
+BERT's specials where it has them, else the GPT-2/T5 ones (``<|endoftext|>``, ``</s>``, ``<pad>``);
+span sentinels from T5's ``<extra_id_N>`` or BERT's first 64 ``[unusedN]``; objreg's named markers
+(``[EOS]``, ``[FIM_PREFIX]``, ...) under their own names, StarCoder's/Qwen's FIM names, or the
+next ``[unusedN]``. Objectives that need a token the tokenizer lacks say so, with the fix, before
+the model is loaded.
 
-Written like a third-party plugin: it imports only the public ``objreg`` facade and torch.
+Written like a third-party plugin: it imports only the public ``objreg`` facade, its toolkit and torch.
 """
 
 from __future__ import annotations
@@ -39,13 +56,11 @@ from torch import nn
 
 import objreg
 from objreg import Vocabulary
+from objreg.toolkit import encoder_decoder, special_tokens
 
-#: objreg's named markers, in the order they take the [unusedN] tokens after the sentinels.
-NAMED_MARKERS = ("[EOS]", "[NLU]", "[NLG]", "[S2S]", "[FIM_PREFIX]", "[FIM_MIDDLE]", "[FIM_SUFFIX]", "[FIM_PAD]")
-NUM_SENTINELS = 64
-SPECIAL_KEYS = ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token")
-BERT_SPECIALS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
-                 "mask_token": "[MASK]"}
+SETTING_KEYS = ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token", "bos_token", "eos_token")
+#: Float dropout rates some transformers modules apply functionally (BART, Llama).
+DROPOUT_ATTRIBUTES = ("dropout", "attention_dropout", "activation_dropout", "layerdrop")
 
 
 def is_model_directory(model: str) -> bool:
@@ -107,9 +122,9 @@ def _check_directory(model: str) -> Path:
 # -- tokenizer --------------------------------------------------------------------------------------
 
 
-def _special_tokens(path: Path) -> dict[str, str]:
-    """The five BERT-style special tokens from tokenizer_config.json / special_tokens_map.json."""
-    found = dict(BERT_SPECIALS)
+def _settings(path: Path) -> dict[str, str]:
+    """The directory's own special-token settings (``pad_token``, ``eos_token``, ...)."""
+    found: dict[str, str] = {}
     for name in ("special_tokens_map.json", "tokenizer_config.json"):
         file = path / name
         if not file.is_file():
@@ -118,7 +133,7 @@ def _special_tokens(path: Path) -> dict[str, str]:
             data = json.loads(file.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise objreg.DataError(f"{file}: not valid JSON ({e})") from None
-        for key in SPECIAL_KEYS:
+        for key in SETTING_KEYS:
             value = data.get(key)
             if isinstance(value, dict):  # {"content": "[PAD]", ...} in newer files
                 value = value.get("content")
@@ -127,9 +142,32 @@ def _special_tokens(path: Path) -> dict[str, str]:
     return found
 
 
+def architecture(path: Path) -> str:
+    """``encoder``, ``decoder`` (a decoder-only causal LM) or ``encoder-decoder``, from config.json
+    (transformers' own tables: a model type with a causal-LM class and no masked-LM class is a
+    decoder)."""
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise objreg.DataError(f"model directory {str(path)!r}: cannot read config.json: not valid JSON ({e})") from None
+    if config.get("is_encoder_decoder"):
+        return "encoder-decoder"
+    try:
+        from transformers.models.auto import modeling_auto as auto
+    except ImportError:
+        return "encoder"
+    model_type = config.get("model_type")
+    if model_type in auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES:
+        return "encoder-decoder"
+    if model_type in auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and model_type not in auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES:
+        return "decoder"
+    return "encoder"
+
+
 def load_tokenizer(model: str) -> objreg.Tokenizer:
-    """The model directory's ``tokenizer.json``, with its truncation, padding and post-processor
-    switched off: objreg frames rows itself."""
+    """The model directory's ``tokenizer.json`` with its truncation, padding and post-processor
+    switched off (objreg frames rows itself), each role played by the token the module docstring
+    names; ``architecture`` from config.json."""
     from tokenizers import Tokenizer as Backend
 
     path = _check_directory(model)
@@ -145,47 +183,60 @@ def load_tokenizer(model: str) -> objreg.Tokenizer:
         raise objreg.DataError(f"{file}: cannot be read as a tokenizer: {e}") from None
     backend.no_truncation()
     backend.no_padding()
-    specials = _special_tokens(path)
-    unused = [f"[unused{i}]" for i in range(NUM_SENTINELS + len(NAMED_MARKERS))]
-    has_unused = all(backend.token_to_id(t) is not None for t in unused)
+    settings = _settings(path)
+    roles = special_tokens.roles(backend, settings)
+    if None in roles.values():
+        raise objreg.DataError(
+            f"{file}: no token to start and end rows with (it has none of [CLS]/[SEP], <s>/</s>, <|endoftext|> or a "
+            f"bos/eos token); give the tokenizer one, e.g. tokenizer.add_special_tokens({{'eos_token': '</s>'}}), "
+            f"resize the model's embeddings and save both to {model}"
+        )
     return objreg.Tokenizer(
-        backend,
-        pad=specials["pad_token"],
-        unk=specials["unk_token"],
-        cls=specials["cls_token"],
-        sep=specials["sep_token"],
-        mask=specials["mask_token"],
-        sentinels=unused[:NUM_SENTINELS] if has_unused else (),
-        named=dict(zip(NAMED_MARKERS, unused[NUM_SENTINELS:])) if has_unused else {},
-        name=f"{path.name} (tokenizer.json)",
+        backend, **roles, sentinels=special_tokens.sentinels(backend), named=special_tokens.named(backend, settings),
+        name=f"{path.name} (tokenizer.json)", architecture=architecture(path),
     )
 
 
 # -- model ------------------------------------------------------------------------------------------
 
 
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bool ``[B, T, S]`` (True: may attend) as the 4-D additive mask ``[B, 1, T, S]``. A finite
+    floor, not -inf: a query with no allowed key gets a uniform row, not NaN. The floor fits the
+    model's dtype and float32 alike (Llama's eager attention takes its softmax in float32, where
+    float64's minimum would become -inf)."""
+    zero = torch.zeros((), dtype=dtype, device=mask.device)
+    floor = torch.full((), max(torch.finfo(dtype).min, torch.finfo(torch.float32).min), dtype=dtype,
+                       device=mask.device)
+    return torch.where(mask, zero, floor)[:, None]
+
+
 class HFBackbone(nn.Module):
-    """A transformers encoder as an :class:`objreg.Backbone`.
+    """A transformers encoder or decoder-only model as an :class:`objreg.Backbone`.
 
     Attributes:
-        model: The transformers model (``AutoModel``, no pooler): the shared parameters.
+        model: The transformers model (``AutoModel``: no pooler, no LM head): the shared parameters.
+        architecture: ``encoder`` or ``decoder``; both run the mask they are given
+            (``encoder-decoder``: :class:`HFEncoderDecoderBackbone`).
     """
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, architecture: str = "encoder"):
         super().__init__()
         config = model.config
         self.model = model
+        self.architecture = architecture
         self.hidden_size = int(config.hidden_size)
         self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
         self.num_layers = int(getattr(config, "num_hidden_layers", 1) or 1)
         self.max_positions = int(getattr(config, "max_position_embeddings", 0) or 0)
-        self.layer_norm_eps = float(getattr(config, "layer_norm_eps", 1e-12))
+        self.layer_norm_eps = _layer_norm_eps(config)
 
     def input_embeddings(self) -> nn.Parameter:
         return self.model.get_input_embeddings().weight
 
     def position_embeddings(self) -> nn.Parameter | None:
-        table = getattr(getattr(self.model, "embeddings", None), "position_embeddings", None)
+        table = getattr(getattr(self.model, "embeddings", None), "position_embeddings", None)  # BERT
+        table = getattr(self.model, "wpe", table)  # GPT-2
         return table.weight if isinstance(table, nn.Embedding) else None
 
     def encode(
@@ -193,22 +244,78 @@ class HFBackbone(nn.Module):
     ) -> torch.Tensor:
         """Hidden states ``[B, T, H]``; ``attention_mask`` (bool ``[B, T, T]``, True: query ``i``
         may attend key ``j``, or structured) is handed to transformers as a 4-D additive mask."""
-        if self.max_positions and input_ids.shape[-1] > self.max_positions:
-            raise objreg.InvalidParameterError(
-                f"sequence length {input_ids.shape[-1]} exceeds the model's max_position_embeddings="
-                f"{self.max_positions}; use a smaller --seq-len"
-            )
-        attention_mask = objreg.masks.dense(attention_mask)
-        dtype = self.input_embeddings().dtype
-        # finfo.min, not -inf: a padding query with no allowed key gets a uniform row, not NaN. Both
-        # values in the model's dtype (float64's minimum does not fit the default float32).
-        zero = torch.zeros((), dtype=dtype, device=input_ids.device)
-        floor = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=input_ids.device)
-        additive = torch.where(attention_mask, zero, floor)[:, None]  # (B, 1, T, T)
+        _check_length(input_ids, self.max_positions)
+        additive = _additive(objreg.masks.dense(attention_mask), self.input_embeddings().dtype)  # (B, 1, T, T)
         out = self.model(input_ids=input_ids, attention_mask=additive, position_ids=position_ids)
         return out.last_hidden_state  # (B, T, H)
 
     forward = encode
+
+
+class HFEncoderDecoderBackbone(HFBackbone):
+    """A transformers encoder-decoder (T5, BART) as an :class:`objreg.Backbone` whose ``encode``
+    runs ``[source ; target]`` rows through the real encoder and decoder
+    (:mod:`objreg.toolkit.encoder_decoder`); position ids are the model's own (from 0 in each).
+
+    Attributes:
+        model: The transformers model (``AutoModel``: encoder, decoder and their shared
+            embeddings, no LM head): the shared parameters.
+        start_id: The decoder's start token (``config.decoder_start_token_id``, else the pad id).
+    """
+
+    def __init__(self, model: nn.Module, pad_id: int):
+        super().__init__(model, "encoder-decoder")
+        start = getattr(model.config, "decoder_start_token_id", None)
+        self.start_id = int(pad_id if start is None else start)
+
+    def position_embeddings(self) -> nn.Parameter | None:
+        return None  # T5: relative positions; BART: offset tables, one per stack
+
+    def encode(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor | objreg.AttentionMask, position_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """Hidden states ``[B, T, H]`` in the prefix-LM layout (``position_ids`` are not used)."""
+        _check_length(input_ids, self.max_positions)
+        dtype = self.input_embeddings().dtype
+        parts = encoder_decoder.split(input_ids, objreg.masks.dense(attention_mask), self.start_id)
+        encoded = self.model.get_encoder()(
+            input_ids=input_ids, attention_mask=_additive(parts.encoder_mask, dtype)
+        ).last_hidden_state  # (B, T, H)
+        decoded = self.model.get_decoder()(
+            input_ids=parts.decoder_ids, attention_mask=_additive(parts.decoder_mask, dtype),
+            encoder_hidden_states=encoded, encoder_attention_mask=_additive(parts.cross_mask, dtype),
+        ).last_hidden_state  # (B, T, H)
+        return encoder_decoder.merge(encoded, decoded, parts)
+
+    forward = encode
+
+
+def _layer_norm_eps(config: Any) -> float:
+    for name in ("layer_norm_eps", "layer_norm_epsilon", "rms_norm_eps"):  # BERT, GPT-2 / T5, Llama
+        value = getattr(config, name, None)
+        if isinstance(value, float):
+            return value
+    return 1e-5
+
+
+def _check_length(input_ids: torch.Tensor, max_positions: int) -> None:
+    if max_positions and input_ids.shape[-1] > max_positions:
+        raise objreg.InvalidParameterError(
+            f"sequence length {input_ids.shape[-1]} exceeds the model's max_position_embeddings={max_positions}; "
+            f"use a smaller --seq-len"
+        )
+
+
+def _deterministic(model: nn.Module) -> None:
+    """No dropout, and no ``padding_idx`` (module docstring)."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+        if isinstance(module, nn.Embedding):
+            module.padding_idx = None
+        for name in DROPOUT_ATTRIBUTES:
+            if isinstance(getattr(module, name, None), float):
+                setattr(module, name, 0.0)
 
 
 def load_model(model: str, vocab: Vocabulary, config: Mapping[str, Any], generator: torch.Generator) -> HFBackbone:
@@ -222,12 +329,13 @@ def load_model(model: str, vocab: Vocabulary, config: Mapping[str, Any], generat
         hf_config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as e:
         raise objreg.DataError(f"model directory {model!r}: cannot read config.json: {e}") from None
+    kind = architecture(path)
     kwargs: dict[str, Any] = {"local_files_only": True, "attn_implementation": "eager"}
     if hf_config.model_type in ("bert", "roberta", "xlm-roberta", "electra", "camembert"):
         kwargs["add_pooling_layer"] = False
     try:
         with _quiet(transformers):
-            backbone = transformers.AutoModel.from_pretrained(str(path), **kwargs)
+            loaded = transformers.AutoModel.from_pretrained(str(path), **kwargs)
     except pickle.UnpicklingError as e:
         # torch.load(weights_only=True) refused a pickled object: say so in one line (its own
         # message is six, and ends in advice to turn the protection off).
@@ -240,16 +348,17 @@ def load_model(model: str, vocab: Vocabulary, config: Mapping[str, Any], generat
         ) from None
     except (OSError, ValueError) as e:
         raise objreg.DataError(f"model directory {model!r}: cannot load the model: {' '.join(str(e).split())}") from None
-    for module in backbone.modules():
-        if isinstance(module, nn.Dropout):
-            module.p = 0.0
-    embedding_rows = backbone.get_input_embeddings().weight.shape[0]
+    _deterministic(loaded)
+    embedding_rows = loaded.get_input_embeddings().weight.shape[0]
     if vocab.size > embedding_rows:
         raise objreg.DataError(
             f"model directory {model!r}: its tokenizer has {vocab.size} tokens but the model only {embedding_rows} "
-            f"embeddings"
+            f"embeddings; resize them (model.resize_token_embeddings(len(tokenizer))) and save the model to {model}"
         )
-    return HFBackbone(backbone.float())
+    loaded = loaded.float()
+    if kind == "encoder-decoder":
+        return HFEncoderDecoderBackbone(loaded, vocab.pad_id)
+    return HFBackbone(loaded, kind)
 
 
 # -- hooks ------------------------------------------------------------------------------------------
@@ -258,7 +367,8 @@ def load_model(model: str, vocab: Vocabulary, config: Mapping[str, Any], generat
 @objreg.hookimpl
 def objreg_register_models(register: Callable[[objreg.Provider], None]) -> None:
     register(objreg.Provider(
-        "model", "DIR", "a local Hugging Face transformers model directory (BERT-style encoders; needs objreg[hf])",
+        "model", "DIR", "a local Hugging Face transformers model directory (encoders, decoder-only causal LMs, "
+        "encoder-decoders; needs objreg[hf])",
         load_model, accepts=_claims,
     ))
 

