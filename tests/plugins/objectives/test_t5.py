@@ -194,16 +194,7 @@ def test_long_rows_reuse_the_sentinels_in_turn(registry):
         spans_in_source = [t for t in source if t in (5, 6)]
         assert spans_in_source == [t for t in target if t in (5, 6)] == [5, 6] * (len(spans_in_source) // 2)
         # Paired by order (the k-th sentinel of the source with the k-th of the target), the row comes back.
-        pieces, current = [], None
-        for token in target[:-1]:
-            if token in (5, 6):
-                current = []
-                pieces.append(current)
-            else:
-                current.append(token)
-        filled = iter(pieces)
-        out = [x for t in source for x in (next(filled) if t in (5, 6) else [t])]
-        assert out == batch.input_ids[b][~batch.is_padding[b]].tolist()
+        assert reconstruct(source, target, (5, 6)) == batch.input_ids[b][~batch.is_padding[b]].tolist()
     assert spans_in_source and len([t for t in split_row(cb, 0)[0] if t in (5, 6)]) == 6
 
 
