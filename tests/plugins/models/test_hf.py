@@ -144,6 +144,7 @@ def test_rtd_per_sample_dots_equal_a_loop(registry, tokenizer):
     torch.testing.assert_close(auto, loop, rtol=1e-9, atol=1e-9 * float(loop.abs().max()))
 
 
+@pytest.mark.e2e  # a full analyze on the real MiniLM: tens of seconds
 def test_analyze_runs_rtd_on_minilm():
     report = objreg.analyze(
         pretrain=["rtd", "mlm"], downstream="qa", model=MODEL_DIR, steps=1, batch_size=2, eval_size=4,
