@@ -21,10 +21,15 @@ from objreg.toolkit.atomic import atomic_file
 
 
 def write_plots(report: dict[str, Any], out_dir: Path) -> list[Path]:
-    """``alignment.png``, ``taylor.png`` and (when the report has a spectrum) ``spectrum.png``."""
+    """``alignment.png``, ``taylor.png``, (when the report has a spectrum) ``spectrum.png`` and
+    (with two objectives or more) ``counterfactual.png``."""
     written = [_save(_alignment(report), out_dir / "alignment.png"), _save(_taylor(report), out_dir / "taylor.png")]
     if report["summary"].get("spectrum"):
         written.append(_save(_spectrum(report), out_dir / "spectrum.png"))
+    if len(report["pretrain"]) >= 2 and report["summary"].get("counterfactual"):
+        from objreg.analysis.counterfactual_plot import counterfactual_figure
+
+        written.append(_save(counterfactual_figure(report), out_dir / "counterfactual.png"))
     return written
 
 
