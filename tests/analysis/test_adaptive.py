@@ -117,3 +117,22 @@ def test_the_trainer_uses_the_rules_weights_and_resumes_exactly(tiny_trainer):
 def test_bad_adaptive_settings_are_one_clear_error(settings, message):
     with pytest.raises(objreg.InvalidParameterError, match=message):
         objreg.AnalysisConfig(pretrain=("mlm", "sop"), **settings)
+
+
+@pytest.mark.e2e
+def test_an_interrupted_adaptive_run_resumes_to_the_uninterrupted_report(tmp_path):
+    settings = dict(steps=3, batch_size=4, seq_len=48, eval_size=8, head_fit_size=16, head_warmup_steps=2,
+                    optimizer="adam", lr=1e-3, schedule="adaptive:tartan", adaptive_rate=1.0)
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_one(step, record):
+        raise Stop
+
+    whole = objreg.analyze("mlm,sop", "qa", **settings, out_dir=tmp_path / "whole")
+    with pytest.raises(Stop):
+        objreg.analyze("mlm,sop", "qa", **settings, out_dir=tmp_path / "cut", on_step=stop_after_one)
+    resumed = objreg.analyze(resume=tmp_path / "cut")
+    assert resumed.to_json() == whole.to_json()
+    assert len(set(whole.summary["weights_by_step"]["mlm"])) == 3  # the rule moved the weights every probe
