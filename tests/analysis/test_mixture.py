@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from objreg.analysis.mixture import Quadratic, counterfactual, maximise, run_model, step_model, trust_box
+from objreg.analysis.mixture import Quadratic, counterfactual, maximise, step_model, trust_box
 from objreg.core.errors import InvalidParameterError
 
 NAMES = ["mlm", "sop"]

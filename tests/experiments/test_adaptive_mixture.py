@@ -48,8 +48,7 @@ def test_combine_decides_from_the_t_interval_of_the_effect():
 @pytest.mark.e2e
 def test_one_tiny_seed_trains_every_condition(monkeypatch):
     monkeypatch.setattr(am, "QUICK", am.Config(steps=2, probe_every=1, lr=5e-3, batch_size=4, seq_len=48,
-                                               eval_size=8, head_warmup_steps=2, head_fit_size=16))
-    monkeypatch.setattr(am, "GRID", (0.5, 1.5))
+                                               eval_size=8, head_warmup_steps=2, head_fit_size=16, grid=(0.5, 1.5)))
     result = am.run(Setting(quick=True, seed=0, device="cpu"))
     figures = result.figures
     final = figures["final_downstream_loss"]
