@@ -81,7 +81,7 @@ class Config:
 
 QUICK = Config(steps=12, probe_every=2, lr=5e-3, batch_size=8, seq_len=64, eval_size=16, head_warmup_steps=20,
                head_fit_size=64, grid=(0.5, 1.0, 1.5))
-FULL = Config(steps=48, probe_every=3, lr=1e-2, batch_size=16, seq_len=128, eval_size=64, head_warmup_steps=100,
+FULL = Config(steps=48, probe_every=3, lr=5e-3, batch_size=16, seq_len=128, eval_size=64, head_warmup_steps=100,
               head_fit_size=512)
 
 
