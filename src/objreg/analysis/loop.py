@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from objreg.analysis.adaptive import Rule
 from objreg.analysis.downstream import Downstream
 from objreg.analysis.functional import SHARED_PREFIX, Params, shared_parameters
 from objreg.analysis.gradients import accumulate, check_finite, mean_loss_gradient, shared_part
@@ -79,7 +80,7 @@ class Trainer:
         hvp_method: str = "auto",
         spectrum: int = 0,
         decode: Callable[[Sequence[int]], str] | None = None,
-        adaptive: Any = None,
+        adaptive: Rule | None = None,
     ):
         self.model = model
         self.objectives = dict(objectives)

@@ -43,7 +43,7 @@ from objreg import Registry
 from objreg.analysis.devices import resolve_device
 from objreg.analysis.run import analyze
 from objreg.analysis.stats import mean_ci95
-from objreg.experiments.base import ExperimentResult, Setting, verdict_from_interval
+from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
 
 NAME = "adaptive-mixture"
 CLAIM = ("Objective weights set during pre-training from the end task's measured transfer lower the end-task "
@@ -161,7 +161,8 @@ def run(setting: Setting) -> ExperimentResult:
     verdict = "confirmed" if effect > 0 else "refuted" if effect < 0 else "inconclusive"
     reason = (f"one seed: D(best fixed, mlm={best_w:g}) − D(adaptive:quadratic) = {effect:+.4g} "
               f"(final D: {', '.join(f'{k} {v:.4f}' for k, v in final.items())})")
-    return ExperimentResult(NAME, CLAIM, verdict, reason, figures, _setting(config, setting))
+    plots = [plot([figures], setting.out_dir / f"{NAME}.png")] if setting.out_dir is not None else []
+    return ExperimentResult(NAME, CLAIM, verdict, reason, figures, _setting(config, setting), plots)
 
 
 def _setting(config: Config, setting: Setting) -> dict[str, Any]:
@@ -202,5 +203,33 @@ def combine(results: list[ExperimentResult], setting: Setting) -> ExperimentResu
                                           if f["seconds_per_step"][n] is not None]) for n in names},
         "best_mlm_weight_by_seed": [f["grid_search"]["best_mlm_weight"] for f in figures],
     }
+    plots = [plot(figures, setting.out_dir / f"{NAME}.png")] if setting.out_dir is not None else []
     return ExperimentResult(NAME, CLAIM, verdict, reason, combined,
-                            {**results[0].setting, "seeds": [r.setting["seed"] for r in results]})
+                            {**results[0].setting, "seeds": [r.setting["seed"] for r in results]}, plots)
+
+
+def plot(figures: list[dict[str, Any]], path: Path) -> str:
+    """Left: each seed's final downstream loss per condition, relative to its uniform run. Right:
+    ``mlm``'s weight over the run under each adaptive rule, one line per seed."""
+    from matplotlib.figure import Figure
+
+    names = list(figures[0]["final_downstream_loss"])
+    figure = Figure(figsize=(11, 4.2), layout="constrained")
+    losses, weights = figure.subplots(1, 2)
+    for i, f in enumerate(figures):
+        final = f["final_downstream_loss"]
+        losses.plot(range(len(names)), [final[n] - final["uniform"] for n in names], "o-", alpha=0.7,
+                    label=f"seed {i}")
+        for rule, style in (("adaptive_quadratic", "-"), ("adaptive_tartan", "--")):
+            mlm = f["adaptive_weights"][rule]["mlm"]
+            weights.plot(range(len(mlm) + 1), [*mlm, mlm[-1]], style, drawstyle="steps-post", color=f"C{i}",
+                         label=f"{rule.split('_')[1]}, seed {i}")
+    losses.axhline(0.0, color="grey", linewidth=0.8)
+    losses.set_xticks(range(len(names)), [n.replace("_", "\n") for n in names])
+    losses.set(ylabel="final D − final D of uniform weights (loss units)",
+               title="Downstream loss after training (below 0: better than uniform)", fontsize="medium")
+    losses.legend(fontsize="small")
+    weights.set(xlabel="training step", ylabel="weight of mlm (sop = 2 − mlm)",
+                title="mlm's weight chosen by each adaptive rule", fontsize="medium")
+    weights.legend(fontsize="x-small", ncol=2)
+    return save_figure(figure, path)
