@@ -227,9 +227,9 @@ def plot(figures: list[dict[str, Any]], path: Path) -> str:
     losses.axhline(0.0, color="grey", linewidth=0.8)
     losses.set_xticks(range(len(names)), [n.replace("_", "\n") for n in names])
     losses.set(ylabel="final D − final D of uniform weights (loss units)",
-               title="Downstream loss after training (below 0: better than uniform)", fontsize="medium")
+               title="Downstream loss after training (below 0: better than uniform)")
     losses.legend(fontsize="small")
     weights.set(xlabel="training step", ylabel="weight of mlm (sop = 2 − mlm)",
-                title="mlm's weight chosen by each adaptive rule", fontsize="medium")
+                title="mlm's weight chosen by each adaptive rule")
     weights.legend(fontsize="x-small", ncol=2)
     return save_figure(figure, path)
