@@ -19,9 +19,9 @@ WikiText-2 (valid split) pre-training with SQuAD v1.1 (half a) as the ``qa`` dat
 ``/work/shared/data`` (the built-in setting at full size where that folder is absent).
 
 **Measured.** Per condition the downstream loss ``D`` after training (float64, the fixed
-evaluation set), and the seconds per training step (the mean interval between finished
-steps, the first and the last, probed in every condition, left out): the cost of the probes an
-adaptive rule needs.
+evaluation set), and the CPU seconds per training step (this process's CPU time between
+finished steps, so that other load on a shared machine does not count; the first and the last
+step, probed in every condition, left out): the cost of the probes an adaptive rule needs.
 
 **Verdict** (pre-declared): the effect of one seed is ``D(best fixed) − D(adaptive:quadratic)``
 (positive: the adaptive rule ends lower). Over seeds: ``confirmed`` when the 95% t-interval of
@@ -81,8 +81,8 @@ class Config:
 
 QUICK = Config(steps=12, probe_every=2, lr=5e-3, batch_size=8, seq_len=64, eval_size=16, head_warmup_steps=20,
                head_fit_size=64, grid=(0.5, 1.0, 1.5))
-FULL = Config(steps=48, probe_every=3, lr=5e-3, batch_size=16, seq_len=128, eval_size=64, head_warmup_steps=100,
-              head_fit_size=512)
+FULL = Config(steps=32, probe_every=4, lr=5e-3, batch_size=16, seq_len=128, eval_size=32, head_warmup_steps=50,
+              head_fit_size=256)
 
 
 def config_for(setting: Setting) -> Config:
@@ -102,7 +102,7 @@ def _train(config: Config, setting: Setting, registry: Registry, seed: int, **ho
         batch_size=config.batch_size, seq_len=config.seq_len, eval_size=config.eval_size,
         head_warmup_steps=config.head_warmup_steps, head_fit_size=config.head_fit_size, seed=seed,
         device=str(resolve_device(setting.device)), corpus=config.corpus, downstream_data=config.downstream_data,
-        attribution_top=0, on_step=lambda step, record: finished.append(time.perf_counter()),
+        attribution_top=0, on_step=lambda step, record: finished.append(time.process_time()),
         **{"probe_every": config.steps, **how},
     )
     summary = report.summary
@@ -110,7 +110,7 @@ def _train(config: Config, setting: Setting, registry: Registry, seed: int, **ho
         "final_downstream_loss": summary["final_downstream_loss"],
         "initial_downstream_loss": summary["initial_downstream_loss"],
         "weights_by_step": summary["weights_by_step"],
-        # Mean interval between finished steps, the first and the last step (probed in every
+        # Mean CPU time between finished steps, the first and the last step (probed in every
         # condition) left out: the training step plus the probes the condition needs.
         "seconds_per_step": float(np.mean(np.diff(finished)[:-1])) if len(finished) > 2 else None,
         "counterfactual_best": (summary["counterfactual"]["best"] or {}).get("weights"),
