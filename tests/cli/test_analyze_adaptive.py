@@ -20,7 +20,8 @@ SMALL = ["--batch-size", "4", "--seq-len", "48", "--eval-size", "8", "--head-war
 def test_adaptive_schedule_follows_the_probes_and_reports_the_counterfactual(tmp_path):
     cli = make_cli(lambda: objreg.get_plugin_manager(load_entrypoints=False))
     result = CliRunner().invoke(cli, ["analyze", "--pretrain", "mlm,sop", "--downstream", "qa", "--schedule",
-                                      "adaptive", "--steps", "8", *SMALL, "--json"], catch_exceptions=False)
+                                      "adaptive", "--steps", "8", *SMALL, "--out", str(tmp_path / "run"), "--json"],
+                                catch_exceptions=False)
     assert result.exit_code == 0, result.output
     report = json.loads(result.stdout)
     by_step = report["summary"]["weights_by_step"]
@@ -36,3 +37,4 @@ def test_adaptive_schedule_follows_the_probes_and_reports_the_counterfactual(tmp
     assert sum(best["weights"].values()) == pytest.approx(2.0)
     assert best["first_plus_second_order"] >= report["summary"]["counterfactual"]["constant_mean_weights"][
         "first_plus_second_order"]
+    assert (tmp_path / "run" / "counterfactual.png").stat().st_size > 10_000
