@@ -45,17 +45,22 @@ def test_combine_decides_from_the_t_interval_of_the_effect():
     json.dumps(combined.to_dict(), allow_nan=False)
 
 
+def test_the_best_fixed_weight_is_the_grid_point_with_the_lowest_loss():
+    assert am.best_weight({0.0: 2.7, 0.5: 2.6, 1.0: 2.65, 1.5: 2.61}) == 0.5
+    assert am.best_weight({0.5: 2.6, 1.0: 2.6, 2.0: 2.6}) == 1.0  # a tie goes to uniform
+
+
 @pytest.mark.e2e
 def test_one_tiny_seed_trains_every_condition(monkeypatch):
     monkeypatch.setattr(am, "QUICK", am.Config(steps=2, probe_every=1, lr=5e-3, batch_size=4, seq_len=48,
-                                               eval_size=8, head_warmup_steps=2, head_fit_size=16, grid=(0.5, 1.5)))
+                                               eval_size=8, head_warmup_steps=2, head_fit_size=16, grid=(0.5,)))
     result = am.run(Setting(quick=True, seed=0, device="cpu"))
     figures = result.figures
     final = figures["final_downstream_loss"]
     assert set(final) == set(CONDITIONS)
     assert figures["effect"] == pytest.approx(final["best_fixed"] - final["adaptive_quadratic"])
     search = figures["grid_search"]["final_downstream_loss_by_mlm_weight"]
-    assert figures["grid_search"]["best_mlm_weight"] == min((0.5, 1.5), key=lambda w: search[f"{w:g}"])
+    assert list(search) == ["0.5"] and figures["grid_search"]["best_mlm_weight"] == 0.5
     for rule in ("adaptive_quadratic", "adaptive_tartan"):
         weights = figures["adaptive_weights"][rule]
         assert [a + b for a, b in zip(weights["mlm"], weights["sop"])] == pytest.approx([2.0] * 2)

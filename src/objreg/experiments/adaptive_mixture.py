@@ -117,6 +117,11 @@ def _train(config: Config, setting: Setting, registry: Registry, seed: int, **ho
     }
 
 
+def best_weight(search: dict[float, float]) -> float:
+    """The grid weight with the lowest final loss (ties: the one nearest uniform)."""
+    return min(search, key=lambda w: (search[w], abs(w - TOTAL / 2)))
+
+
 def run(setting: Setting) -> ExperimentResult:
     config = config_for(setting)
     registry = Registry.load()
@@ -126,7 +131,7 @@ def run(setting: Setting) -> ExperimentResult:
         setting.status(f"grid search on seed {search_seed}: mlm={w:g}, sop={TOTAL - w:g}")
         search[w] = _train(config, setting, registry, search_seed,
                            weights={"mlm": w, "sop": TOTAL - w})["final_downstream_loss"]
-    best_w = min(config.grid, key=lambda w: (search[w], abs(w - 1.0)))
+    best_w = best_weight(search)
     conditions = {
         "uniform": {"weights": {"mlm": 1.0, "sop": 1.0}},
         "best_fixed": {"weights": {"mlm": best_w, "sop": TOTAL - best_w}},
