@@ -184,13 +184,11 @@ def maximise(model: Quadratic, lower: np.ndarray, upper: np.ndarray, total: floa
     # Maximise bᵀα − ½ αᵀ M α (the improvement up to a constant).
     b = -(model.first + model.cross)
     m = 0.5 * (model.matrix + model.matrix.T)
-    tolerance = 1e-9 * max(1.0, abs(total), float(np.abs(upper[np.isfinite(upper)]).max(initial=0.0)))
+    tolerance = 1e-9 * max(1.0, abs(total), float(np.abs(upper).max()))
     best, best_value = None, -math.inf
     for face in itertools.product((0, 1, 2), repeat=k):  # 0: at lower, 1: at upper, 2: free
         fixed_values = np.where(np.array(face) == 0, lower, upper)
         free = [i for i in range(k) if face[i] == 2]
-        if any(face[i] == 1 and not np.isfinite(upper[i]) for i in range(k)):
-            continue
         alpha = np.where(np.array(face) == 2, 0.0, fixed_values)
         rest = total - alpha.sum()
         if not free:
