@@ -33,12 +33,6 @@ import numpy as np
 from objreg.analysis.mixture import Quadratic, maximise, step_model, trust_box
 from objreg.core.errors import InvalidParameterError
 
-RULES = {
-    "quadratic": "the optimum of the quadratic model of the next step in a trust region",
-    "tartan": "a META-TARTAN-style multiplicative update from the first-order transfer",
-}
-
-
 def check_options(names: Sequence[str], weights: Mapping[str, float], *, radius: float, rate: float,
                   smoothing: float, min_weight: float, max_weight: float | None) -> None:
     """Each option in range, and the bounds able to hold the total weight.
