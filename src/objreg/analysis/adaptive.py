@@ -33,6 +33,7 @@ import numpy as np
 from objreg.analysis.mixture import Quadratic, maximise, step_model, trust_box
 from objreg.core.errors import InvalidParameterError
 
+
 def check_options(names: Sequence[str], weights: Mapping[str, float], *, radius: float, rate: float,
                   smoothing: float, min_weight: float, max_weight: float | None) -> None:
     """Each option in range, and the bounds able to hold the total weight.
