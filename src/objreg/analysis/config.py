@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from objreg.analysis.adaptive import check_options
 from objreg.analysis.devices import resolve_device
 from objreg.analysis.schedules import parse_schedules
 from objreg.analysis.validation import check_schedules, check_settings
@@ -107,6 +108,14 @@ class AnalysisConfig:
             lists (0: none).
         objective_params: Parameter overrides per objective or for the downstream task, e.g.
             ``{"mlm": {"mask_prob": 0.2}, "qa": {"doc_stride": 64}}``.
+        trust_radius: How far the best weights may lie from the weights used, per weight, as a
+            share of the total weight: the counterfactual optimum of the report
+            (:mod:`objreg.analysis.mixture`) and, per probe, ``--schedule adaptive:quadratic``.
+        adaptive_rate: ``--schedule adaptive:tartan``'s largest change of a log-weight per probe.
+        adaptive_smoothing: Share of the past kept when an adaptive rule averages its probes
+            (exponential moving average; 0: the latest probe alone).
+        min_weight, max_weight: Bounds on every weight an adaptive rule or the counterfactual
+            optimum picks (``max_weight`` None: only the total bounds it).
     """
 
     pretrain: tuple[str, ...]
@@ -135,6 +144,11 @@ class AnalysisConfig:
     char_noise: float = 0.0
     attribution_top: int = 5
     objective_params: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    trust_radius: float = 0.25
+    adaptive_rate: float = 0.5
+    adaptive_smoothing: float = 0.5
+    min_weight: float = 0.0
+    max_weight: float | None = None
 
     def __post_init__(self) -> None:
         check_settings(self)  # types, ranges and sizes first: docs/reliability.md
@@ -171,6 +185,8 @@ class AnalysisConfig:
         if self.eval_dtype not in (*DTYPES, "model"):
             raise InvalidParameterError(f"eval_dtype must be one of {', '.join(DTYPES)}, model; got {self.eval_dtype!r}")
         check_schedules(self.steps, self.weights, self.schedule)  # a bad user schedule fails here
+        check_options(pretrain, self.weights, radius=self.trust_radius, rate=self.adaptive_rate,
+                      smoothing=self.adaptive_smoothing, min_weight=self.min_weight, max_weight=self.max_weight)
         unknown = set(self.objective_params) - set(pretrain) - {self.downstream}
         if unknown:
             raise InvalidParameterError(

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from objreg.analysis.adaptive import Rule
 from objreg.analysis.downstream import Downstream
 from objreg.analysis.functional import SHARED_PREFIX, Params, shared_parameters
 from objreg.analysis.gradients import accumulate, check_finite, mean_loss_gradient, shared_part
@@ -52,6 +53,8 @@ class Trainer:
         steps: Length of the run (schedules are functions of the step and this).
         probe_every: Probe every this many steps, and always the first and the last step.
         schedules: Weight multiplier per objective (constant when absent).
+        adaptive: An adaptive rule (:mod:`objreg.analysis.adaptive`) that sets the weights from
+            the probes instead: told each finished probe record, asked for each step's weights.
         per_sample_method, hvp_method, spectrum, decode: What the probe measures with
             (:class:`~objreg.analysis.probe.Probe`).
         seed: Seeds data and corruption streams and the probe's statistics.
@@ -77,6 +80,7 @@ class Trainer:
         hvp_method: str = "auto",
         spectrum: int = 0,
         decode: Callable[[Sequence[int]], str] | None = None,
+        adaptive: Rule | None = None,
     ):
         self.model = model
         self.objectives = dict(objectives)
@@ -105,11 +109,17 @@ class Trainer:
         self.coalitions = (CoalitionMoments(players(list(self.objectives), settings), seed=seed)
                            if settings is not None else None)
         self.next_step = 0
-        # Every step's weights up front: a bad user schedule fails before any training.
-        self.weights_by_step = [self.weights_at(t) for t in range(steps)]
+        self.adaptive = adaptive
+        # Every step's weights up front: a bad user schedule fails before any training. An
+        # adaptive rule's are known only as the run goes.
+        self.weights_by_step = [] if adaptive is not None else [self.weights_at(t) for t in range(steps)]
 
     def weights_at(self, step: int) -> dict[str, float]:
         """``α_k(step)`` for every objective."""
+        if self.adaptive is not None:
+            if step == len(self.weights_by_step):
+                self.weights_by_step.append(dict(self.adaptive.weights))
+            return dict(self.weights_by_step[step])
         if not self.schedules:
             return dict(self.weights)
         return weights_at(step, self.steps, self.weights, self.schedules)
@@ -145,9 +155,12 @@ class Trainer:
             pending = self.probe.measure(step, weights, self.optimizer, tokens, batches, losses, gradients,
                                          self.coalitions)
             self.optimizer.step()
-            return self.probe.finish(pending)
+            record = self.probe.finish(pending)
         finally:
             self.model.train()
+        if self.adaptive is not None:
+            self.adaptive.update(record)
+        return record
 
     def next_batches(self) -> tuple[dict[str, TokenBatch], dict[str, CorruptedBatch]]:
         """One batch per objective: sampled, prepared with the current model, corrupted."""
@@ -198,6 +211,8 @@ class Trainer:
             "hvp_method": self.probe.hvp_method,
             "update_rule": self.probe.update_rule,
             "methods_used": sorted(self.probe.methods_used),
+            "adaptive": ({"rule": self.adaptive.state_dict(), "weights_by_step": self.weights_by_step}
+                         if self.adaptive is not None else None),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -214,4 +229,7 @@ class Trainer:
         self.probe.update_rule = state["update_rule"]
         self.probe.methods_used = set(state["methods_used"])
         self.next_step = int(state["next_step"])
+        if self.adaptive is not None:
+            self.adaptive.load_state_dict(state["adaptive"]["rule"])
+            self.weights_by_step = [dict(w) for w in state["adaptive"]["weights_by_step"]]
 

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from objreg.analysis.adaptive import adaptive_rule_of
 from objreg.analysis.config import DTYPES, AnalysisConfig
 from objreg.analysis.downstream import Downstream
 from objreg.analysis.functional import count_parameters, shared_parameters
@@ -105,7 +106,7 @@ def prepare(
         optimizer=config.optimizer, lr=config.lr, batch_size=config.batch_size, seed=config.seed,
         device=device, steps=config.steps, probe_every=config.probe_every, schedules=config.schedule,
         per_sample_method=config.per_sample_method, hvp_method=config.hvp_method, spectrum=config.spectrum,
-        decode=tokenizer.decode,
+        decode=tokenizer.decode, adaptive=adaptive_rule_of(config),
     )
     report_config = {
         **config.to_dict(),

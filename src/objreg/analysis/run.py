@@ -27,6 +27,7 @@ from objreg.analysis.fingerprint import (
 from objreg.analysis.group import Group
 from objreg.analysis.launch import from_environment
 from objreg.analysis.loop import StepCallback, Trainer
+from objreg.analysis.mixture import counterfactual
 from objreg.analysis.prepare import check, prepare
 from objreg.analysis.report import AlignmentReport, summarise
 from objreg.analysis.resume import load_checkpoint, restore, resumed_config
@@ -193,6 +194,9 @@ def build_report(
         weights_by_step=trainer.weights_by_step, update_rule=probe.update_rule,
         attribution=probe.attribution_report(config.attribution_top) if config.attribution_top else None,
     )
+    summary["counterfactual"] = counterfactual(records, list(config.pretrain), config.optimizer, config.lr,
+                                               radius=config.trust_radius, low=config.min_weight,
+                                               high=config.max_weight)
     return AlignmentReport(
         pretrain=list(config.pretrain), downstream=config.downstream, config=report_config, steps=records,
         summary=summary,

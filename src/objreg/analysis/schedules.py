@@ -6,6 +6,8 @@ The base weights ``w_k`` come from ``--weights``; the shape ``m_k(t)`` from ``--
 * ``linear[:START:END]``: straight from START at the first step to END at the last (default 1→0).
 * ``cosine[:START:END]``: half a cosine from START to END (default 1→0), flat at both ends.
 * ``step:AT[:BEFORE:AFTER]``: BEFORE until step AT (0-based), AFTER from step AT on (default 1, 0).
+* ``adaptive[:RULE]``: set from the probes as the run goes (:mod:`objreg.analysis.adaptive`; RULE
+  ``quadratic``, the default, or ``tartan``), for every objective at once.
 
 A schedule string is comma-separated ``[NAME=]SHAPE``; an entry without a name applies to every
 objective not named elsewhere, e.g. ``cosine`` or ``mlm=linear:1:0,sop=step:8:0:1``. In the
@@ -21,7 +23,8 @@ from typing import Any
 
 from objreg.core.errors import InvalidParameterError
 
-SHAPES = "constant, linear[:START:END], cosine[:START:END] or step:AT[:BEFORE:AFTER]"
+SHAPES = "constant, linear[:START:END], cosine[:START:END], step:AT[:BEFORE:AFTER] or adaptive[:RULE]"
+ADAPTIVE_RULES = ("quadratic", "tartan")
 
 
 def _progress(step: int, steps: int) -> float:
@@ -93,6 +96,21 @@ class Step(Schedule):
 
 
 @dataclass(frozen=True)
+class Adaptive(Schedule):
+    """Weights set from the probes by an adaptive rule (:mod:`objreg.analysis.adaptive`); the
+    base weights are where it starts. Not a function of the step: the loop asks the rule."""
+
+    rule: str = "quadratic"
+
+    def __call__(self, step: int, steps: int) -> float:
+        raise TypeError("adaptive weights come from the probes, not from the step")
+
+    @property
+    def spec(self) -> str:
+        return f"adaptive:{self.rule}"
+
+
+@dataclass(frozen=True)
 class Custom(Schedule):
     """A user function ``(step, steps) -> multiplier``; its values are checked as they are used."""
 
@@ -133,7 +151,13 @@ def parse_shape(text: str, entry: str | None = None) -> Schedule:
         if not args[0].isdigit():
             raise InvalidParameterError(f"schedule {entry!r}: AT must be a step number ≥ 0, got {args[0]!r}")
         return Step(int(args[0]), *[_number(a, n, entry) for a, n in zip(args[1:], ("BEFORE", "AFTER"))])
-    if shape in ("constant", "linear", "cosine", "step"):
+    if shape == "adaptive" and len(args) <= 1:
+        rule = args[0] if args else "quadratic"
+        if rule not in ADAPTIVE_RULES:
+            raise InvalidParameterError(f"schedule {entry!r}: unknown adaptive rule {rule!r}, expected "
+                                        f"{' or '.join(ADAPTIVE_RULES)}")
+        return Adaptive(rule)
+    if shape in ("constant", "linear", "cosine", "step", "adaptive"):
         raise InvalidParameterError(f"schedule {entry!r} has the wrong number of arguments: expected {SHAPES}")
     raise InvalidParameterError(f"unknown schedule shape {shape!r} in {entry!r}: expected {SHAPES}")
 
@@ -183,7 +207,18 @@ def parse_schedules(schedule: Mapping[str, Any] | str | Callable[..., float] | N
             f"(selected: {', '.join(pretrain)})"
         )
     default = entries.get("*", Constant())
-    return {name: entries.get(name, default) for name in pretrain}
+    result = {name: entries.get(name, default) for name in pretrain}
+    if any(isinstance(s, Adaptive) for s in result.values()) and len(set(result.values())) > 1:
+        raise InvalidParameterError(
+            "an adaptive schedule sets every objective's weight: give it alone, e.g. --schedule adaptive or "
+            "--schedule adaptive:tartan")
+    return result
+
+
+def adaptive_rule(schedules: Mapping[str, Schedule]) -> str | None:
+    """The adaptive rule the schedules name (None: they are functions of the step)."""
+    first = next(iter(schedules.values()), None)
+    return first.rule if isinstance(first, Adaptive) else None
 
 
 def weights_at(step: int, steps: int, weights: Mapping[str, float], schedules: Mapping[str, Schedule]) -> dict[str, float]:

@@ -74,9 +74,9 @@ def check_schedules(steps: int, weights: Mapping[str, float], schedules: Mapping
     """A user's schedule (a callable) is evaluated at every step, so a bad one fails before
     anything is loaded; the built-in shapes need no evaluation (their numbers were checked when
     parsed, and they interpolate between them), so a long run does not wait for them."""
-    from objreg.analysis.schedules import Constant, Cosine, Linear, Step, weights_at
+    from objreg.analysis.schedules import Adaptive, Constant, Cosine, Linear, Step, weights_at
 
-    custom = {name: s for name, s in schedules.items() if type(s) not in (Constant, Linear, Cosine, Step)}
+    custom = {name: s for name, s in schedules.items() if type(s) not in (Adaptive, Constant, Linear, Cosine, Step)}
     if not custom:
         return
     only = {name: weights[name] for name in custom}

@@ -54,8 +54,22 @@ def _parse_params(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
 @click.option("--schedule", default=None, metavar="[OBJ=]SHAPE,...",
               help="How each weight changes over the run (weight × shape): constant, linear[:START:END], "
                    "cosine[:START:END] (both default 1→0) or step:AT[:BEFORE:AFTER] (default 1, 0); an entry "
-                   "without OBJ= applies to the rest, e.g. 'mlm=linear:1:0,sop=step:8:0:1' or 'cosine' "
-                   "(default: constant).")
+                   "without OBJ= applies to the rest, e.g. 'mlm=linear:1:0,sop=step:8:0:1' or 'cosine'; or "
+                   "adaptive[:RULE] alone: every weight set from the latest probe, RULE quadratic (the optimum of "
+                   "the quadratic model in the trust region, the default) or tartan (a META-TARTAN-style "
+                   "multiplicative update), the total weight kept (default: constant).")
+@click.option("--trust-radius", type=float, default=None, metavar="R",
+              help="How far the counterfactual best weights, and adaptive:quadratic's weights per probe, may move "
+                   f"from the weights used: each by at most R × the total weight {default('trust_radius')}.")
+@click.option("--adaptive-rate", type=float, default=None, metavar="RATE",
+              help=f"adaptive:tartan's largest change of a log-weight per probe {default('adaptive_rate')}.")
+@click.option("--adaptive-smoothing", type=float, default=None, metavar="S",
+              help="Share of the past an adaptive rule keeps when it averages the probes, in [0, 1) "
+                   f"{default('adaptive_smoothing')}.")
+@click.option("--min-weight", type=float, default=None, metavar="W",
+              help=f"Smallest weight an adaptive rule or the counterfactual optimum picks {default('min_weight')}.")
+@click.option("--max-weight", type=float, default=None, metavar="W",
+              help="Largest weight an adaptive rule or the counterfactual optimum picks (default: the total weight).")
 @click.option("--steps", type=int, default=None, help=f"Training steps {default('steps')}.")
 @click.option("--lr", type=float, default=None, help=f"Learning rate {default('lr')}.")
 @click.option("--optimizer", default=None, metavar="NAME", help=choices("optimizer", "The optimizer"))
@@ -250,6 +264,13 @@ def _render(report: dict[str, Any], console: Console) -> None:
         + (f" (relative error {first:.1%} → {both:.1%})" if first is not None and both is not None else ""),
         markup=False,
     )
+    best = (summary.get("counterfactual") or {}).get("best")
+    if best is not None:
+        used = summary["counterfactual"]["used"]["first_plus_second_order"]
+        weights = ", ".join(f"{k}={v:.3g}" for k, v in best["weights"].items())
+        console.print(f"counterfactual: best constant weights in the trust region {weights}, predicted improvement "
+                      f"{best['first_plus_second_order']:.4g} against {used:.4g} with the weights used "
+                      f"({summary['counterfactual']['optimizer_model'].split(':')[0]} model)", markup=False)
     regime = summary.get("taylor_regime") or {"inside": True}
     if not regime["inside"]:
         console.print(f"warning: outside the Taylor regime at {len(regime['steps_outside'])} of {summary['probes']} "

@@ -24,6 +24,7 @@ EXPERIMENTS: dict[str, str] = {
     "fim-attention": "objreg.experiments.fim_attention",
     "weight-tying": "objreg.experiments.weight_tying",
     "taylor-transfer": "objreg.experiments.taylor_transfer",
+    "adaptive-mixture": "objreg.experiments.adaptive_mixture",
 }
 
 
