@@ -42,7 +42,15 @@ from torch import nn
 from objreg.analysis.attribution import ExampleScores
 from objreg.analysis.curvature import Curvature
 from objreg.analysis.downstream import Downstream
-from objreg.analysis.functional import CallableLoss, ObjectiveFunction, Params, detached, flat_dot, flat_norm, named_shared
+from objreg.analysis.functional import (
+    CallableLoss,
+    ObjectiveFunction,
+    Params,
+    detached,
+    flat_dot,
+    flat_norm,
+    named_shared,
+)
 from objreg.analysis.gradients import local_rows
 from objreg.analysis.optimizers import StepDecomposition, decompose
 from objreg.analysis.per_sample import per_sample_dots_many
