@@ -59,6 +59,7 @@ from objreg.toolkit.tokenizer import TokenizedCorpus, Tokenizer, split_sentences
 
 if TYPE_CHECKING:
     from objreg.analysis.config import AnalysisConfig
+    from objreg.analysis.hf_callback import ProbeCallback
     from objreg.analysis.report import AlignmentReport
     from objreg.analysis.run import analyze
     from objreg.analysis.transfer_probe import TransferProbe
@@ -74,6 +75,7 @@ _LAZY = {
     "AnalysisConfig": ("objreg.analysis.config", "AnalysisConfig"),
     "AlignmentReport": ("objreg.analysis.report", "AlignmentReport"),
     "TransferProbe": ("objreg.analysis.transfer_probe", "TransferProbe"),
+    "ProbeCallback": ("objreg.analysis.hf_callback", "ProbeCallback"),
     "experiments": ("objreg.experiments", None),
     "toolkit": ("objreg.toolkit", None),
 }
@@ -111,6 +113,7 @@ __all__ = [
     "Param",
     "PluginError",
     "PluginFailure",
+    "ProbeCallback",
     "ProbeStateError",
     "Provider",
     "Registry",

@@ -96,7 +96,7 @@ class TransferProbe:
             model = model.module
         if not isinstance(model, nn.Module):
             raise InvalidParameterError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        while not isinstance(optimizer, torch.optim.Optimizer) and hasattr(optimizer, "optimizer"):
+        while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):  # accelerate's wrapper
             optimizer = optimizer.optimizer
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise InvalidParameterError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
