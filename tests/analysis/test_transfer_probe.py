@@ -29,6 +29,10 @@ class Tiny(nn.Module):
     def hidden(self, ids):
         return torch.tanh(self.body(self.drop(self.embed(ids)))).mean(1)
 
+    def forward(self, ids):
+        hidden = self.hidden(ids)
+        return self.token_head(hidden), self.pair_head(hidden)
+
 
 def token_loss(model, batch):
     return F.cross_entropy(model.token_head(model.hidden(batch["ids"])), batch["y"], reduction="none")
@@ -266,3 +270,74 @@ def test_measure_refuses_calls_out_of_order():
     probe.finish(measured)
     with pytest.raises(ProbeStateError, match="once"):
         probe.finish(measured)
+
+
+
+# -- data-parallel: each process its own rows, the collectives on the user's process group ---------
+
+
+def both_token_loss(model, batch):
+    return F.cross_entropy(model(batch["ids"])[0], batch["token"], reduction="none")
+
+
+def both_pair_loss(model, batch):
+    return F.cross_entropy(model(batch["ids"])[1], batch["pair"], reduction="none")
+
+
+def data_parallel_run(rank=None, world=1):
+    """Two steps of Adam on one batch per step (both objectives on the same rows, one forward),
+    this process's rows of it; returns the probe's records."""
+    model, opt = make("adam")
+    model.task_head.requires_grad_(False)  # D's head, not trained (DDP wants every trained parameter used)
+    trained = nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    probe = objreg.TransferProbe(trained, {"tokens": both_token_loss, "pairs": both_pair_loss}, task_loss, opt,
+                                 eval_batches=EVAL, weights=WEIGHTS)
+    generator = torch.Generator().manual_seed(1)
+    rows = slice(0, BATCH) if world == 1 else (slice(0, 5) if rank == 0 else slice(5, BATCH))  # uneven shares
+    for step in range(2):
+        whole = batch(generator, VOCAB)
+        whole["token"], whole["pair"] = whole.pop("y"), torch.randint(2, (BATCH,), generator=generator)
+        mine = {k: t[rows] for k, t in whole.items()}
+        opt.zero_grad()
+        tokens, pairs = trained(mine["ids"])
+        # DDP averages the processes' gradients: weighting each process's mean by its share of
+        # the rows makes that average the whole batch's mean.
+        share = world * (rows.stop - rows.start) / BATCH
+        loss = share * (WEIGHTS["tokens"] * F.cross_entropy(tokens, mine["token"])
+                        + WEIGHTS["pairs"] * F.cross_entropy(pairs, mine["pair"]))
+        loss.backward()
+        measured = probe.measure({"tokens": mine, "pairs": mine}, step=step)
+        opt.step()
+        probe.finish(measured)
+    return probe.records
+
+
+def _ddp_worker(rank: int, port: int, results: str) -> None:
+    import json
+    import os
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=120))
+    try:
+        records = data_parallel_run(rank, 2)
+        with open(os.path.join(results, f"rank{rank}.json"), "w", encoding="utf-8") as f:
+            json.dump(records, f)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.e2e
+def test_a_ddp_loop_gives_the_one_process_records(tmp_path):
+    import json
+
+    from test_distributed import _free_port, assert_close_reports, run_two_processes
+
+    run_two_processes(_ddp_worker, _free_port(), str(tmp_path))
+    records = data_parallel_run()
+    for rank in (0, 1):
+        ranked = json.loads((tmp_path / f"rank{rank}.json").read_text(encoding="utf-8"))
+        assert_close_reports({"steps": records, "summary": {}}, {"steps": ranked, "summary": {}}, rtol=1e-9)
