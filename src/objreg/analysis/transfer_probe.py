@@ -41,6 +41,7 @@ from objreg.analysis.probe_setup import (
     shared_names,
     user_group,
 )
+from objreg.analysis.report import AlignmentReport, summarise
 from objreg.analysis.shapley import CoalitionMoments
 from objreg.core.errors import InvalidParameterError, ProbeStateError
 from objreg.core.handles import Objective, Task
@@ -188,10 +189,9 @@ class TransferProbe:
         self.records.append(record)
         return record
 
-    def report(self, downstream: str = "downstream", config: Mapping[str, Any] | None = None) -> Any:
-        """:attr:`records` as an ``objreg.AlignmentReport`` (its summary as ``objreg analyze`` makes it)."""
-        from objreg.analysis.report import AlignmentReport, summarise
-
+    def report(self, downstream: str = "downstream", config: Mapping[str, Any] | None = None) -> AlignmentReport:
+        """:attr:`records` as an ``objreg.AlignmentReport`` (its summary as ``objreg analyze`` makes
+        it; ``summary.weights_by_step`` lists the measured steps' weights)."""
         names = list(self.engine.objectives)
         summary = summarise(names, self.records, weights_by_step=[r["weights"] for r in self.records],
                             update_rule=self.engine.update_rule)
