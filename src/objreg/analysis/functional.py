@@ -19,6 +19,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.utils._pytree import tree_flatten, tree_map
 
+from objreg.core.errors import InvalidParameterError
 from objreg.core.handles import Objective, Task
 from objreg.core.types import CorruptedBatch
 
@@ -36,7 +37,8 @@ def named_shared(model: nn.Module, names: Collection[str] | None) -> dict[str, n
     (:func:`shared_parameters`)."""
     if names is None:
         return shared_parameters(model)
-    return {n: p for n, p in model.named_parameters() if n in names}
+    wanted = set(names)
+    return {n: p for n, p in model.named_parameters() if n in wanted}
 
 
 def batch_size_of(batch: Any) -> int:
@@ -47,7 +49,9 @@ def batch_size_of(batch: Any) -> int:
         return size
     leaves = [t for t in tree_flatten(batch)[0] if isinstance(t, torch.Tensor) and t.dim() > 0]
     if not leaves:
-        raise TypeError(f"a batch must hold at least one tensor with a batch dimension, got {type(batch).__name__}")
+        raise InvalidParameterError(
+            f"a batch must hold at least one tensor with a batch dimension, got {type(batch).__name__}"
+        )
     return leaves[0].shape[0]
 
 
