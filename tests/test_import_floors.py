@@ -40,8 +40,9 @@ NEVER = {
     "plugins": ("objreg.analysis", "objreg.experiments", "objreg.cli", "scipy", "matplotlib"),
     "analysis": ("objreg.plugins", "objreg.experiments", "objreg.cli", "matplotlib", "transformers"),
 }
-#: The one module that exists to load matplotlib (imported only when plots are written).
-EXEMPT = {"objreg.analysis.plots": ("matplotlib",)}
+#: The modules that exist to load matplotlib (imported only when plots are written) and to plug
+#: into transformers' Trainer (imported only by its users).
+EXEMPT = {"objreg.analysis.plots": ("matplotlib",), "objreg.analysis.hf_callback": ("transformers",)}
 
 
 def objreg_imports(path: Path) -> list[str]:

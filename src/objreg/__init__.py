@@ -10,7 +10,7 @@ The public API. Plugin authors import from here (and from :mod:`objreg.toolkit`)
         return objreg.ObjectiveInfo(name="myobjective", description="...")
 
 Importing objreg loads the contract and the toolkit only: the analyzer (``analyze``,
-``AnalysisConfig``, ``AlignmentReport``) and the experiments load on first use.
+``AnalysisConfig``, ``AlignmentReport``, ``TransferProbe``) and the experiments load on first use.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from objreg.core.errors import (
     ObjregError,
     PluginError,
     PluginFailure,
+    ProbeStateError,
     ResourceError,
     UnknownNameError,
     UnknownObjectiveError,
@@ -58,8 +59,10 @@ from objreg.toolkit.tokenizer import TokenizedCorpus, Tokenizer, split_sentences
 
 if TYPE_CHECKING:
     from objreg.analysis.config import AnalysisConfig
+    from objreg.analysis.hf_callback import ProbeCallback
     from objreg.analysis.report import AlignmentReport
     from objreg.analysis.run import analyze
+    from objreg.analysis.transfer_probe import TransferProbe
 
 try:
     __version__ = version("objreg")
@@ -71,6 +74,8 @@ _LAZY = {
     "analyze": ("objreg.analysis.run", "analyze"),
     "AnalysisConfig": ("objreg.analysis.config", "AnalysisConfig"),
     "AlignmentReport": ("objreg.analysis.report", "AlignmentReport"),
+    "TransferProbe": ("objreg.analysis.transfer_probe", "TransferProbe"),
+    "ProbeCallback": ("objreg.analysis.hf_callback", "ProbeCallback"),
     "experiments": ("objreg.experiments", None),
     "toolkit": ("objreg.toolkit", None),
 }
@@ -108,6 +113,8 @@ __all__ = [
     "Param",
     "PluginError",
     "PluginFailure",
+    "ProbeCallback",
+    "ProbeStateError",
     "Provider",
     "Registry",
     "ResourceError",
@@ -116,6 +123,7 @@ __all__ = [
     "TokenBatch",
     "TokenizedCorpus",
     "Tokenizer",
+    "TransferProbe",
     "UnknownNameError",
     "UnknownObjectiveError",
     "Vocabulary",

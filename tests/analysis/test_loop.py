@@ -60,7 +60,7 @@ def test_the_state_dict_continues_a_run_exactly(tiny_trainer):
     assert seen + rest == whole_records
     after_whole, after_resumed = parameters(whole), parameters(resumed)
     assert all(torch.equal(after_whole[n], after_resumed[n]) for n in after_whole)
-    assert resumed.probe.attribution.state_dict() == whole.probe.attribution.state_dict()
+    assert resumed.probe.engine.attribution.state_dict() == whole.probe.engine.attribution.state_dict()
 
 
 def test_only_the_backbone_and_the_pretraining_heads_train(tiny_trainer):

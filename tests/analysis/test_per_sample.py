@@ -9,7 +9,7 @@ from torch import nn
 import objreg
 from objreg import masks
 from objreg.analysis import ghost, per_sample
-from objreg.analysis.functional import ObjectiveFunction, detached, flat_dot, shared_parameters
+from objreg.analysis.functional import CallableLoss, ObjectiveFunction, detached, flat_dot, shared_parameters
 
 FAST_METHODS = ("jvp", "ghost", "double_backward", "vmap")
 
@@ -374,3 +374,27 @@ def test_several_directions_from_one_pass_are_each_directions_dots(build, direct
     assert len(many) == 3
     for v, dots in zip(directions, many):
         assert rel_err(dots, per_sample.dots_loop(fn, shared, v)) <= 1e-8
+
+
+def test_ghost_has_a_closed_form_for_gpt2_conv1d(monkeypatch, direction):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=30, n_positions=16, n_embd=8, n_layer=1, n_head=2,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, attn_implementation="eager")
+    model = transformers.GPT2LMHeadModel(config).double().eval()
+    ids = torch.randint(30, (3, 7), generator=torch.Generator().manual_seed(1))
+
+    def causal_loss(m, batch):
+        logits = m(input_ids=batch["ids"], position_ids=torch.arange(7).expand(3, 7)).logits
+        return torch.nn.functional.cross_entropy(logits[:, :-1].transpose(1, 2), batch["ids"][:, 1:],
+                                                 reduction="none").mean(1)
+
+    names = [n for n, _ in model.named_parameters()]
+    fn = ObjectiveFunction(model, CallableLoss("clm", causal_loss), {"ids": ids}, shared=names)
+    shared = {n: p.detach() for n, p in model.named_parameters()}
+    v = direction(shared)
+    generic = []
+    monkeypatch.setattr(ghost, "jvp", lambda *a, **k: generic.append(1) or torch.func.jvp(*a, **k))
+    dots = ghost.dots_ghost(fn, shared, v)
+    assert not generic  # every module owning parameters has a closed-form rule, Conv1D included
+    assert rel_err(dots, per_sample.dots_loop(fn, shared, v)) <= 1e-8

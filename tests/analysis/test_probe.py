@@ -43,12 +43,12 @@ def probe_step(trainer, step, inspect=lambda batches: None):
     if trainer.coalitions is not None:
         advance(trainer.coalitions, trainer.optimizer, trainer.shared, weights, gradients)
     trainer.model.eval()
-    pending = trainer.probe.measure(step, weights, trainer.optimizer, tokens, batches, losses, gradients,
-                                    trainer.coalitions)
+    pending = trainer.probe.engine.measure(step, weights, trainer.optimizer, tokens, batches, losses, gradients,
+                                           trainer.coalitions)
     inspected = inspect(batches)
     before = {n: t.clone() for n, t in detached(shared_parameters(trainer.model)).items()}
     trainer.optimizer.step()
-    record = trainer.probe.finish(pending)
+    record = trainer.probe.engine.finish(pending)
     trainer.next_step = step + 1
     return pending, record, before, detached(shared_parameters(trainer.model)), inspected
 

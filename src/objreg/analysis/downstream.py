@@ -23,13 +23,15 @@ change is the float64 ``D``'s exact change between them, to float64 rounding.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
 
 from objreg.analysis.curvature import Curvature
-from objreg.analysis.functional import ObjectiveFunction, Params, detached, shared_parameters
+from objreg.analysis.functional import CallableLoss, ObjectiveFunction, Params, batch_size_of, detached, named_shared
 from objreg.analysis.group import Group
 from objreg.core.handles import Task
 from objreg.core.types import CorruptedBatch
@@ -71,20 +73,35 @@ class Downstream:
         group: The processes sharing the work (default: this one alone).
         evaluation_dtype: The dtype :meth:`loss` evaluates ``D`` in (on a copy of the model
             when the model's differs); None: the model's own.
+        shared: Names of the shared parameters (default: the backbone's).
+
+    A set given as the user's own batches (:meth:`of_batches`) is used as it is: its batches are
+    the chunks, neither sorted nor trimmed.
     """
 
-    task: Task
-    batch: CorruptedBatch
+    task: Task | CallableLoss
+    batch: CorruptedBatch | None
     chunk_size: int = 16
     group: Group = field(default_factory=Group)
     evaluation_dtype: torch.dtype | None = torch.float64
-    chunks: list[CorruptedBatch] = field(init=False)
+    shared: tuple[str, ...] | None = None
+    chunks: list[Any] = field(init=False)
     compact: bool = field(init=False, default=True)
     _copy: tuple[nn.Module, nn.Module] | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
+        if self.batch is None:
+            self.chunks = []
+            return
         self.order = length_order(self.batch)
         self.chunks = [trimmed(self.batch.select(self.order[rows])) for rows in self._spans()]
+
+    @classmethod
+    def of_batches(cls, loss: CallableLoss, batches: Sequence[Any], **options: Any) -> Downstream:
+        """``D`` as the mean of ``loss`` over the examples of ``batches`` (each one chunk)."""
+        downstream = cls(loss, None, **options)
+        downstream.chunks = list(batches)
+        return downstream
 
     def _spans(self) -> list[slice]:
         return [slice(s, s + self.chunk_size) for s in range(0, self.batch.batch_size, self.chunk_size)]
@@ -92,7 +109,7 @@ class Downstream:
     @property
     def size(self) -> int:
         """Examples in the whole evaluation set (every process's)."""
-        return self.batch.batch_size
+        return self.batch.batch_size if self.batch is not None else sum(batch_size_of(c) for c in self.chunks)
 
     @property
     def tokens(self) -> int:
@@ -107,13 +124,15 @@ class Downstream:
     def check(self, model: nn.Module) -> bool:
         """Use the trimmed chunks only if they give the padded set's per-example losses (to
         rounding); returns whether they do (decided together by every process)."""
-        shared = detached(shared_parameters(model))
+        shared = detached(named_shared(model, self.shared))
         spans = self._spans()[self.group.rank :: self.group.world_size]
         with torch.no_grad():
             rows = torch.cat([self.order[s] for s in spans]) if spans else self.order[:0]
-            padded = ObjectiveFunction(model, self.task, self.batch.select(rows))(shared) if spans else None
+            padded = ObjectiveFunction(model, self.task, self.batch.select(rows), shared=self.shared)(shared) \
+                if spans else None
             try:
-                compact = torch.cat([ObjectiveFunction(model, self.task, c)(shared) for c in self.local_chunks])
+                compact = torch.cat([ObjectiveFunction(model, self.task, c, shared=self.shared)(shared)
+                                     for c in self.local_chunks])
                 tolerance = 1e-9 if compact.dtype == torch.float64 else 1e-4
                 agrees = padded is None or (compact.shape == padded.shape and bool(
                     torch.allclose(compact, padded, rtol=tolerance, atol=tolerance * float(padded.abs().max()))
@@ -130,7 +149,7 @@ class Downstream:
     def functions(self, model: nn.Module) -> list[ObjectiveFunction]:
         """This process's share of ``D`` as per-chunk functions of the shared parameters (all of
         ``D`` in one process; weight each chunk by its example count over :attr:`size`)."""
-        return [ObjectiveFunction(model, self.task, chunk) for chunk in self.local_chunks]
+        return [ObjectiveFunction(model, self.task, chunk, shared=self.shared) for chunk in self.local_chunks]
 
     def curvature(self, model: nn.Module, shared: Params, method: str = "auto") -> Curvature:
         """Gradient and Hessian-vector products of ``D`` at ``shared``, summed over the processes."""
@@ -167,7 +186,7 @@ class Downstream:
     def loss(self, model: nn.Module) -> float:
         """``D`` at the model's current parameters, evaluated in :attr:`evaluation_dtype`."""
         model = self.evaluation_model(model)
-        shared = detached(shared_parameters(model))
+        shared = detached(named_shared(model, self.shared))
         sums = [f(shared).sum() for f in self.functions(model)]
         if self.group.distributed:
             # Every chunk's sum, back in chunk order: the same additions as in one process.
@@ -180,4 +199,4 @@ class Downstream:
             for position, chunk in enumerate(dealt):
                 sums[chunk] = every[position]
         total = sum(sums)
-        return float(total) / self.batch.batch_size
+        return float(total) / self.size

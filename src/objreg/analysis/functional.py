@@ -9,13 +9,17 @@ places.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
 
 import torch
 from torch import nn
 from torch.func import functional_call
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map
 
+from objreg.core.errors import InvalidParameterError
 from objreg.core.handles import Objective, Task
 from objreg.core.types import CorruptedBatch
 
@@ -26,6 +30,57 @@ SHARED_PREFIX = "backbone."
 def shared_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     """The backbone's trainable parameters by name (tied weights once)."""
     return {n: p for n, p in model.named_parameters() if n.startswith(SHARED_PREFIX) and p.requires_grad}
+
+
+def named_shared(model: nn.Module, names: Collection[str] | None) -> dict[str, nn.Parameter]:
+    """The parameters called ``names`` (in the model's order); None: the backbone's
+    (:func:`shared_parameters`)."""
+    if names is None:
+        return shared_parameters(model)
+    wanted = set(names)
+    return {n: p for n, p in model.named_parameters() if n in wanted}
+
+
+def batch_size_of(batch: Any) -> int:
+    """Examples in a batch: its ``batch_size`` where it has one, else the first dimension of its
+    first tensor (a tensor, or a dict, list or tuple of them)."""
+    size = getattr(batch, "batch_size", None)
+    if isinstance(size, int):
+        return size
+    leaves = [t for t in tree_flatten(batch)[0] if isinstance(t, torch.Tensor) and t.dim() > 0]
+    if not leaves:
+        raise InvalidParameterError(
+            f"a batch must hold at least one tensor with a batch dimension, got {type(batch).__name__}"
+        )
+    return leaves[0].shape[0]
+
+
+@dataclass(frozen=True)
+class CallableLoss:
+    """A per-sample loss given as a plain function ``fn(model, batch) -> [B]``, in the shape of an
+    objective (so every analysis routine takes it): no attention mask of its own, the model's
+    forward and the loss in one call.
+
+    Attributes:
+        name: Its name in the report.
+        fn: The per-sample losses; ``model`` is the module the probe was given, whose parameters
+            are swapped for the analysed ones (``torch.func.functional_call``).
+        batch_coupled: Whether an example's loss depends on other rows (in-batch negatives).
+    """
+
+    name: str
+    fn: Callable[[nn.Module, Any], torch.Tensor]
+    batch_coupled: bool = False
+    info: Any = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "info", SimpleNamespace(batch_coupled=self.batch_coupled))
+
+    def attention_mask(self, batch: Any) -> None:
+        return None
+
+    def losses(self, model: nn.Module, batch: Any, mask: None) -> torch.Tensor:
+        return self.fn(model, batch)
 
 
 def count_parameters(params: Params) -> int:
@@ -58,17 +113,19 @@ class ObjectiveFunction:
     """``θ_shared ↦ ℓ(θ_shared) ∈ R^B`` for one objective on one fixed batch.
 
     The attention mask is built once, outside any transform. Everything except the shared
-    parameters (heads, buffers) is taken from the model as it is now and held fixed.
+    parameters (heads, buffers) is taken from the model as it is now and held fixed. ``shared``:
+    the names of the shared parameters (default: the backbone's).
     """
 
-    def __init__(self, model: nn.Module, objective: Objective | Task, batch: CorruptedBatch,
-                 mask: torch.Tensor | None = None):
+    def __init__(self, model: nn.Module, objective: Objective | Task | CallableLoss, batch: CorruptedBatch | Any,
+                 mask: torch.Tensor | None = None, shared: Collection[str] | None = None):
         self.model = model
         self.objective = objective
         self.batch = batch
         self.mask = objective.attention_mask(batch) if mask is None else mask
         self._forward = _LossForward(model, objective)
-        shared = set(shared_parameters(model))
+        self.shared = shared
+        shared = set(named_shared(model, shared))
         self._fixed = {
             f"model.{n}": t.detach()
             for n, t in [*model.named_parameters(), *model.named_buffers()]
@@ -77,7 +134,7 @@ class ObjectiveFunction:
 
     @property
     def batch_size(self) -> int:
-        return self.batch.input_ids.shape[0]
+        return batch_size_of(self.batch)
 
     def __call__(self, shared: Params) -> torch.Tensor:
         """Per-sample losses ``[B]`` at ``shared``."""
@@ -99,7 +156,7 @@ class ObjectiveFunction:
         """The same function over consecutive slices of the batch (to bound memory)."""
         for start in range(0, self.batch_size, size):
             part = slice(start, start + size)
-            yield ObjectiveFunction(self.model, self.objective, self.batch.select(part), self.mask[part])
+            yield ObjectiveFunction(self.model, self.objective, self.batch.select(part), self.mask[part], self.shared)
 
 
 def flat_dot(a: Params, b: Params) -> torch.Tensor:

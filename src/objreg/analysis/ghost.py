@@ -3,9 +3,9 @@ computes no weight gradient.
 
 Every module owning shared parameters contributes ``Σ_t ⟨g_{i,t}, (∂y/∂θ_m · v_m)_{i,t}⟩``, its
 output gradient times the directional derivative of its output along its own parameters (for
-``nn.Linear``: ``Σ_t g_{i,t}ᵀ V a_{i,t} + g_{i,t}ᵀ b_V``; embeddings and LayerNorm have their own
-rules; any other module its local ``jvp``; a tied weight gets a term at each use, which sums to
-its one gradient). It needs first derivatives only, so it runs through fused attention kernels.
+``nn.Linear``: ``Σ_t g_{i,t}ᵀ V a_{i,t} + g_{i,t}ᵀ b_V``, and likewise for ``transformers``'
+``Conv1D``; embeddings and LayerNorm have their own rules; any other module its local ``jvp``; a
+tied weight gets a term at each use, which sums to its one gradient). It needs first derivatives only, so it runs through fused attention kernels.
 :class:`GhostDots` also rides along an ordinary training backward, so the update's own pass
 yields the dots too. It attributes gradient by the row it flows through, which is ``∇ℓ_i`` only
 when the model treats rows independently and ``ℓ_i`` depends on its own row alone: never used
@@ -68,6 +68,13 @@ def _layer_norm_dot(module: nn.LayerNorm, x: torch.Tensor, g: torch.Tensor, d: d
     normalised = F.layer_norm(x, module.normalized_shape, None, None, module.eps)
     tangent = normalised * weight if bias is None else torch.addcmul(bias, normalised, weight)
     return _batched_dot(tangent, g)
+
+
+def _conv1d(module: nn.Module) -> bool:
+    """``transformers``' ``Conv1D`` (GPT-2's projections): ``x W + b`` with ``W`` stored ``[in, out]``,
+    told by its name so this module never imports ``transformers``."""
+    weight = getattr(module, "weight", None)
+    return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and weight is not None and weight.dim() == 2
 
 
 def _plain_embedding(module: nn.Module) -> bool:
@@ -174,6 +181,8 @@ class GhostDots:
         simple_call = len(args) == 1 and not kwargs
         if simple_call and type(module) is nn.Linear:
             return _linear_dot(module, args[0], g, d)
+        if simple_call and _conv1d(module):  # nn.Linear's rule, with the weight's transpose
+            return _linear_dot(module, args[0], g, {k: v.T if k == "weight" else v for k, v in d.items()})
         if simple_call and type(module) is nn.LayerNorm:
             return _layer_norm_dot(module, args[0], g, d)
         if simple_call and _plain_embedding(module):

@@ -1,8 +1,10 @@
 """The training loop: multi-task pre-training on a weighted mix of objectives, with probes.
 
 Each step draws one batch per objective, prepares and corrupts it, and updates the model on
-``Σ_k α_k(t) L_k``. At a probe step the :class:`~objreg.analysis.probe.Probe` measures between
-the gradients and the optimizer step, and completes its record after the step.
+``Σ_k α_k(t) L_k``. At a probe step the public
+:class:`~objreg.analysis.transfer_probe.TransferProbe` measures between the gradients and the
+optimizer step, and completes its record after the step: ``objreg analyze`` probes exactly as a
+user's own loop does.
 
 Probes never change the trajectory: data and corruption draw from their own generators whether
 or not a step is probed, and the probe neither draws random numbers nor changes the optimizer's
@@ -34,10 +36,10 @@ from objreg.analysis.adaptive import Rule
 from objreg.analysis.downstream import Downstream
 from objreg.analysis.functional import SHARED_PREFIX, Params, shared_parameters
 from objreg.analysis.gradients import accumulate, check_finite, mean_loss_gradient, shared_part
-from objreg.analysis.optimizers import adam_settings, advance, make_optimizer, players
-from objreg.analysis.probe import Probe
+from objreg.analysis.optimizers import make_optimizer
 from objreg.analysis.schedules import Schedule, weights_at
 from objreg.analysis.shapley import CoalitionMoments
+from objreg.analysis.transfer_probe import TransferProbe
 from objreg.core.handles import Objective
 from objreg.core.types import CorruptedBatch, TokenBatch
 from objreg.toolkit.tokenizer import TokenizedCorpus
@@ -93,8 +95,6 @@ class Trainer:
         self.probe_every = probe_every
         # The processes sharing the work are those sharing the downstream set.
         self.group = downstream.group
-        self.probe = Probe(model, objectives, downstream, seed=seed, steps=steps, per_sample_method=per_sample_method,
-                           hvp_method=hvp_method, spectrum=spectrum, decode=decode)
         # Separate streams, so probing or an objective's own draws never shift another's data.
         self.data_generator = torch.Generator().manual_seed(seed * 7919 + 1)
         self.corrupt_generator = torch.Generator().manual_seed(seed * 7919 + 2)
@@ -104,10 +104,13 @@ class Trainer:
         self.trainable = {n: p for n, p in model.named_parameters() if n.startswith(prefixes)}
         self.optimizer = make_optimizer(optimizer, list(self.trainable.values()), lr)
         self.shared = shared_parameters(model)
-        settings = adam_settings(self.optimizer, self.shared)
-        # Adam: the moments of every coalition of objectives, from the first step (None for SGD).
-        self.coalitions = (CoalitionMoments(players(list(self.objectives), settings), seed=seed)
-                           if settings is not None else None)
+        # The public probe, on whole batches (each process takes its share of the rows); under
+        # Adam it keeps the coalition moments of the step's split, advanced every step.
+        self.probe = TransferProbe(
+            model, self.objectives, downstream, self.optimizer, weights=self.weights, shared=list(self.shared),
+            per_sample_method=per_sample_method, hvp_method=hvp_method, seed=seed, steps=steps, spectrum=spectrum,
+            decode=decode, whole_batches=True,
+        )
         self.next_step = 0
         self.adaptive = adaptive
         # Every step's weights up front: a bad user schedule fails before any training. An
@@ -145,22 +148,22 @@ class Trainer:
         tokens, batches = self.next_batches()
         weights = self.weights_by_step[step] if step < len(self.weights_by_step) else self.weights_at(step)
         losses, gradients = self.accumulate_gradients(step, batches, weights, keep=probe or self.coalitions is not None)
-        if self.coalitions is not None:
-            advance(self.coalitions, self.optimizer, self.shared, weights, gradients)
         if not probe:
+            self.probe.track(weights=weights, gradients=gradients)
             self.optimizer.step()
             return None
-        self.model.eval()
-        try:
-            pending = self.probe.measure(step, weights, self.optimizer, tokens, batches, losses, gradients,
-                                         self.coalitions)
-            self.optimizer.step()
-            record = self.probe.finish(pending)
-        finally:
-            self.model.train()
+        measurement = self.probe.measure(batches, step=step, weights=weights, gradients=gradients, losses=losses,
+                                         tokens=tokens)
+        self.optimizer.step()
+        record = self.probe.finish(measurement)
         if self.adaptive is not None:
             self.adaptive.update(record)
         return record
+
+    @property
+    def coalitions(self) -> CoalitionMoments | None:
+        """Under Adam, the coalition moments of the step's split (the probe's); None for SGD."""
+        return self.probe.coalitions
 
     def next_batches(self) -> tuple[dict[str, TokenBatch], dict[str, CorruptedBatch]]:
         """One batch per objective: sampled, prepared with the current model, corrupted."""
@@ -206,11 +209,11 @@ class Trainer:
             "corrupt_generator": self.corrupt_generator.get_state(),
             # Dropout, where a model has it, draws from the global generator.
             "global_generator": torch.get_rng_state(),
-            "attribution": self.probe.attribution.state_dict(),
+            "attribution": self.probe.engine.attribution.state_dict(),
             "coalitions": self.coalitions.state_dict() if self.coalitions is not None else None,
-            "hvp_method": self.probe.hvp_method,
-            "update_rule": self.probe.update_rule,
-            "methods_used": sorted(self.probe.methods_used),
+            "hvp_method": self.probe.engine.hvp_method,
+            "update_rule": self.probe.engine.update_rule,
+            "methods_used": sorted(self.probe.engine.methods_used),
             "adaptive": ({"rule": self.adaptive.state_dict(), "weights_by_step": self.weights_by_step}
                          if self.adaptive is not None else None),
         }
@@ -222,12 +225,12 @@ class Trainer:
         self.data_generator.set_state(state["data_generator"])
         self.corrupt_generator.set_state(state["corrupt_generator"])
         torch.set_rng_state(state["global_generator"])
-        self.probe.attribution.load_state_dict(state["attribution"])
+        self.probe.engine.attribution.load_state_dict(state["attribution"])
         if self.coalitions is not None:
             self.coalitions.load_state_dict(state["coalitions"])
-        self.probe.hvp_method = state["hvp_method"]
-        self.probe.update_rule = state["update_rule"]
-        self.probe.methods_used = set(state["methods_used"])
+        self.probe.engine.hvp_method = state["hvp_method"]
+        self.probe.engine.update_rule = state["update_rule"]
+        self.probe.engine.methods_used = set(state["methods_used"])
         self.next_step = int(state["next_step"])
         if self.adaptive is not None:
             self.adaptive.load_state_dict(state["adaptive"]["rule"])

@@ -94,11 +94,22 @@ class StepDecomposition:
         return {n: self.diagonal[n] * t for n, t in v.items()}
 
 
+#: The settings a step depends on: parameter groups that agree on them take the same step.
+STEP_SETTINGS = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", "nesterov", "amsgrad", "maximize",
+                 "decoupled_weight_decay")
+
+
 def _group_of(optimizer: torch.optim.Optimizer, shared: Mapping[str, nn.Parameter]) -> dict:
+    """The parameter group of the shared parameters; several groups (a loop's decay and no-decay
+    groups, say) only where they agree on every setting the step depends on."""
     ids = {id(p) for p in shared.values()}
     groups = [g for g in optimizer.param_groups if ids & {id(p) for p in g["params"]}]
-    if len(groups) != 1:
-        raise InvalidParameterError("the shared parameters must lie in exactly one optimizer parameter group")
+    if not groups:
+        raise InvalidParameterError("the optimizer holds none of the shared parameters")
+    settings = {tuple(repr(g.get(k)) for k in STEP_SETTINGS) for g in groups}
+    if len(settings) != 1:
+        raise InvalidParameterError("the shared parameters must lie in optimizer parameter groups with the same "
+                                    f"settings ({', '.join(STEP_SETTINGS)}); found {len(settings)} different ones")
     return groups[0]
 
 

@@ -42,7 +42,15 @@ from torch import nn
 from objreg.analysis.attribution import ExampleScores
 from objreg.analysis.curvature import Curvature
 from objreg.analysis.downstream import Downstream
-from objreg.analysis.functional import ObjectiveFunction, Params, detached, flat_dot, flat_norm, shared_parameters
+from objreg.analysis.functional import (
+    CallableLoss,
+    ObjectiveFunction,
+    Params,
+    detached,
+    flat_dot,
+    flat_norm,
+    named_shared,
+)
 from objreg.analysis.gradients import local_rows
 from objreg.analysis.optimizers import StepDecomposition, decompose
 from objreg.analysis.per_sample import per_sample_dots_many
@@ -86,14 +94,20 @@ class Probe:
         hvp_method: How HVPs of ``D`` are taken (``auto`` picks on the first probe).
         spectrum: Top eigenvalues of ``H_D`` to compute on the first and the last step (0: none).
         decode: Token ids to text, for the attribution report.
+        shared: Names of the shared parameters (default: the backbone's).
+        local_batches: Whether each process is given its own rows (a data-parallel loop) rather
+            than the whole batch, of which it takes its share (``objreg analyze``).
     """
 
     def __init__(
-        self, model: nn.Module, objectives: Mapping[str, Objective], downstream: Downstream, *, seed: int, steps: int,
-        per_sample_method: str = "auto", hvp_method: str = "auto", spectrum: int = 0,
-        decode: Callable[[Sequence[int]], str] | None = None,
+        self, model: nn.Module, objectives: Mapping[str, Objective | CallableLoss], downstream: Downstream, *,
+        seed: int, steps: int, per_sample_method: str = "auto", hvp_method: str = "auto", spectrum: int = 0,
+        decode: Callable[[Sequence[int]], str] | None = None, shared: Sequence[str] | None = None,
+        local_batches: bool = False,
     ):
         self.model = model
+        self.shared = tuple(shared) if shared is not None else None
+        self.local_batches = local_batches
         self.objectives = dict(objectives)
         self.downstream = downstream
         self.group = downstream.group
@@ -124,14 +138,15 @@ class Probe:
         return value
 
     def measure(
-        self, step: int, weights: dict[str, float], optimizer: torch.optim.Optimizer, tokens: dict[str, TokenBatch],
-        batches: dict[str, CorruptedBatch], losses: dict[str, float], gradients: dict[str, Params],
-        coalitions: CoalitionMoments | None = None,
+        self, step: int, weights: dict[str, float], optimizer: torch.optim.Optimizer,
+        tokens: dict[str, TokenBatch] | None, batches: dict[str, CorruptedBatch | Any], losses: dict[str, float],
+        gradients: dict[str, Params], coalitions: CoalitionMoments | None = None,
     ) -> Pending:
         """Everything measured before the step. ``gradients``: each objective's mean-loss
         gradient on the shared parameters, as accumulated into the optimizer's ``.grad``;
-        ``coalitions``: under Adam, the coalition moments advanced with this step's gradients."""
-        shared = shared_parameters(self.model)
+        ``coalitions``: under Adam, the coalition moments advanced with this step's gradients;
+        ``tokens``: the uncorrupted batches, for the example attribution (None: none)."""
+        shared = named_shared(self.model, self.shared)
         before = {n: p.detach().clone() for n, p in shared.items()}
         names = list(self.objectives)
         downstream_before = self.downstream_loss(before)
@@ -174,8 +189,9 @@ class Probe:
             alignment["update_cosine"] = (-first_by_part[name] / (part_norm * downstream_norm)
                                           if part_norm * downstream_norm > 0 else 0.0)
             record["alignment"][name] = alignment
-            ids = [row[~special].tolist() for row, special in zip(tokens[name].input_ids, tokens[name].is_special)]
-            self.attribution.add(name, step, ids, weights[name] / len(ids) * scores)
+            if tokens is not None:
+                ids = [row[~special].tolist() for row, special in zip(tokens[name].input_ids, tokens[name].is_special)]
+                self.attribution.add(name, step, ids, weights[name] / len(ids) * scores)
 
         # Second order: S on the raw gradients; the Taylor terms of the step, split by part.
         s_matrix = gram([gradients[n] for n in names], [raw_products[n] for n in names])
@@ -193,7 +209,7 @@ class Probe:
         """The record, completed with what the step did: ``Δθ``, the new ``D``, the prediction's
         errors and the Taylor-regime diagnostic."""
         before = pending.before
-        after = detached(shared_parameters(self.model))
+        after = detached(named_shared(self.model, self.shared))
         delta = {n: after[n] - before[n] for n in before}
         residual = {n: delta[n] - t for n, t in weighted_sum(pending.parts, before).items()}
         delta_norm = float(flat_norm(delta))
@@ -226,14 +242,17 @@ class Probe:
         return self.attribution.top(top, self.decode)
 
     def _per_sample(
-        self, name: str, batch: CorruptedBatch, shared: Params, downstream_grad: Params, gradient: Params,
+        self, name: str, batch: CorruptedBatch | Any, shared: Params, downstream_grad: Params, gradient: Params,
         scaled_downstream: Params | None, split: StepDecomposition, weight: float,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Every example's ``⟨∇ℓ_i, ∇D⟩``, its ``⟨∇ℓ_i, g_k⟩`` (for the cosine's interval) and its
         first-order score ``⟨∇ℓ_i, A ∇D⟩`` before the weight (``A`` the step's fresh-gradient
         map), over the whole batch in row order."""
-        local, sharded = local_rows(self.group, self.objectives[name], batch)
-        function = ObjectiveFunction(self.model, self.objectives[name], local)
+        if self.local_batches:
+            local, sharded = batch, self.group.distributed
+        else:
+            local, sharded = local_rows(self.group, self.objectives[name], batch)
+        function = ObjectiveFunction(self.model, self.objectives[name], local, shared=self.shared)
         directions = [downstream_grad, gradient]
         if scaled_downstream is not None and weight != 0:
             directions.append(scaled_downstream)

@@ -183,7 +183,7 @@ def build_report(
     config: AnalysisConfig, report_config: dict[str, Any], trainer: Trainer, records: list[dict[str, Any]]
 ) -> AlignmentReport:
     """The report of a finished run."""
-    probe = trainer.probe
+    probe = trainer.probe.engine
     report_config = {
         **report_config,
         "per_sample_method": ",".join(sorted(probe.methods_used)),

@@ -62,6 +62,10 @@ class NonFiniteLossError(ObjregError, FloatingPointError):
     """A loss became NaN or infinite during training or analysis."""
 
 
+class ProbeStateError(ObjregError, RuntimeError):
+    """A :class:`~objreg.TransferProbe` used out of order (measure after the step, a missed Adam step)."""
+
+
 class DeviceError(ObjregError, RuntimeError):
     """A device was asked for that this machine does not have."""
 
