@@ -61,6 +61,61 @@ def default_combine(results: list[ExperimentResult], setting: Setting, threshold
     return ExperimentResult(first.name, first.claim, verdict, reason, figures)
 
 
+def combine_equivalence(results: list[ExperimentResult], setting: Setting, lower: float,
+                        upper: float) -> ExperimentResult:
+    """Like :func:`default_combine`, but the claim is that the effect lies in ``[lower, upper]``:
+    ``confirmed`` when the between-seed interval lies inside, ``refuted`` when wholly outside,
+    ``inconclusive`` otherwise (two one-sided checks)."""
+    from objreg.experiments._support import equivalence_verdict
+
+    overall = default_combine(results, setting)
+    overall.figures.pop("threshold")
+    overall.figures.pop("direction")
+    overall.figures["margin"] = [lower, upper]
+    if len(results) == 1:
+        return overall
+    low, high = overall.figures["effect_ci95_between_seeds"]
+    overall.verdict = equivalence_verdict(low, high, lower, upper)
+    overall.reason = (f"mean effect {overall.figures['effect']:.4g} over {len(results)} seeds, 95% between-seed "
+                      f"t-interval [{low:.4g}, {high:.4g}], {overall.verdict} against the margin [{lower:g}, {upper:g}]; "
+                      "per-seed verdicts: " + ", ".join(r.verdict for r in results))
+    return overall
+
+
+def combine_parts(results: list[ExperimentResult], setting: Setting,
+                  parts: dict[str, tuple[float, str]]) -> ExperimentResult:
+    """The overall result of a claim with several parts (e.g. both halves of a finding): each
+    part ``key`` is the per-seed ``figures["parts"][key]``, tested like the default combine's
+    effect against its own ``(threshold, direction)``. ``confirmed`` when every part is,
+    ``refuted`` when any part is, ``inconclusive`` otherwise. ``figures["effect"]`` is the mean
+    effect with its between-seed interval, as in :func:`default_combine`. With one seed, that
+    seed's own verdict, and a reason that says only one seed was run."""
+    overall = default_combine(results, setting)
+    overall.figures.pop("threshold")
+    overall.figures.pop("direction")
+    verdicts, summaries = {}, {}
+    for key, (threshold, direction) in parts.items():
+        values = [float(r.figures["parts"][key]) for r in results]
+        mean, low, high = mean_ci95(values)
+        verdicts[key] = verdict_from_interval(low, high, threshold, direction)
+        summaries[key] = {"mean": mean, "ci95_between_seeds": [low, high], "per_seed": values,
+                          "threshold": threshold, "direction": direction,
+                          "verdict": verdicts[key] if len(results) > 1 else None}
+    overall.figures["parts"] = summaries
+    if len(results) == 1:
+        return overall
+    if all(v == "confirmed" for v in verdicts.values()):
+        overall.verdict = "confirmed"
+    elif any(v == "refuted" for v in verdicts.values()):
+        overall.verdict = "refuted"
+    else:
+        overall.verdict = "inconclusive"
+    overall.reason = f"over {len(results)} seeds (95% between-seed t-intervals): " + "; ".join(
+        f"{key} {s['mean']:.4g} [{s['ci95_between_seeds'][0]:.4g}, {s['ci95_between_seeds'][1]:.4g}] "
+        f"{verdicts[key]} against {s['direction']} {s['threshold']:g}" for key, s in summaries.items())
+    return overall
+
+
 def seeds_plot(result: ExperimentResult, path: Path) -> str:
     """Each seed's effect, their mean with its between-seed interval, and the threshold."""
     from matplotlib.figure import Figure
