@@ -7,8 +7,6 @@ import json
 import numpy as np
 import pytest
 
-import objreg
-from objreg.experiments import _support
 from objreg.experiments import label_smoothing_bias as lsb
 from objreg.experiments.base import Setting
 from objreg.testing import TINY_MODEL
@@ -30,15 +28,6 @@ def test_label_slope_against_a_least_squares_fit():
     x = 1 / 30 - label
     fitted, *_ = np.linalg.lstsq(x[:, None], prediction - label, rcond=None)
     assert lsb.label_slope(prediction, label, 30) == pytest.approx(fitted[0])
-
-
-@pytest.fixture(scope="module")
-def tiny_text(tokenizer, texts):
-    registry = objreg.Registry.load(load_entrypoints=False)
-    corpus = objreg.Corpus("tiny", tuple(tuple(objreg.split_sentences(t)) for t in texts * 3))
-    train, heldout = corpus.split(heldout_every=3)
-    return _support.DefaultText(registry, objreg.TokenizedCorpus(tokenizer, train, 32),
-                                objreg.TokenizedCorpus(tokenizer, heldout, 32))
 
 
 def test_tiny_run_is_reproducible_and_labels_its_interval_within_seed(tiny_text, tmp_path):
