@@ -129,7 +129,9 @@ def test_run_writes_result_json_and_plots(stand_in_experiment, tmp_path):
     written = json.loads((out / "result.json").read_text())
     assert written == result.to_dict()
     assert set(written) == {"name", "claim", "source", "rule", "verdict", "reason", "figures", "setting", "plots",
-                            "replicates"}
+                            "replicates", "timing"}
+    assert written["timing"]["cpu_s"] >= 0 and written["timing"]["wall_s"] > 0
+    assert written["timing"]["wall_s"] == pytest.approx(sum(r["timing"]["wall_s"] for r in written["replicates"]))
     assert written["setting"] == {"quick": True, "seeds": [3, 4]}
     assert (out / "stand-in-seeds.png").stat().st_size > 1000
     assert (out / "seed-3" / "stand-in.png").is_file() and (out / "seed-4" / "stand-in.png").is_file()

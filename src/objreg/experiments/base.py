@@ -57,7 +57,7 @@ class Setting:
 class ExperimentResult:
     """An experiment's outcome. ``to_dict()`` is the JSON the CLI prints:
     ``{"name", "claim", "source", "rule", "verdict", "reason", "figures", "setting", "plots",
-    "replicates"}``.
+    "replicates", "timing"}``.
 
     Args:
         verdict: ``confirmed``, ``refuted`` or ``inconclusive``, computed from ``figures``.
@@ -67,6 +67,8 @@ class ExperimentResult:
         plots: Paths of the PNG files written (empty without an output directory).
         source, rule: The experiment's ``SOURCE`` and ``RULE`` (filled in by the framework).
         replicates: In the overall result, each seed's ``to_dict()``; empty in one seed's.
+        timing: ``wall_s`` and ``cpu_s`` (this process's CPU time, all threads) of the run,
+            filled in by the framework; the only entry that differs between identical runs.
     """
 
     name: str
@@ -79,6 +81,7 @@ class ExperimentResult:
     source: str = ""
     rule: str = ""
     replicates: list[dict[str, Any]] = field(default_factory=list)
+    timing: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
@@ -89,6 +92,7 @@ class ExperimentResult:
             "name": self.name, "claim": self.claim, "source": self.source, "rule": self.rule,
             "verdict": self.verdict, "reason": self.reason, "figures": self.figures, "setting": self.setting,
             "plots": list(self.plots), "replicates": list(self.replicates),
+            "timing": dict(self.timing),
         }
 
     def write(self, out_dir: Path) -> Path:

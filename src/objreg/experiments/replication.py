@@ -11,6 +11,7 @@ model on one evaluation set; they are never pooled into the overall interval.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -152,7 +153,10 @@ def run_seeds(experiment: ModuleType, *, seeds: int, seed: int, quick: bool, out
             seed_dir.mkdir(parents=True, exist_ok=True)
         tell = status if seeds == 1 else (lambda message, s=s: status(f"seed {s}: {message}"))
         setting = Setting(quick=quick, seed=s, out_dir=seed_dir, device=device, status=tell)
-        results.append(experiment.run(setting))
+        wall, cpu = time.perf_counter(), time.process_time()
+        result = experiment.run(setting)
+        result.timing = {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}
+        results.append(result)
     overall_setting = Setting(quick=quick, seed=seed, out_dir=out_dir, device=device, status=status)
     combine = getattr(experiment, "combine", None)
     if combine is not None:
@@ -163,6 +167,7 @@ def run_seeds(experiment: ModuleType, *, seeds: int, seed: int, quick: bool, out
     for r in [*results, overall]:
         r.source, r.rule = experiment.SOURCE, experiment.RULE
     overall.replicates = [r.to_dict() for r in results]
+    overall.timing = {key: sum(r.timing[key] for r in results) for key in ("wall_s", "cpu_s")}
     overall.setting = {**results[0].setting, "quick": quick, "seeds": list(range(seed, seed + seeds))}
     overall.setting.pop("seed", None)
     if out_dir is not None:
