@@ -193,3 +193,30 @@ def test_every_registered_experiment_has_the_contract():
         assert isinstance(getattr(module, "THRESHOLD", 0.0), float)
         assert callable(module.run)
         assert module.__doc__ and len(module.__doc__) > 200, f"{name}: the docstring states claim, source, setting"
+
+
+def _seeds(effects, parts=None):
+    return [base.ExperimentResult("x", "c", "inconclusive", "r",
+                                  {"effect": e, **({"parts": {"a": p}} if parts else {})})
+            for e, p in zip(effects, parts or effects)]
+
+
+def test_combine_equivalence_reads_the_between_seed_interval_against_the_margin():
+    from objreg.experiments.replication import combine_equivalence
+
+    inside = combine_equivalence(_seeds([2.9, 3.0, 3.1]), base.Setting(), 2.5, 3.5)
+    half = T_975[2] * 0.1 / math.sqrt(3)
+    assert inside.figures["effect_ci95_between_seeds"] == pytest.approx([3.0 - half, 3.0 + half])
+    assert inside.verdict == "confirmed" and inside.figures["margin"] == [2.5, 3.5]
+    assert combine_equivalence(_seeds([1.9, 2.0, 2.1]), base.Setting(), 2.5, 3.5).verdict == "refuted"
+    assert combine_equivalence(_seeds([2.0, 3.0, 4.0]), base.Setting(), 2.5, 3.5).verdict == "inconclusive"
+
+
+def test_combine_parts_needs_every_part():
+    from objreg.experiments.replication import combine_parts
+
+    parts = {"a": (0.0, "above")}
+    assert combine_parts(_seeds([1.0, 1.1, 0.9], [0.5, 0.6, 0.4]), base.Setting(), parts).verdict == "confirmed"
+    assert combine_parts(_seeds([1.0, 1.1, 0.9], [-0.5, -0.6, -0.4]), base.Setting(), parts).verdict == "refuted"
+    result = combine_parts(_seeds([1.0, 1.1, 0.9], [-0.5, 0.6, 0.1]), base.Setting(), parts)
+    assert result.verdict == "inconclusive" and result.figures["parts"]["a"]["mean"] == pytest.approx(0.2 / 3)
