@@ -62,6 +62,11 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         quick = " (quick setting)" if r["setting"].get("quick") else ""
         lines.append(f"| `{name}` | {r['source'].split(',')[0]} | **{r['verdict']}**{quick} | {_interval(r['figures'])} "
                      f"| {per_seed} | {time} |")
+    if results:
+        lines += ["", "What decided each verdict (the overall result's `reason`):", ""]
+    for name, r in results.items():
+        plain = "" if r["verdict"] == "confirmed" else " **The data do not confirm the claim as the literature states it.**"
+        lines.append(f"* `{name}` ({r['verdict']}):{plain} {r['reason']}")
     return "\n".join(lines)
 
 
@@ -77,6 +82,7 @@ def import_run(run_dir: Path, docs: Path = DOCS) -> list[str]:
     ``docs/experiments/results/NAME.json``, with the first seed's plots and the per-seed plot
     copied to ``docs/experiments/`` and the result's plot paths rewritten to them."""
     imported = []
+    (docs / "experiments" / "results").mkdir(parents=True, exist_ok=True)
     for name in EXPERIMENTS:
         source = run_dir / name / "result.json"
         if not source.is_file():
@@ -91,7 +97,6 @@ def import_run(run_dir: Path, docs: Path = DOCS) -> list[str]:
                     plots.append(f"experiments/{plot.name}")
                     break
         result["plots"] = plots
-        (docs / "experiments" / "results").mkdir(parents=True, exist_ok=True)
         (docs / "experiments" / "results" / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
         imported.append(name)
     return imported

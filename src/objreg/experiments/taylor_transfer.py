@@ -59,9 +59,9 @@ from objreg.experiments.replication import combine_equivalence
 NAME = "taylor-transfer"
 CLAIM = ("The first- plus second-order Taylor prediction of the downstream change over T SGD steps of mlm+sop "
          "matches the actual change, with an error that shrinks as eta^3.")
-SOURCE = ("Taylor's theorem applied to the downstream loss along the update (Nocedal and Wright 2006, Numerical "
-          "Optimization, 2nd ed., theorem 2.1), the basis of the gradient-similarity view of auxiliary objectives "
-          "(Du et al. 2018, Adapting Auxiliary Losses Using Gradient Similarity, arXiv:1812.02224, section 2)")
+SOURCE = ("Nocedal and Wright 2006, Numerical Optimization, 2nd ed., theorem 2.1 (Taylor's theorem, applied to the "
+          "downstream loss along the update); Du et al. 2018, Adapting Auxiliary Losses Using Gradient Similarity, "
+          "arXiv:1812.02224, section 2 (the gradient-similarity view of auxiliary objectives)")
 RULE = ("The mean over seeds of the log-log slope of the first+second-order error against the learning rate has a "
         "95% between-seed t-interval inside [2.5, 3.5]: confirmed; wholly outside: refuted; else inconclusive.")
 #: The order the claim predicts for the second-order error, and the equivalence margin around it.
