@@ -17,9 +17,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from objreg import InvalidParameterError
 from objreg.analysis.stats import mean_ci95
 from objreg.analysis.validation import MAX_SEED, check_integer
-from objreg.core.errors import InvalidParameterError
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
 
 #: Most seeds one call may run: each seed trains models for up to minutes.
