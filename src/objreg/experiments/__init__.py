@@ -40,11 +40,6 @@ def module(name: str) -> ModuleType:
     return importlib.import_module(EXPERIMENTS[name])
 
 
-def claims() -> dict[str, str]:
-    """Every experiment's name → the claim it tests."""
-    return {name: module(name).CLAIM for name in EXPERIMENTS}
-
-
 def describe() -> list[dict[str, str]]:
     """Every experiment's name, claim, source and verdict rule, in listing order."""
     return [{"name": name, "claim": m.CLAIM, "source": m.SOURCE, "rule": m.RULE}
@@ -117,5 +112,5 @@ def run_all(out_dir: str | Path, *, seeds: int | None = None, seed: int = 0, qui
     return results
 
 
-__all__ = ["EXPERIMENTS", "ExperimentResult", "Setting", "claims", "default_seeds", "describe", "module", "names",
+__all__ = ["EXPERIMENTS", "ExperimentResult", "Setting", "default_seeds", "describe", "module", "names",
            "run", "run_all"]

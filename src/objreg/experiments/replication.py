@@ -20,6 +20,7 @@ from typing import Any
 from objreg import InvalidParameterError
 from objreg.analysis.stats import mean_ci95
 from objreg.analysis.validation import MAX_SEED, check_integer
+from objreg.experiments._support import equivalence_verdict
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
 
 #: Most seeds one call may run: each seed trains models for up to minutes.
@@ -67,8 +68,6 @@ def combine_equivalence(results: list[ExperimentResult], setting: Setting, lower
     """Like :func:`default_combine`, but the claim is that the effect lies in ``[lower, upper]``:
     ``confirmed`` when the between-seed interval lies inside, ``refuted`` when wholly outside,
     ``inconclusive`` otherwise (two one-sided checks)."""
-    from objreg.experiments._support import equivalence_verdict
-
     overall = default_combine(results, setting)
     overall.figures.pop("threshold")
     overall.figures.pop("direction")
