@@ -282,6 +282,8 @@ def decide(checks: dict[str, str], parts: dict[str, dict[str, Any]], kind: str) 
 def combine(results: list[ExperimentResult], setting: Setting) -> ExperimentResult:
     """Each part's mean over seeds with its between-seed t-interval, read by the same checks."""
     overall = default_combine(results, setting)
+    overall.figures.pop("threshold")
+    overall.figures.pop("direction")
     if len(results) == 1:
         return overall
     parts = {}
