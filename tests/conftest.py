@@ -59,3 +59,40 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     """Keep caches out of the user's home; one cache per test session so the default corpus and
     tokenizer are built once."""
     monkeypatch.setenv("OBJREG_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "objreg-cache"))
+
+
+@pytest.fixture
+def stand_in_experiment(monkeypatch):
+    """Registers ``stand-in``, an experiment whose per-seed effect is 1 + a standard normal draw
+    from its seed (so seeds differ and the mean is known to be near 1). Returns the module and
+    the list of settings it was run with; tests may give the module a ``combine``."""
+    import sys
+    import types
+
+    import objreg
+    from objreg.experiments import base
+
+    module = types.ModuleType("objreg_stand_in_experiment")
+    module.NAME, module.CLAIM = "stand-in", "a seeded draw plus one is positive"
+    module.SOURCE, module.RULE = "the test suite", "the between-seed interval of the mean lies above 0.5"
+    module.THRESHOLD = 0.5
+    calls = []
+
+    def run(setting):
+        calls.append(setting)
+        setting.status("drawing")
+        effect = 1.0 + float(torch.randn(1, generator=torch.Generator().manual_seed(setting.seed)))
+        verdict = base.verdict_from_interval(effect - 0.01, effect + 0.01, 0.5)
+        plots = []
+        if setting.out_dir is not None:
+            plot = setting.out_dir / "stand-in.png"
+            plot.write_bytes(b"png")
+            plots.append(str(plot))
+        return base.ExperimentResult("stand-in", module.CLAIM, verdict, f"draw {effect:.3f}",
+                                     {"effect": effect, "part": {"a": 1}}, {"quick": setting.quick, "seed": setting.seed},
+                                     plots)
+
+    module.run = run
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(objreg.experiments.EXPERIMENTS, "stand-in", module.__name__)
+    return module, calls

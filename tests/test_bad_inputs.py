@@ -366,6 +366,13 @@ cli("options", "corrupt a task", "corrupt", "qa", "--text", TEXT, message="'qa' 
 cli("options", "corrupt bad param", "corrupt", "mlm", "--text", TEXT, "--param", "mask_prob", message="not key=value")
 cli("options", "show unknown", "show", "nosuch", message="unknown objective or task 'nosuch'")
 cli("options", "experiment unknown", "experiment", "run", "nosuch", message="unknown experiment 'nosuch'")
+cli("options", "experiment --seeds 0", "experiment", "run", "nsp-vs-sop", "--seeds", "0",
+    message="seeds must be a positive integer, got 0")
+cli("options", "experiment --seeds huge", "experiment", "run", "nsp-vs-sop", "--seeds", "1000000",
+    message="seeds must be at most 64, got 1,000,000")
+cli("options", "experiment --seeds not a number", "experiment", "run", "nsp-vs-sop", "--seeds", "2.5",
+    message="'--seeds'", code=2)
+cli("options", "experiment --all without --out", "experiment", "run", "--all", message="--all needs --out", code=2)
 
 # 2. Paths: empty, not a regular file (FIFO, pipe, device), unreadable or malformed content.
 cli("paths", "--out ''", *A, "--out", "", message="--out is empty")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import sys
-import types
+import math
+import re
 
 import pytest
 
@@ -42,59 +42,181 @@ def test_setting_picks_sizes():
     assert base.Setting(quick=False).size(2, 20) == 20
 
 
-@pytest.fixture
-def fake_experiment(monkeypatch):
-    """A registered experiment whose verdict follows the sign of a seeded draw."""
-    module = types.ModuleType("objreg_fake_experiment")
-    module.NAME = "fake"
-    module.CLAIM = "a seeded draw is positive"
-    calls = []
+def draw(seed: int) -> float:
+    import torch
 
-    def run(setting):
-        calls.append(setting)
-        import torch
-
-        value = float(torch.randn(1, generator=torch.Generator().manual_seed(setting.seed)))
-        verdict = base.verdict_from_interval(value - 0.01, value + 0.01)
-        return base.ExperimentResult("fake", module.CLAIM, verdict, f"draw {value:.3f}", {"draw": value},
-                                     {"quick": setting.quick, "seed": setting.seed})
-
-    module.run = run
-    monkeypatch.setitem(sys.modules, module.__name__, module)
-    monkeypatch.setitem(objreg.experiments.EXPERIMENTS, "fake", module.__name__)
-    return calls
+    return 1.0 + float(torch.randn(1, generator=torch.Generator().manual_seed(seed)))
 
 
-def test_run_writes_result_json(fake_experiment, tmp_path):
+# t_{0.975} for 2 and 4 degrees of freedom, from a printed t table (not from scipy).
+T_975 = {2: 4.302652729911275, 4: 2.7764451051977987}
+
+
+@pytest.mark.parametrize("seeds", [3, 5])
+def test_default_combine_is_the_mean_with_a_between_seed_t_interval(stand_in_experiment, seeds):
+    _, calls = stand_in_experiment
+    result = objreg.experiments.run("stand-in", seeds=seeds, seed=7, quick=True)
+    assert [c.seed for c in calls] == list(range(7, 7 + seeds))
+    effects = [draw(s) for s in range(7, 7 + seeds)]
+    mean = sum(effects) / seeds
+    sd = math.sqrt(sum((e - mean) ** 2 for e in effects) / (seeds - 1))
+    half = T_975[seeds - 1] * sd / math.sqrt(seeds)
+    assert result.figures["effect"] == pytest.approx(mean)
+    assert result.figures["effect_ci95_between_seeds"] == pytest.approx([mean - half, mean + half])
+    assert result.figures["per_seed_effect"] == pytest.approx(effects)
+    assert result.verdict == base.verdict_from_interval(mean - half, mean + half, 0.5)
+    replicates = result.to_dict()["replicates"]
+    assert [r["setting"]["seed"] for r in replicates] == list(range(7, 7 + seeds))
+    assert [r["figures"]["effect"] for r in replicates] == pytest.approx(effects)
+    assert result.setting["seeds"] == list(range(7, 7 + seeds))
+    assert result.source == "the test suite" and result.rule.startswith("the between-seed")
+
+
+def test_the_interval_decides_not_the_seeds(stand_in_experiment):
+    # Seeds 0..2 draw 2.54, 1.66, 1.39 (each above 1.2) but the t-interval over three straddles 1.2.
+    module, _ = stand_in_experiment
+    module.THRESHOLD = 1.2
+    result = objreg.experiments.run("stand-in", seeds=3, seed=0, quick=True)
+    low, high = result.figures["effect_ci95_between_seeds"]
+    assert low < 1.2 < high and result.verdict == "inconclusive"
+    module.DIRECTION = "below"
+    module.THRESHOLD = 10.0
+    assert objreg.experiments.run("stand-in", seeds=3, seed=0, quick=True).verdict == "confirmed"
+
+
+def test_one_seed_keeps_its_own_verdict_and_says_so(stand_in_experiment):
+    module, _ = stand_in_experiment
+    module.THRESHOLD = 100.0  # the default combine would refute; one seed keeps its own verdict
+    result = objreg.experiments.run("stand-in", seeds=1, seed=0, quick=True)
+    assert result.verdict == "confirmed" and "only one seed" in result.reason
+    assert len(result.replicates) == 1
+
+
+def test_default_seeds(stand_in_experiment):
+    _, calls = stand_in_experiment
+    objreg.experiments.run("stand-in", quick=True)
+    assert len(calls) == 1
+    objreg.experiments.run("stand-in", quick=False)
+    assert len(calls) == 1 + 3 and all(not c.quick for c in calls[1:])
+
+
+def test_a_module_combine_replaces_the_default(stand_in_experiment):
+    module, _ = stand_in_experiment
+    seen = []
+
+    def combine(results, setting):
+        seen.append((len(results), setting.seed))
+        return base.ExperimentResult("stand-in", module.CLAIM, "refuted", "all seeds must agree", {"effect": -1.0})
+
+    module.combine = combine
+    result = objreg.experiments.run("stand-in", seeds=2, seed=4, quick=True)
+    assert seen == [(2, 4)] and result.verdict == "refuted" and result.reason == "all seeds must agree"
+    assert len(result.replicates) == 2 and result.source == "the test suite"
+
+
+def test_a_seed_without_an_effect_is_an_error(stand_in_experiment):
+    module, _ = stand_in_experiment
+    plain = module.run
+    module.run = lambda setting: base.ExperimentResult("stand-in", "c", "confirmed", "r", {"other": 1.0})
+    with pytest.raises(ValueError, match="figures\\['effect'\\]"):
+        objreg.experiments.run("stand-in", seeds=2)
+    module.run = plain
+
+
+def test_run_writes_result_json_and_plots(stand_in_experiment, tmp_path):
     out = tmp_path / "a" / "b"
-    result = objreg.experiments.run("fake", quick=True, seed=3, out_dir=out)
+    result = objreg.experiments.run("stand-in", seeds=2, seed=3, quick=True, out_dir=out)
     written = json.loads((out / "result.json").read_text())
     assert written == result.to_dict()
-    assert set(written) == {"name", "claim", "verdict", "reason", "figures", "setting", "plots"}
-    assert written["setting"] == {"quick": True, "seed": 3}
-    assert fake_experiment[0].out_dir == out
-    # Same seed, same figures.
-    assert objreg.experiments.run("fake", quick=True, seed=3).figures == result.figures
+    assert set(written) == {"name", "claim", "source", "rule", "verdict", "reason", "figures", "setting", "plots",
+                            "replicates", "timing"}
+    assert written["timing"]["cpu_s"] >= 0 and written["timing"]["wall_s"] > 0
+    assert written["timing"]["wall_s"] == pytest.approx(sum(r["timing"]["wall_s"] for r in written["replicates"]))
+    assert written["setting"] == {"quick": True, "seeds": [3, 4]}
+    assert (out / "stand-in-seeds.png").stat().st_size > 1000
+    assert (out / "seed-3" / "stand-in.png").is_file() and (out / "seed-4" / "stand-in.png").is_file()
+    assert str(out / "seed-4" / "stand-in.png") in written["plots"]
+    # Same seeds, same figures.
+    assert objreg.experiments.run("stand-in", seeds=2, seed=3, quick=True).figures == result.figures
 
 
-def test_run_refuses_a_file_as_out_dir(fake_experiment, tmp_path):
+def test_run_all_writes_every_experiment(stand_in_experiment, monkeypatch, tmp_path):
+    module, calls = stand_in_experiment
+    monkeypatch.setattr(objreg.experiments, "EXPERIMENTS", {"stand-in": module.__name__})
+    results = objreg.experiments.run_all(tmp_path / "all", seeds=2, quick=True)
+    assert list(results) == ["stand-in"] and len(calls) == 2
+    assert json.loads((tmp_path / "all" / "stand-in" / "result.json").read_text()) == results["stand-in"].to_dict()
+
+
+@pytest.mark.parametrize(("seeds", "seed", "message"), [
+    (0, 0, "seeds must be a positive integer, got 0"),
+    (-2, 0, "seeds must be a positive integer, got -2"),
+    (10**6, 0, "seeds must be at most 64, got 1,000,000"),
+    ("3", 0, "seeds must be a positive integer, got str '3'"),
+    (2.0, 0, "seeds must be a positive integer, got float"),
+    (True, 0, "seeds must be a positive integer, got bool"),
+    (3, -1, "seed must be an integer ≥ 0"),
+    (3, 2**32 - 2, "seed + seeds − 1 must be at most 4,294,967,295"),
+])
+def test_bad_seeds_are_refused_before_anything_runs(stand_in_experiment, tmp_path, seeds, seed, message):
+    _, calls = stand_in_experiment
+    with pytest.raises(objreg.InvalidParameterError, match=re.escape(message)):
+        objreg.experiments.run("stand-in", seeds=seeds, seed=seed, out_dir=tmp_path / "out")
+    with pytest.raises(objreg.InvalidParameterError, match=re.escape(message)):
+        objreg.experiments.run_all(tmp_path / "all", seeds=seeds, seed=seed)
+    assert not calls and not (tmp_path / "out").exists() and not (tmp_path / "all").exists()
+
+
+def test_run_refuses_a_file_as_out_dir(stand_in_experiment, tmp_path):
+    _, calls = stand_in_experiment
     target = tmp_path / "file"
     target.write_text("keep me")
     with pytest.raises(objreg.InvalidParameterError, match="not a directory"):
-        objreg.experiments.run("fake", out_dir=target)
+        objreg.experiments.run("stand-in", out_dir=target)
     assert target.read_text() == "keep me"
-    assert not fake_experiment  # refused before running
+    assert not calls  # refused before running
 
 
-def test_unknown_experiment_lists_the_known_ones(fake_experiment):
-    with pytest.raises(objreg.UnknownNameError, match="fake"):
-        objreg.experiments.run("fak")
+def test_unknown_experiment_lists_the_known_ones(stand_in_experiment):
+    with pytest.raises(objreg.UnknownNameError, match="stand-in"):
+        objreg.experiments.run("stand-i")
 
 
 def test_every_registered_experiment_has_the_contract():
     for name in objreg.experiments.names():
         module = objreg.experiments.module(name)
         assert module.NAME == name
-        assert isinstance(module.CLAIM, str) and module.CLAIM
+        for attribute in ("CLAIM", "SOURCE", "RULE"):
+            assert isinstance(getattr(module, attribute), str) and len(getattr(module, attribute)) > 20, (name,
+                                                                                                          attribute)
+        assert getattr(module, "DIRECTION", "above") in ("above", "below")
+        assert isinstance(getattr(module, "THRESHOLD", 0.0), float)
         assert callable(module.run)
         assert module.__doc__ and len(module.__doc__) > 200, f"{name}: the docstring states claim, source, setting"
+
+
+def _seeds(effects, parts=None):
+    return [base.ExperimentResult("x", "c", "inconclusive", "r",
+                                  {"effect": e, **({"parts": {"a": p}} if parts else {})})
+            for e, p in zip(effects, parts or effects)]
+
+
+def test_combine_equivalence_reads_the_between_seed_interval_against_the_margin():
+    from objreg.experiments.replication import combine_equivalence
+
+    inside = combine_equivalence(_seeds([2.9, 3.0, 3.1]), base.Setting(), 2.5, 3.5)
+    half = T_975[2] * 0.1 / math.sqrt(3)
+    assert inside.figures["effect_ci95_between_seeds"] == pytest.approx([3.0 - half, 3.0 + half])
+    assert inside.verdict == "confirmed" and inside.figures["margin"] == [2.5, 3.5]
+    assert combine_equivalence(_seeds([1.9, 2.0, 2.1]), base.Setting(), 2.5, 3.5).verdict == "refuted"
+    assert combine_equivalence(_seeds([2.0, 3.0, 4.0]), base.Setting(), 2.5, 3.5).verdict == "inconclusive"
+
+
+def test_combine_parts_needs_every_part():
+    from objreg.experiments.replication import combine_parts
+
+    parts = {"a": (0.0, "above")}
+    assert combine_parts(_seeds([1.0, 1.1, 0.9], [0.5, 0.6, 0.4]), base.Setting(), parts).verdict == "confirmed"
+    assert combine_parts(_seeds([1.0, 1.1, 0.9], [-0.5, -0.6, -0.4]), base.Setting(), parts).verdict == "refuted"
+    result = combine_parts(_seeds([1.0, 1.1, 0.9], [-0.5, 0.6, 0.1]), base.Setting(), parts)
+    assert result.verdict == "inconclusive" and result.figures["parts"]["a"]["mean"] == pytest.approx(0.2 / 3)

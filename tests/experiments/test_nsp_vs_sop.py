@@ -12,7 +12,7 @@ import torch
 import objreg
 from objreg.experiments import _support
 from objreg.experiments import nsp_vs_sop as ns
-from objreg.experiments.base import Setting
+from objreg.experiments.base import ExperimentResult, Setting
 from objreg.toolkit.cache import cache_dir
 from objreg.toolkit.tokenizer import TokenizedCorpus
 
@@ -60,32 +60,44 @@ def test_segment_overlap_matches_sets_read_between_the_separators(tokenizer, tex
         assert overlap[b] == pytest.approx(len(first & second) / len(first | second))
 
 
-def _figures(topic, nsp_own, nsp_order, difference):
-    def interval(lo_hi):
-        return {"value": sum(lo_hi) / 2, "ci95": list(lo_hi)}
-
-    return {
-        "probes": {"topic_mismatched": {"topic_auc": interval(topic)}},
-        "balanced_accuracy": {"nsp_model": {"topic_mismatched": interval(nsp_own),
-                                            "topic_matched_order": interval(nsp_order)},
-                              "sop_model": {"topic_matched_order": interval((0.6, 0.7))}},
-        "sop_minus_nsp_on_order_probe": interval(difference),
-    }
+def _parts(topic, nsp_own, nsp_order, difference, sop_on_nsp=(0.6, 0.7)):
+    keys = ("topic_auc_on_nsp", "nsp_model_on_nsp", "nsp_model_on_order", "sop_minus_nsp_on_order",
+            "sop_model_on_nsp")
+    return {k: {"value": sum(v) / 2, "ci95": list(v)} for k, v in zip(keys, (topic, nsp_own, nsp_order, difference,
+                                                                            sop_on_nsp))}
 
 
-@pytest.mark.parametrize(("topic", "nsp_own", "nsp_order", "difference", "expected"), [
-    ((0.7, 0.8), (0.6, 0.7), (0.47, 0.53), (0.05, 0.2), "confirmed"),
-    ((0.7, 0.8), (0.45, 0.55), (0.47, 0.53), (0.05, 0.2), "inconclusive"),  # NSP did not learn its task
-    ((0.7, 0.8), (0.6, 0.7), (0.42, 0.53), (0.05, 0.2), "inconclusive"),  # not clearly within the band
-    ((0.7, 0.8), (0.6, 0.7), (0.6, 0.7), (0.05, 0.2), "refuted"),  # NSP learned order
-    ((0.7, 0.8), (0.6, 0.7), (0.47, 0.53), (-0.2, -0.05), "refuted"),  # SOP worse on order
-    ((0.4, 0.48), (0.6, 0.7), (0.47, 0.53), (0.05, 0.2), "refuted"),  # topic says nothing
+@pytest.mark.parametrize(("topic", "nsp_own", "nsp_order", "difference", "sop_on_nsp", "expected"), [
+    ((0.7, 0.8), (0.6, 0.7), (0.47, 0.53), (0.05, 0.2), (0.6, 0.7), "confirmed"),
+    ((0.7, 0.8), (0.45, 0.55), (0.47, 0.53), (0.05, 0.2), (0.6, 0.7), "inconclusive"),  # NSP did not learn NSP
+    ((0.7, 0.8), (0.6, 0.7), (0.42, 0.53), (0.05, 0.2), (0.6, 0.7), "inconclusive"),  # not clearly within the band
+    ((0.7, 0.8), (0.6, 0.7), (0.6, 0.7), (0.05, 0.2), (0.6, 0.7), "refuted"),  # NSP learned order
+    ((0.7, 0.8), (0.6, 0.7), (0.47, 0.53), (-0.2, -0.05), (0.6, 0.7), "refuted"),  # SOP worse on order
+    ((0.4, 0.48), (0.6, 0.7), (0.47, 0.53), (0.05, 0.2), (0.6, 0.7), "refuted"),  # topic says nothing
+    ((0.7, 0.8), (0.6, 0.7), (0.47, 0.53), (0.05, 0.2), (0.40, 0.48), "refuted"),  # SOP model fails NSP
+    ((0.7, 0.8), (0.6, 0.7), (0.47, 0.53), (0.05, 0.2), (0.48, 0.6), "inconclusive"),
 ])
-def test_verdict_rule(topic, nsp_own, nsp_order, difference, expected):
-    figures = _figures(topic, nsp_own, nsp_order, difference)
-    verdict, reason = ns.decide(figures)
+def test_verdict_rule(topic, nsp_own, nsp_order, difference, sop_on_nsp, expected):
+    parts = _parts(topic, nsp_own, nsp_order, difference, sop_on_nsp)
+    checks = ns.checks_of({k: v["ci95"] for k, v in parts.items()})
+    verdict, reason = ns.decide(checks, parts, "test")
     assert verdict == expected
     assert "chance band 0.5 +- 0.05" in reason
+
+
+def test_combine_reads_between_seed_intervals():
+    def seed(values):
+        return ExperimentResult(ns.NAME, ns.CLAIM, "inconclusive", "r",
+                                {"effect": values[3], "parts": dict(zip(_parts(*[(0, 0)] * 4), values))})
+
+    agreeing = [seed((0.72, 0.62, 0.50, 0.15, 0.61)), seed((0.74, 0.64, 0.51, 0.12, 0.63)),
+                seed((0.73, 0.60, 0.49, 0.14, 0.62))]
+    result = ns.combine(agreeing, Setting(seed=0))
+    assert result.verdict == "confirmed", result.reason
+    assert result.figures["parts"]["sop_minus_nsp_on_order"]["value"] == pytest.approx(0.41 / 3)
+    scattered = [seed((0.72, 0.62, 0.50, 0.15, 0.61)), seed((0.74, 0.64, 0.51, -0.1, 0.63)),
+                 seed((0.73, 0.60, 0.49, 0.14, 0.62))]
+    assert ns.combine(scattered, Setting(seed=0)).verdict == "inconclusive"
 
 
 @pytest.fixture(scope="module")
@@ -102,17 +114,15 @@ def test_a_tiny_run_is_deterministic(corpus_file, tmp_path):
     tokenizer = registry.load_tokenizer("default", corpus, cache_dir())
     rows = TokenizedCorpus(tokenizer, corpus, 40)
     text = _support.DefaultText(registry, rows, rows)
-    config = ns.Config(steps=3, batch_size=4, seq_len=40, probe_draws=2, align_steps=2, align_batch_size=2,
-                       align_eval_size=2, align_head_warmup_steps=2, align_head_fit_size=2, resamples=200)
+    config = ns.Config(steps=3, batch_size=4, seq_len=40, probe_draws=2, resamples=200)
     setting = Setting(quick=True, seed=0, out_dir=tmp_path, device="cpu")
-    result = ns._run(config, setting, text=text, model_config=TINY_MODEL, corpus=str(corpus_file))
+    result = ns._run(config, setting, text=text, model_config=TINY_MODEL)
     json.dumps(result.to_dict(), allow_nan=False)
     figures = result.figures
     assert figures["probes"]["topic_mismatched"]["rows"] == len(rows.eligible(2))
     for probe in ns.PROBES:
         assert 0.0 <= figures["balanced_accuracy"]["nsp_model"][probe]["value"] <= 1.0
-    assert figures["alignment_with_ordering"]["probes"] == 2
+    assert figures["effect"] == figures["parts"]["sop_minus_nsp_on_order"]
     assert (tmp_path / "nsp-vs-sop.png").is_file()
-    again = ns._run(config, Setting(quick=True, seed=0, device="cpu"), text=text, model_config=TINY_MODEL,
-                    corpus=str(corpus_file))
+    again = ns._run(config, Setting(quick=True, seed=0, device="cpu"), text=text, model_config=TINY_MODEL)
     assert again.figures == figures

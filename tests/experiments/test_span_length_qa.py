@@ -33,22 +33,45 @@ def text(registry, tokenizer, texts):
     return _support.DefaultText(registry, TokenizedCorpus(tokenizer, corpus, 32), TokenizedCorpus(tokenizer, corpus, 32))
 
 
+def squad_file(path, texts, answers_per_text=3):
+    """A SQuAD-format file over ``texts``: questions whose answers are a text's first 1, 2, 3 words."""
+    paragraphs = []
+    for i, context in enumerate(texts):
+        words = context.split()
+        qas = [{"id": f"{i}-{n}", "question": f"What comes first in text {i}?",
+                "answers": [{"text": " ".join(words[:n]), "answer_start": 0}]} for n in range(1, answers_per_text + 1)]
+        paragraphs.append({"context": context, "qas": qas})
+    path.write_text(json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": paragraphs}]}))
+
+
 @pytest.fixture(scope="module")
-def qa_data(registry, text):
-    return registry.get_task("qa").task_data(None, text.heldout.corpus.documents, text.train.tokenizer, 48, 100).batch
+def squad(tmp_path_factory, texts):
+    folder = tmp_path_factory.mktemp("squad_v1.1")
+    squad_file(folder / sl.SQUAD_FILES[0], texts[:3])
+    squad_file(folder / sl.SQUAD_FILES[1], texts * 4)
+    return folder
 
 
-def test_answer_lengths_match_a_count_of_the_answers_words(qa_data, tokenizer):
-    lengths = sl.answer_word_lengths(qa_data, tokenizer)
-    start, end = qa_data.extras["start_positions"], qa_data.extras["end_positions"]
-    counts: dict[int, int] = {}
-    for b in range(qa_data.batch_size):
-        if start[b] > 0:  # the built-in cloze answers are words, names or numbers: whitespace splits them
-            n = len(tokenizer.decode(qa_data.input_ids[b, start[b]: end[b] + 1]).split())
-            counts[n] = counts.get(n, 0) + 1
-    total = sum(counts.values())
-    assert total > 5
-    assert lengths == pytest.approx({n: c / total for n, c in counts.items()})
+@pytest.fixture(scope="module")
+def qa_data(registry, text, squad):
+    return registry.get_task("qa").task_data(str(squad / sl.SQUAD_FILES[1]), (), text.train.tokenizer, 48, 100).batch
+
+
+def test_missing_squad_is_one_clear_error(text, tmp_path):
+    config = sl.Config(batches=1, batch_size=2, seq_len=32, pretrain_steps=1, pretrain_batch_size=2, eval_size=2,
+                       head_fit_size=2, head_warmup_steps=1)
+    with pytest.raises(objreg.DataError, match="needs SQuAD v1.1 dev halves .*dev-v1.1.half-a.json, "
+                                               "dev-v1.1.half-b.json missing.*OBJREG_SHARED_DATA"):
+        sl._run(config, Setting(quick=True, device="cpu"), text=text, squad=tmp_path)
+
+
+def test_real_squad_answers_are_mostly_short_but_not_single_words(shared_file, tokenizer):
+    from objreg.toolkit.lengths import answer_length_distribution
+
+    path = shared_file(f"squad_v1.1/{sl.SQUAD_FILES[0]}")
+    distribution = answer_length_distribution(path, tokenizer, sl.MAX_ANSWER_WORDS)
+    mean = sum(n * p for n, p in distribution.items())
+    assert 0.2 < distribution[1] < 0.5 and 2.0 < mean < 3.5  # unlike the cloze task's 96% single words
 
 
 def test_conditions_and_total_variation():
@@ -100,16 +123,16 @@ def _figures(differences: dict[str, tuple[float, float]]) -> dict:
     }
 
 
-@pytest.mark.parametrize(("geometric", "long", "expected"), [
+@pytest.mark.parametrize(("single_word", "long", "expected"), [
     ((0.01, 0.02), (0.005, 0.03), "confirmed"),
     ((0.01, 0.02), (-0.01, 0.03), "inconclusive"),
     ((-0.03, -0.01), (0.005, 0.03), "refuted"),
 ])
-def test_verdict_rule(geometric, long, expected):
-    figures = _figures({"single_word": (-1.0, -0.5), "geometric": geometric, "long": long})
+def test_verdict_rule(single_word, long, expected):
+    figures = _figures({"single_word": single_word, "geometric": (-1.0, -0.5), "long": long})
     verdict, reason = sl.decide(figures)
-    assert verdict == expected  # the single-word control never decides
-    assert "cos(matched) - cos(geometric)" in reason
+    assert verdict == expected  # geometric (close to SQuAD's lengths) never decides
+    assert "cos(matched) - cos(single_word)" in reason and "within-seed" in reason
 
 
 def test_measure_pairs_the_differences():
@@ -123,15 +146,20 @@ def test_measure_pairs_the_differences():
         [difference.mean() - half, difference.mean() + half], rel=1e-5)
 
 
-def test_a_tiny_run_is_deterministic_and_keeps_the_budget(text, tmp_path):
+def test_a_tiny_run_is_deterministic_and_keeps_the_budget(text, squad, tmp_path):
     config = sl.Config(batches=3, batch_size=4, seq_len=32, pretrain_steps=2, pretrain_batch_size=4, eval_size=8,
                        head_fit_size=16, head_warmup_steps=2)
     result = sl._run(config, Setting(quick=True, seed=0, out_dir=tmp_path, device="cpu"), text=text,
-                     model_config=TINY_MODEL)
+                     model_config=TINY_MODEL, squad=squad)
+    # Lengths from half a: answers of 1, 2 and 3 words, equally often.
+    assert result.figures["answer_lengths"] == pytest.approx({"1": 1 / 3, "2": 1 / 3, "3": 1 / 3})
+    assert result.figures["parts"] == {"vs_single_word": result.figures["difference_from_matched"]["single_word"]["cosine"],
+                                       "vs_long": result.figures["difference_from_matched"]["long"]["cosine"]}
     json.dumps(result.to_dict(), allow_nan=False)
     assert result.verdict in ("confirmed", "refuted", "inconclusive")
     shares = [c["masked_share"] for c in result.figures["conditions"].values()]
     assert max(shares) - min(shares) < 0.1  # the same 15% budget, whatever the span lengths
     assert (tmp_path / "span-length-qa.png").is_file()
-    again = sl._run(config, Setting(quick=True, seed=0, device="cpu"), text=text, model_config=TINY_MODEL)
+    again = sl._run(config, Setting(quick=True, seed=0, device="cpu"), text=text, model_config=TINY_MODEL,
+                    squad=squad)
     assert again.figures == result.figures

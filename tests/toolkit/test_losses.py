@@ -46,3 +46,25 @@ def test_consistency_kl_matches_a_loop_and_stops_the_gradient():
     _, tangent = torch.func.jvp(lambda s: losses.consistency_kl(live.detach(), s), (stopped.detach(),),
                                 (torch.randn(2, 3, 7, generator=g, dtype=torch.float64),))
     assert torch.equal(tangent, torch.zeros_like(tangent))
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1, 0.3])
+def test_smoothed_nll_optimum_is_the_smoothed_marginal(epsilon):
+    # Label smoothing's optimum over free logits (Szegedy et al. 2016, §7): the labels' marginal π
+    # moved toward uniform, q = (1−ε)π + ε/V. Fitted by L-BFGS in float64, compared with the closed form.
+    V = 12
+    pi = 1 / torch.arange(1, V + 1, dtype=torch.float64)
+    pi = pi / pi.sum()
+    logits = torch.zeros(V, dtype=torch.float64, requires_grad=True)
+    optimizer = torch.optim.LBFGS([logits], lr=1.0, max_iter=500, tolerance_grad=1e-12, tolerance_change=1e-15,
+                                  history_size=20, line_search_fn="strong_wolfe")
+
+    def closure():
+        optimizer.zero_grad()
+        per_label = losses.smoothed_nll(logits.expand(1, V, V), torch.arange(V)[None, :], epsilon)  # (1, V)
+        loss = (pi * per_label[0]).sum()
+        loss.backward()
+        return loss
+
+    optimizer.step(closure)
+    torch.testing.assert_close(torch.softmax(logits.detach(), -1), (1 - epsilon) * pi + epsilon / V, atol=1e-8, rtol=0)

@@ -18,41 +18,74 @@ def experiment() -> None:
 @experiment.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def list_experiments(as_json: bool) -> None:
-    """List the experiments and the claim each one tests."""
-    claims = objreg.experiments.claims()
+    """List the experiments: the claim each one tests, its source and its verdict rule."""
+    described = objreg.experiments.describe()
     if as_json:
-        render.echo_json([{"name": n, "claim": c} for n, c in claims.items()])
+        render.echo_json(described)
         return
-    grid = render.table("Experiments", "name", "claim")
-    for name, claim in claims.items():
-        grid.add_row(render.text(name), render.text(claim))
+    grid = render.table("Experiments", "name", "claim", "source", "verdict rule")
+    for row in described:
+        grid.add_row(*(render.text(row[key]) for key in ("name", "claim", "source", "rule")))
     render.console().print(grid)
 
 
-@experiment.command("run", help="Run experiment NAME and print its figures and verdict. NAME: "
-                    + ", ".join(objreg.experiments.names()) + " (`objreg experiment list` gives each one's claim).")
-@click.argument("name")
+@experiment.command("run", help="Run experiment NAME (or every one with --all) for one or more seeds and print its "
+                    "figures and overall verdict. NAME: " + ", ".join(objreg.experiments.names())
+                    + " (`objreg experiment list` gives each one's claim, source and verdict rule).")
+@click.argument("name", required=False)
+@click.option("--all", "run_all", is_flag=True, help="Run every experiment; needs --out (each one goes to OUT/NAME).")
 @click.option("--quick", is_flag=True,
-              help="The small setting: 6 to 29 s per experiment measured on a 2-core CPU shared with other jobs, "
-                   "81 s seen for nsp-vs-sop at load average 3 (docs/experiments.md).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Random seed.")
+              help="The small setting: under about a minute per seed on a 2-core CPU (docs/experiments.md).")
+@click.option("--seeds", type=int, default=None,
+              help="Independent seeds to run, SEED to SEED+N-1 (1 to 64; default: 1 with --quick, 3 without).")
+@click.option("--seed", type=int, default=0, show_default=True, help="The first seed.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
 @click.option("--out", "out_dir", type=click.Path(), default=None,
               help="Directory for result.json and the plots (default: write nothing).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
-def run(name: str, quick: bool, seed: int, device: str, out_dir: str | None, as_json: bool) -> None:
+def run(name: str | None, run_all: bool, quick: bool, seeds: int | None, seed: int, device: str,
+        out_dir: str | None, as_json: bool) -> None:
     """Run experiment NAME and print its figures and verdict."""
     status = (lambda _message: None) if as_json else (lambda message: click.echo(f"· {message}", err=True))
-    result = objreg.experiments.run(name, quick=quick, seed=seed, out_dir=out_dir, device=device, status=status)
+    if run_all:
+        if name is not None:
+            raise click.UsageError("give NAME or --all, not both")
+        if out_dir is None:
+            raise click.UsageError("--all needs --out DIR (each experiment's result goes to DIR/NAME)")
+        results = objreg.experiments.run_all(out_dir, seeds=seeds, seed=seed, quick=quick, device=device,
+                                             status=status)
+        if as_json:
+            render.echo_json([r.to_dict() for r in results.values()])
+            return
+        grid = render.table("Experiments", "name", "verdict", "effect", "reason")
+        for result in results.values():
+            grid.add_row(render.text(result.name), render.text(result.verdict, _STYLE[result.verdict]),
+                         render.text(_format(result.figures.get("effect"))), render.text(result.reason))
+        render.console().print(grid)
+        return
+    if name is None:
+        raise click.UsageError("give an experiment NAME or --all (`objreg experiment list` names them)")
+    result = objreg.experiments.run(name, seeds=seeds, seed=seed, quick=quick, out_dir=out_dir, device=device,
+                                    status=status)
     if as_json:
         render.echo_json(result.to_dict())
         return
     console = render.console()
     console.print(render.text(f"{result.name}: {result.claim}"))
+    console.print(render.text(f"source: {result.source}"))
+    console.print(render.text(f"rule: {result.rule}"))
     grid = render.table("Figures", "figure", "value")
     for key, value in _flatten(result.figures):
         grid.add_row(render.text(key), render.text(_format(value)))
     console.print(grid)
+    seeds_grid = render.table("Seeds (intervals inside one seed are within-seed)", "seed", "verdict", "effect",
+                              "reason")
+    for replicate in result.replicates:
+        seeds_grid.add_row(render.text(str(replicate["setting"].get("seed", ""))),
+                           render.text(replicate["verdict"], _STYLE[replicate["verdict"]]),
+                           render.text(_format(replicate["figures"].get("effect"))),
+                           render.text(replicate["reason"]))
+    console.print(seeds_grid)
     console.print(render.text(result.verdict.upper(), _STYLE[result.verdict]), render.text(result.reason))
     for plot in result.plots:
         console.print(render.text(f"plot: {plot}"))

@@ -13,6 +13,7 @@ from types import ModuleType
 
 from objreg import InvalidParameterError, UnknownNameError
 from objreg.experiments.base import ExperimentResult, Setting
+from objreg.experiments.replication import check_seeds, run_seeds
 
 #: Experiment name → module, in the order they are listed.
 EXPERIMENTS: dict[str, str] = {
@@ -40,9 +41,15 @@ def module(name: str) -> ModuleType:
     return importlib.import_module(EXPERIMENTS[name])
 
 
-def claims() -> dict[str, str]:
-    """Every experiment's name → the claim it tests."""
-    return {name: module(name).CLAIM for name in EXPERIMENTS}
+def describe() -> list[dict[str, str]]:
+    """Every experiment's name, claim, source and verdict rule, in listing order."""
+    return [{"name": name, "claim": m.CLAIM, "source": m.SOURCE, "rule": m.RULE}
+            for name, m in ((name, module(name)) for name in EXPERIMENTS)]
+
+
+def default_seeds(quick: bool) -> int:
+    """Seeds run when none are asked for: 1 in the quick setting, 3 in the full one."""
+    return 1 if quick else 3
 
 
 def check_writable_directory(out_dir: Path) -> None:
@@ -60,28 +67,51 @@ def check_writable_directory(out_dir: Path) -> None:
         raise InvalidParameterError(f"--out {str(out_dir)!r} cannot be written: {e.strerror or e}") from None
 
 
-def run(name: str, *, quick: bool = False, seed: int = 0, out_dir: str | Path | None = None,
-        device: str = "auto", status=None) -> ExperimentResult:
-    """Run the experiment ``name``; with ``out_dir``, also write ``result.json`` and its plots there.
+def _out_path(out_dir: str | Path) -> Path:
+    """``out_dir`` checked and created before any experiment runs."""
+    if not str(out_dir).strip():  # before Path(), which reads "" as "."
+        raise InvalidParameterError("--out is empty: give a directory path (use . for this directory)")
+    path = Path(out_dir)
+    if path.exists() and not path.is_dir():
+        raise InvalidParameterError(f"--out {str(out_dir)!r} exists and is not a directory")
+    check_writable_directory(path)  # before the experiment runs, not after
+    return path
+
+
+def run(name: str, *, seeds: int | None = None, seed: int = 0, quick: bool = False,
+        out_dir: str | Path | None = None, device: str = "auto", status=None) -> ExperimentResult:
+    """Run the experiment ``name`` for ``seeds`` seeds (``seed``, ``seed``+1, …; default
+    :func:`default_seeds`) and combine them into the overall result, whose ``replicates`` hold
+    each seed's result. With ``out_dir``, write ``result.json``, the per-seed plot and each
+    seed's plots (in ``seed-S/``) there.
 
     Raises:
         UnknownNameError: No experiment has that name.
-        InvalidParameterError: ``out_dir`` exists and is not a directory.
+        InvalidParameterError: ``seeds`` or ``seed`` is out of range, or ``out_dir`` is not a
+            writable directory (checked before anything runs).
     """
     experiment = module(name)
-    if out_dir is not None:
-        if not str(out_dir).strip():  # before Path(), which reads "" as "."
-            raise InvalidParameterError("--out is empty: give a directory path (use . for this directory)")
-        out_dir = Path(out_dir)
-        if out_dir.exists() and not out_dir.is_dir():
-            raise InvalidParameterError(f"--out {str(out_dir)!r} exists and is not a directory")
-        check_writable_directory(out_dir)  # before the experiment runs, not after
-    setting = Setting(quick=quick, seed=seed, out_dir=out_dir, device=device,
-                      status=status or (lambda _message: None))
-    result = experiment.run(setting)
-    if out_dir is not None:
-        result.write(out_dir)
-    return result
+    seeds = default_seeds(quick) if seeds is None else seeds
+    check_seeds(seeds, seed)
+    path = _out_path(out_dir) if out_dir is not None else None
+    return run_seeds(experiment, seeds=seeds, seed=seed, quick=quick, out_dir=path, device=device,
+                     status=status or (lambda _message: None))
 
 
-__all__ = ["EXPERIMENTS", "ExperimentResult", "Setting", "claims", "module", "names", "run"]
+def run_all(out_dir: str | Path, *, seeds: int | None = None, seed: int = 0, quick: bool = False,
+            device: str = "auto", status=None) -> dict[str, ExperimentResult]:
+    """Run every experiment, writing each one's result and plots to ``out_dir/NAME``."""
+    seeds = default_seeds(quick) if seeds is None else seeds
+    check_seeds(seeds, seed)
+    root = _out_path(out_dir)
+    status = status or (lambda _message: None)
+    results = {}
+    for name in EXPERIMENTS:
+        tell = (lambda message, name=name: status(f"{name}: {message}"))
+        results[name] = run(name, seeds=seeds, seed=seed, quick=quick, out_dir=root / name, device=device,
+                            status=tell)
+    return results
+
+
+__all__ = ["EXPERIMENTS", "ExperimentResult", "Setting", "default_seeds", "describe", "module", "names",
+           "run", "run_all"]

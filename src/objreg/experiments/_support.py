@@ -17,6 +17,7 @@ from torch import nn
 from objreg import Objective, Registry, TokenizedCorpus, cache_dir
 from objreg.analysis.prepare import build_model
 from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, verdict_from_interval
+from objreg.toolkit.losses import gather_positions
 
 
 def equivalence_verdict(low: float, high: float, lower: float, upper: float) -> str:
@@ -89,6 +90,8 @@ def train(
     losses = []
     for _ in range(steps):
         rows = corpus.sample(batch_size, data, min_sentences=objective.info.min_sentences, what=objective.name)
+        if objective.prepares:  # e.g. surprisal for entropy masking, from the model being trained
+            rows = objective.prepare(rows.to(device), model)
         batch = objective.corrupt(rows, corruption).to(device)
         loss = objective.losses(model, batch).mean()
         optimizer.zero_grad(set_to_none=True)
@@ -104,3 +107,38 @@ def loss_summary(losses: list[float], window: int = 10) -> dict:
     if not losses:
         return {"first": None, "last": None, "steps": 0}
     return {"first": float(np.mean(losses[:window])), "last": float(np.mean(losses[-window:])), "steps": len(losses)}
+
+
+def heldout_rows(corpus: TokenizedCorpus, rows: int, seed: int, min_sentences: int = 1):
+    """``rows`` rows of ``corpus`` drawn by a generator of their own (``seed``), so every model of
+    one seed is measured on the same rows."""
+    return corpus.sample(rows, torch.Generator().manual_seed(seed * 7919 + 3), min_sentences=min_sentences,
+                         what="the held-out evaluation")
+
+
+@torch.no_grad()
+def mean_loss(model: nn.Module, objective: Objective, batch, device: torch.device, chunk: int = 32) -> np.ndarray:
+    """Per-row losses ``[B]`` of ``model`` on an already corrupted ``batch``, in chunks."""
+    model.eval()
+    out = []
+    for start in range(0, batch.input_ids.shape[0], chunk):
+        part = batch.select(slice(start, start + chunk)).to(device)
+        out.append(objective.losses(model, part).double().cpu().numpy())
+    return np.concatenate(out)
+
+
+@torch.no_grad()
+def masked_log_probs(model: nn.Module, objective: Objective, batch, device: torch.device,
+                     chunk: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``lm`` head's log-probabilities ``[N, V]`` (float64) at every real masked position of an
+    ``mlm``-corrupted ``batch``, and the targets ``[N]``, in row order."""
+    model.eval()
+    log_probs, targets = [], []
+    for start in range(0, batch.input_ids.shape[0], chunk):
+        part = batch.select(slice(start, start + chunk)).to(device)
+        hidden = model.encode(part.input_ids, objective.attention_mask(part), part.position_ids)
+        positions, real = part.extras["masked_positions"], part.extras["masked_weights"] > 0
+        logits = model.heads["lm"](gather_positions(hidden, positions))  # (B, K, V)
+        log_probs.append(torch.log_softmax(logits.double(), dim=-1)[real].cpu())
+        targets.append(part.labels.gather(1, positions)[real].cpu())
+    return torch.cat(log_probs), torch.cat(targets)

@@ -1,10 +1,19 @@
 """What every experiment shares: its setting, its result, and the rule that turns data into a
 verdict.
 
-An experiment is a module with ``NAME`` (str), ``CLAIM`` (one sentence, the literature's claim as
-tested here) and ``run(setting: Setting) -> ExperimentResult``. Its verdict is computed from its
-own measurements, never written in: usually with :func:`verdict_from_interval`, which asks
-whether a confidence interval of the measured effect lies on the claim's side of a threshold.
+An experiment is a module with ``NAME`` (str), ``CLAIM`` (the literature's claim, both halves
+where a finding has two), ``SOURCE`` (the citation), ``RULE`` (the verdict rule over seeds, one
+sentence fixed before running), optionally ``THRESHOLD`` (float, default 0.0) and ``DIRECTION``
+(``above`` or ``below``, default ``above``) for the default combine, and
+``run(setting: Setting) -> ExperimentResult`` for ONE seed, whose ``figures["effect"]`` is the
+quantity the rule is about. An optional ``combine(results, setting) -> ExperimentResult`` gives
+the overall verdict over seeds; without it :func:`objreg.experiments.replication.default_combine`
+does. Every verdict is computed from measurements, never written in: usually with
+:func:`verdict_from_interval`, which asks whether a confidence interval of the effect lies on the
+claim's side of a threshold.
+
+Intervals inside one seed's figures describe that seed's model and evaluation set only (their
+keys say ``within_seed``); the overall interval is between seeds.
 """
 
 from __future__ import annotations
@@ -47,7 +56,8 @@ class Setting:
 @dataclass
 class ExperimentResult:
     """An experiment's outcome. ``to_dict()`` is the JSON the CLI prints:
-    ``{"name", "claim", "verdict", "reason", "figures", "setting", "plots"}``.
+    ``{"name", "claim", "source", "rule", "verdict", "reason", "figures", "setting", "plots",
+    "replicates", "timing"}``.
 
     Args:
         verdict: ``confirmed``, ``refuted`` or ``inconclusive``, computed from ``figures``.
@@ -55,6 +65,10 @@ class ExperimentResult:
         figures: The measurements (JSON-serialisable: numbers, strings, lists, dicts).
         setting: What was run (sizes, steps, seed), so the figures can be reproduced.
         plots: Paths of the PNG files written (empty without an output directory).
+        source, rule: The experiment's ``SOURCE`` and ``RULE`` (filled in by the framework).
+        replicates: In the overall result, each seed's ``to_dict()``; empty in one seed's.
+        timing: ``wall_s`` and ``cpu_s`` (this process's CPU time, all threads) of the run,
+            filled in by the framework; the only entry that differs between identical runs.
     """
 
     name: str
@@ -64,6 +78,10 @@ class ExperimentResult:
     figures: dict[str, Any]
     setting: dict[str, Any] = field(default_factory=dict)
     plots: list[str] = field(default_factory=list)
+    source: str = ""
+    rule: str = ""
+    replicates: list[dict[str, Any]] = field(default_factory=list)
+    timing: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
@@ -71,8 +89,10 @@ class ExperimentResult:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "claim": self.claim, "verdict": self.verdict, "reason": self.reason,
-            "figures": self.figures, "setting": self.setting, "plots": list(self.plots),
+            "name": self.name, "claim": self.claim, "source": self.source, "rule": self.rule,
+            "verdict": self.verdict, "reason": self.reason, "figures": self.figures, "setting": self.setting,
+            "plots": list(self.plots), "replicates": list(self.replicates),
+            "timing": dict(self.timing),
         }
 
     def write(self, out_dir: Path) -> Path:

@@ -1,0 +1,176 @@
+"""Replication across seeds: run one experiment for seeds S, S+1, …, S+N−1 and combine the
+per-seed results into the overall verdict.
+
+Each seed trains its own models from its own initialisation and draws its own data and
+evaluation rows, so the spread of the per-seed effects is the between-seed variability the
+claim is about. The default combine reports the mean effect with a two-sided 95% Student-t
+interval over the seeds (N−1 degrees of freedom) and applies the experiment's ``THRESHOLD`` and
+``DIRECTION`` to that interval. The intervals a seed reports inside its own figures describe one
+model on one evaluation set; they are never pooled into the overall interval.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from objreg import InvalidParameterError
+from objreg.analysis.stats import mean_ci95
+from objreg.analysis.validation import MAX_SEED, check_integer
+from objreg.experiments._support import equivalence_verdict
+from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
+
+#: Most seeds one call may run: each seed trains models for up to minutes.
+MAX_SEEDS = 64
+
+
+def check_seeds(seeds: Any, seed: Any) -> None:
+    """``seeds`` must be an int in 1..MAX_SEEDS and ``seed … seed+seeds−1`` valid 32-bit seeds."""
+    check_integer("seeds", seeds, 1, MAX_SEEDS)
+    check_integer("seed", seed, 0, MAX_SEED)
+    if seed + seeds - 1 > MAX_SEED:
+        raise InvalidParameterError(f"seed + seeds − 1 must be at most {MAX_SEED:,}, got {seed + seeds - 1:,}")
+
+
+def effect_of(result: ExperimentResult) -> float:
+    """The per-seed ``figures["effect"]``, refusing a result without one (a broken experiment)."""
+    effect = result.figures.get("effect")
+    if isinstance(effect, bool) or not isinstance(effect, (int, float)):
+        raise ValueError(f"experiment {result.name!r} gave no numeric figures['effect'] (got {effect!r})")
+    return float(effect)
+
+
+def default_combine(results: list[ExperimentResult], setting: Setting, threshold: float = 0.0,
+                    direction: str = "above") -> ExperimentResult:
+    """The overall result: mean effect over seeds, its between-seed 95% t-interval, and the
+    verdict of that interval against ``threshold`` in ``direction``. With one seed, that seed's
+    own verdict, and a reason that says only one seed was run."""
+    first = results[0]
+    effects = [effect_of(r) for r in results]
+    mean, low, high = mean_ci95(effects)
+    figures = {"effect": mean, "effect_ci95_between_seeds": [low, high], "per_seed_effect": effects,
+               "seeds": len(results), "threshold": threshold, "direction": direction}
+    if len(results) == 1:
+        return ExperimentResult(first.name, first.claim, first.verdict,
+                                f"only one seed was run (no between-seed interval): {first.reason}", figures)
+    verdict = verdict_from_interval(low, high, threshold, direction)
+    reason = (f"mean effect {mean:.4g} over {len(results)} seeds, 95% between-seed t-interval "
+              f"[{low:.4g}, {high:.4g}], {verdict} against {direction} {threshold:g}; per-seed verdicts: "
+              + ", ".join(r.verdict for r in results))
+    return ExperimentResult(first.name, first.claim, verdict, reason, figures)
+
+
+def combine_equivalence(results: list[ExperimentResult], setting: Setting, lower: float,
+                        upper: float) -> ExperimentResult:
+    """Like :func:`default_combine`, but the claim is that the effect lies in ``[lower, upper]``:
+    ``confirmed`` when the between-seed interval lies inside, ``refuted`` when wholly outside,
+    ``inconclusive`` otherwise (two one-sided checks)."""
+    overall = default_combine(results, setting)
+    overall.figures.pop("threshold")
+    overall.figures.pop("direction")
+    overall.figures["margin"] = [lower, upper]
+    if len(results) == 1:
+        return overall
+    low, high = overall.figures["effect_ci95_between_seeds"]
+    overall.verdict = equivalence_verdict(low, high, lower, upper)
+    overall.reason = (f"mean effect {overall.figures['effect']:.4g} over {len(results)} seeds, 95% between-seed "
+                      f"t-interval [{low:.4g}, {high:.4g}], {overall.verdict} against the margin [{lower:g}, {upper:g}]; "
+                      "per-seed verdicts: " + ", ".join(r.verdict for r in results))
+    return overall
+
+
+def combine_parts(results: list[ExperimentResult], setting: Setting,
+                  parts: dict[str, tuple[float, str]]) -> ExperimentResult:
+    """The overall result of a claim with several parts (e.g. both halves of a finding): each
+    part ``key`` is the per-seed ``figures["parts"][key]``, tested like the default combine's
+    effect against its own ``(threshold, direction)``. ``confirmed`` when every part is,
+    ``refuted`` when any part is, ``inconclusive`` otherwise. ``figures["effect"]`` is the mean
+    effect with its between-seed interval, as in :func:`default_combine`. With one seed, that
+    seed's own verdict, and a reason that says only one seed was run."""
+    overall = default_combine(results, setting)
+    overall.figures.pop("threshold")
+    overall.figures.pop("direction")
+    verdicts, summaries = {}, {}
+    for key, (threshold, direction) in parts.items():
+        values = [float(r.figures["parts"][key]) for r in results]
+        mean, low, high = mean_ci95(values)
+        verdicts[key] = verdict_from_interval(low, high, threshold, direction)
+        summaries[key] = {"mean": mean, "ci95_between_seeds": [low, high], "per_seed": values,
+                          "threshold": threshold, "direction": direction,
+                          "verdict": verdicts[key] if len(results) > 1 else None}
+    overall.figures["parts"] = summaries
+    if len(results) == 1:
+        return overall
+    if all(v == "confirmed" for v in verdicts.values()):
+        overall.verdict = "confirmed"
+    elif any(v == "refuted" for v in verdicts.values()):
+        overall.verdict = "refuted"
+    else:
+        overall.verdict = "inconclusive"
+    overall.reason = f"over {len(results)} seeds (95% between-seed t-intervals): " + "; ".join(
+        f"{key} {s['mean']:.4g} [{s['ci95_between_seeds'][0]:.4g}, {s['ci95_between_seeds'][1]:.4g}] "
+        f"{verdicts[key]} against {s['direction']} {s['threshold']:g}" for key, s in summaries.items())
+    return overall
+
+
+def seeds_plot(result: ExperimentResult, path: Path) -> str:
+    """Each seed's effect, their mean with its between-seed interval, and the threshold."""
+    from matplotlib.figure import Figure
+
+    effects = [r["figures"]["effect"] for r in result.replicates]
+    seeds = [r["setting"].get("seed", i) for i, r in enumerate(result.replicates)]
+    figure = Figure(figsize=(5, 3.2))
+    axes = figure.add_subplot()
+    axes.plot(range(len(effects)), effects, "o", label="one seed")
+    mean = result.figures.get("effect")
+    interval = result.figures.get("effect_ci95_between_seeds")
+    if isinstance(mean, (int, float)) and interval:
+        axes.axhspan(interval[0], interval[1], alpha=0.2, label="95% between-seed interval")
+        axes.axhline(mean, label="mean")
+    if "threshold" in result.figures:
+        axes.axhline(result.figures["threshold"], color="grey", linestyle="--", label="threshold")
+    axes.set_xticks(range(len(effects)), [str(s) for s in seeds])
+    axes.set_xlabel("seed")
+    axes.set_ylabel("effect")
+    axes.set_title(f"{result.name}: {result.verdict}", fontsize=9)
+    axes.legend(fontsize=7)
+    figure.tight_layout()
+    return save_figure(figure, path)
+
+
+def run_seeds(experiment: ModuleType, *, seeds: int, seed: int, quick: bool, out_dir: Path | None, device: str,
+              status: Callable[[str], None]) -> ExperimentResult:
+    """Run ``experiment`` for each seed (its plots in ``out_dir/seed-S``), combine, and write
+    ``out_dir/result.json`` and the per-seed plot."""
+    results = []
+    for s in range(seed, seed + seeds):
+        seed_dir = out_dir / f"seed-{s}" if out_dir is not None else None
+        if seed_dir is not None:
+            seed_dir.mkdir(parents=True, exist_ok=True)
+        tell = status if seeds == 1 else (lambda message, s=s: status(f"seed {s}: {message}"))
+        setting = Setting(quick=quick, seed=s, out_dir=seed_dir, device=device, status=tell)
+        wall, cpu = time.perf_counter(), time.process_time()
+        result = experiment.run(setting)
+        result.timing = {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}
+        results.append(result)
+    overall_setting = Setting(quick=quick, seed=seed, out_dir=out_dir, device=device, status=status)
+    combine = getattr(experiment, "combine", None)
+    if combine is not None:
+        overall = combine(results, overall_setting)
+    else:
+        overall = default_combine(results, overall_setting, float(getattr(experiment, "THRESHOLD", 0.0)),
+                                  getattr(experiment, "DIRECTION", "above"))
+    for r in [*results, overall]:
+        r.source, r.rule = experiment.SOURCE, experiment.RULE
+    overall.replicates = [r.to_dict() for r in results]
+    overall.timing = {key: sum(r.timing[key] for r in results) for key in ("wall_s", "cpu_s")}
+    overall.setting = {**results[0].setting, "quick": quick, "seeds": list(range(seed, seed + seeds))}
+    overall.setting.pop("seed", None)
+    if out_dir is not None:
+        overall.plots = [seeds_plot(overall, out_dir / f"{experiment.NAME}-seeds.png")] + [
+            p for r in results for p in r.plots]
+        overall.write(out_dir)
+    return overall

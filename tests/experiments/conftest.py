@@ -1,0 +1,22 @@
+"""Stand-ins shared by the experiments' tests: a tiny corpus in the default text's shape."""
+
+from __future__ import annotations
+
+import pytest
+
+import objreg
+from objreg.experiments import _support
+
+
+@pytest.fixture(scope="session")
+def registry():
+    return objreg.Registry.load(load_entrypoints=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_text(registry, tokenizer, texts):
+    """The six test texts three times over, rows of 32 tokens; every third document held out."""
+    corpus = objreg.Corpus("tiny", tuple(tuple(objreg.split_sentences(t)) for t in texts * 3))
+    train, heldout = corpus.split(heldout_every=3)
+    return _support.DefaultText(registry, objreg.TokenizedCorpus(tokenizer, train, 32),
+                                objreg.TokenizedCorpus(tokenizer, heldout, 32))

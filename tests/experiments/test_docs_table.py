@@ -1,0 +1,57 @@
+"""docs/experiments.md's results table is generated from the committed result files and matches them."""
+
+from __future__ import annotations
+
+import json
+
+from objreg.experiments import EXPERIMENTS, docs
+
+
+def result(name: str, verdict: str, effects: list[float]) -> dict:
+    return {"name": name, "source": "Someone et al. 2020, a venue", "verdict": verdict, "reason": f"{name} because",
+            "figures": {"effect": sum(effects) / len(effects), "effect_ci95_between_seeds": [min(effects), max(effects)]},
+            "setting": {"quick": False, "seeds": [0, 1, 2]}, "timing": {"wall_s": 125.4, "cpu_s": 60.2},
+            "replicates": [{"verdict": "confirmed"}, {"verdict": verdict}, {"verdict": "refuted"}]}
+
+
+def test_the_page_matches_the_committed_results():
+    page = (docs.DOCS / "experiments.md").read_text()
+    results = docs.load_results(docs.DOCS / "experiments" / "results")
+    assert docs.render(page, results) == page, "run python -m objreg.experiments.docs to regenerate the table"
+    for name in results:  # every committed result is a full-setting run of a listed experiment, ≥ 3 seeds
+        assert name in EXPERIMENTS and len(results[name]["replicates"]) >= 3 and not results[name]["setting"]["quick"]
+
+
+def test_table_counts_verdicts_and_lists_missing_experiments(tmp_path):
+    names = list(EXPERIMENTS)
+    results = {names[0]: result(names[0], "confirmed", [1.0, 2.0, 3.0]),
+               names[1]: result(names[1], "refuted", [-1.0, -0.5, -0.25])}
+    for name, data in results.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))
+    block = docs.table(docs.load_results(tmp_path))
+    assert "1 confirmed, 1 refuted, 0 inconclusive" in block
+    assert f"{len(names) - 2} not run in the full setting yet" in block
+    assert f"| `{names[0]}` | Someone et al. 2020 | **confirmed** | 2 [1, 3] | confirmed, confirmed, refuted | 125 s / 60 s (3) |" in block
+    assert f"`objreg experiment run {names[2]} --seeds 3 --out DIR`" in block
+    assert "The data do not confirm the claim" in block.split(f"`{names[1]}` (refuted)")[1]
+    page = f"intro\n{docs.START}\nold table\n{docs.END}\noutro\n"
+    assert docs.render(page, results) == f"intro\n{docs.START}\n{block}\n{docs.END}\noutro\n"
+
+
+def test_import_copies_results_and_the_first_seeds_plots(tmp_path):
+    name = next(iter(EXPERIMENTS))
+    run = tmp_path / "run" / name
+    (run / "seed-4").mkdir(parents=True)
+    (run / "seed-5").mkdir()
+    for path in (run / f"{name}-seeds.png", run / "seed-4" / f"{name}.png", run / "seed-5" / f"{name}.png"):
+        path.write_bytes(path.parent.name.encode())
+    written = result(name, "confirmed", [1.0, 2.0, 3.0])
+    written["setting"]["seeds"] = [4, 5]
+    written["plots"] = [str(run / f"{name}-seeds.png"), str(run / "seed-4" / f"{name}.png"),
+                        str(run / "seed-5" / f"{name}.png")]
+    (run / "result.json").write_text(json.dumps(written))
+    target = tmp_path / "docs"
+    assert docs.import_run(tmp_path / "run", target) == [name]
+    copied = json.loads((target / "experiments" / "results" / f"{name}.json").read_text())
+    assert copied["plots"] == [f"experiments/{name}-seeds.png", f"experiments/{name}.png"]
+    assert (target / "experiments" / f"{name}.png").read_bytes() == b"seed-4"
