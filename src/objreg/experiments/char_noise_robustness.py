@@ -14,7 +14,7 @@ pre-trained with character noise than for one pre-trained with whole-word maskin
 
 **Setting.** The default model is pre-trained with ``wwm`` twice from one initialisation, on the
 same rows of the default corpus's training split in the same order (AdamW 1e-3; quick: 150 steps
-of 16 rows of 64 tokens; full: 800 steps of 16 rows of 128 tokens): once on the clean text
+of 16 rows of 64 tokens; full: 600 steps): once on the clean text
 (*clean*), once on the same text with character noise (``objreg.toolkit.noise.noisy_corpus``,
 rate 0.1: each non-space character is deleted, substituted or followed by an inserted character
 with probability 0.1; a static augmentation, drawn once per seed) (*char_noise*). The default
@@ -78,7 +78,7 @@ class Config:
 
 
 QUICK = Config(steps=150, seq_len=64)
-FULL = Config(steps=800, seq_len=128)
+FULL = Config(steps=600, seq_len=64)
 
 
 def run(setting: Setting) -> ExperimentResult:

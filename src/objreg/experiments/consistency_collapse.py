@@ -16,7 +16,7 @@ row's real tokens, ``BN(W₂ relu(BN(W₁ x)))``, and a bottleneck predictor ``p
 z))`` (width ``d/4``). Loss ``½ D(p₁, sg z₂) + ½ D(p₂, sg z₁)``, ``D`` the negative cosine.
 Two runs from one initialisation on the same rows and the same views, differing only in ``sg``:
 *stop-gradient* (``detach``) and *no stop-gradient* (identity). SimSiam's optimizer (SGD,
-momentum 0.9, weight decay 1e-4, lr 0.05; quick: 60 steps of 32 rows of 64 tokens; full: 400
+momentum 0.9, weight decay 1e-4, lr 0.05; quick: 60 steps of 32 rows of 64 tokens; full: 200
 steps). The same pair is run again with every batch norm removed from the heads (reported, not
 part of the rule: SimSiam's §4.4 finds batch norm helps optimisation, not that it prevents
 collapse).
@@ -79,7 +79,7 @@ class Config:
 
 
 QUICK = Config(steps=60, eval_rows=256)
-FULL = Config(steps=400, eval_rows=512)
+FULL = Config(steps=200, eval_rows=512)
 
 
 class Siamese(nn.Module):

@@ -11,7 +11,7 @@ trained with a generator has a lower detection error than one trained on random 
 
 **Setting.** The default model is trained with ``rtd`` three times from one initialisation on the
 same rows and the same corruption draws (the same positions are replaced; AdamW 1e-3; quick: 100
-steps of 16 rows of 64 tokens; full: 400 steps of 16 rows of 128 tokens), differing only in where
+steps of 16 rows of 64 tokens; full: 300 steps), differing only in where
 the replacements come from:
 
 * ``random`` (the easy-negative baseline): ``temperature=1000``, so the generator's softmax is
@@ -80,7 +80,7 @@ class Config:
 
 
 QUICK = Config(steps=100, seq_len=64, eval_rows=128)
-FULL = Config(steps=400, seq_len=128, eval_rows=256)
+FULL = Config(steps=300, seq_len=64, eval_rows=256)
 
 
 def run(setting: Setting) -> ExperimentResult:
