@@ -80,6 +80,17 @@ def test_detection_error_against_a_loop(setup, tokenizer):
     assert rates["miss_rate"] == pytest.approx(misses / (misses + hits))
     assert rates["false_alarm_rate"] == pytest.approx(alarms / (alarms + quiet))
     assert rates["balanced_error"] == pytest.approx(0.5 * (rates["miss_rate"] + rates["false_alarm_rate"]))
+    real = ~batch.is_padding
+    positives, negatives = scores[..., 0][real & is_replaced].tolist(), scores[..., 0][real & ~is_replaced].tolist()
+    above = sum((n > p) + 0.5 * (n == p) for p in positives for n in negatives)
+    assert rates["ranking_error"] == pytest.approx(above / (len(positives) * len(negatives)))
+
+
+def test_auc_counts_ties_as_half():
+    assert hn.auc(torch.tensor([0.1, 0.4, 0.35, 0.8]), torch.tensor([False, False, True, True])) == 0.75
+    assert hn.auc(torch.tensor([1.0, 1.0, 1.0]), torch.tensor([True, False, False])) == 0.5
+    with pytest.raises(ValueError, match="both"):
+        hn.auc(torch.tensor([1.0, 2.0]), torch.tensor([True, True]))
 
 
 def test_the_easy_arm_samples_nearly_uniformly(setup, tokenizer):
@@ -110,7 +121,7 @@ def test_tiny_run_is_reproducible(setup, tokenizer, texts, tmp_path):
     result = hn._run(config, Setting(quick=True, seed=1, out_dir=tmp_path, device="cpu"), text, dict(TINY_MODEL))
     json.dumps(result.to_dict(), allow_nan=False)
     assert (tmp_path / "hard-negatives.png").stat().st_size > 1000
-    errors = result.figures["balanced_error"]
+    errors = result.figures["ranking_error"]
     assert result.figures["effect"] == pytest.approx(errors["random"]["plausible"] - errors["generator"]["plausible"])
     assert all(0.0 <= errors[arm][name] <= 1.0 for arm in hn.ARMS for name in hn.SETS)
     again = hn._run(config, Setting(quick=True, seed=1, device="cpu"), text, dict(TINY_MODEL))

@@ -25,12 +25,16 @@ the replacements come from:
 ordinary tokens, never the original token): *plausible*, drawn from a reference MLM (the default
 model trained with ``mlm`` on the same training split for as many steps, from its own
 initialisation: none of the three discriminators trained against it), and *random*, uniform over
-ordinary tokens. Each discriminator scores every real token; its error is the balanced error at
-logit 0 (mean of the miss rate on replaced tokens and the false-alarm rate on original ones: 0.5
-for a scorer that ignores its input). The reference MLM's top-1 accuracy at the positions is
-reported, as is each arm's training loss.
+ordinary tokens. Each discriminator scores every real token; its error is the ranking error
+``1 − AUC`` of its scores for "replaced" (the chance that a random original token outscores a
+random replaced one: 0.5 for a scorer that ignores its input, whatever its threshold). The
+balanced error at logit 0 (mean of the miss rate on replaced tokens and the false-alarm rate on
+original ones) is reported too, but it degenerates: a discriminator still below logit 0 on every
+token, as ELECTRA's is early in training with 15% replaced, reads exactly 0.5 however well it
+ranks. The reference MLM's top-1 accuracy at the positions is reported, as is each arm's
+training loss.
 
-**Verdict.** Per seed, effect = balanced error of ``random`` minus that of ``generator`` on the
+**Verdict.** Per seed, effect = ranking error of ``random`` minus that of ``generator`` on the
 plausible set. Over seeds: the mean with a 95% t-interval; ``confirmed`` when it lies wholly above
 0, ``refuted`` when wholly below. Null: harder training negatives do not help; the random-trained
 discriminator detects plausible replacements as well. The random set shows the other side (a
@@ -43,6 +47,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
+from scipy.stats import rankdata
 from torch import nn
 
 from objreg import IGNORE_INDEX, CorruptedBatch, Objective, Vocabulary
@@ -58,7 +63,7 @@ CLAIM = ("Replacements sampled from a small MLM generator are harder negatives t
          "strong makes the task too hard).")
 SOURCE = ("Clark et al., ELECTRA, ICLR 2020, §3.2 and Figure 3; hard negatives as in Robinson et al., "
           "Contrastive Learning with Hard Negative Samples, ICLR 2021")
-RULE = ("Effect = balanced detection error of the random-replacement-trained discriminator minus the generator-trained "
+RULE = ("Effect = ranking error (1 - AUC) of the random-replacement-trained discriminator minus the generator-trained "
         "one, on a common held-out set of plausible replacements; confirmed when the 95% t-interval of its mean over "
         "seeds lies wholly above 0, refuted when wholly below.")
 THRESHOLD = 0.0
@@ -66,6 +71,7 @@ DIRECTION = "above"
 #: The three ways of drawing training replacements: rtd parameters.
 ARMS = {"random": {"temperature": 1000.0}, "generator": {}, "hard": {"hard_negatives": True}}
 SETS = ("plausible", "random")
+RATES = ("ranking_error", "balanced_error", "miss_rate", "false_alarm_rate")
 
 
 @dataclass(frozen=True)
@@ -93,7 +99,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     setting.status("loading the default corpus")
     text = text or _support.default_text(config.seq_len)
     registry, vocab = text.registry, text.train.vocab
-    figures: dict = {"training_loss": {}, "balanced_error": {}, "miss_rate": {}, "false_alarm_rate": {}}
+    figures: dict = {"training_loss": {}, **{name: {} for name in RATES}}
 
     setting.status(f"training the reference MLM for {config.steps} steps")
     mlm = registry.get("mlm", vocab=vocab)
@@ -116,20 +122,20 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
         losses = _support.train(model, objective, text.train, steps=config.steps, batch_size=config.batch_size,
                                 lr=config.lr, seed=setting.seed, device=device)
         figures["training_loss"][arm] = _support.loss_summary(losses)
-        for name in ("balanced_error", "miss_rate", "false_alarm_rate"):
+        for name in RATES:
             figures[name][arm] = {}
         for name, (replaced, is_replaced) in sets.items():
             rates = detection_error(model, rtd, positions_batch, replaced, is_replaced)
             for key, value in rates.items():
                 figures[key][arm][name] = value
-    plausible = figures["balanced_error"]
-    effect = _support.finite(plausible["random"]["plausible"] - plausible["generator"]["plausible"])
+    ranking = figures["ranking_error"]
+    effect = _support.finite(ranking["random"]["plausible"] - ranking["generator"]["plausible"])
     figures["effect"] = effect
     verdict = verdict_from_interval(effect, effect, THRESHOLD, DIRECTION)
-    reason = (f"balanced error on plausible held-out replacements: random-trained {plausible['random']['plausible']:.3f}, "
-              f"generator-trained {plausible['generator']['plausible']:.3f}, hard-trained "
-              f"{plausible['hard']['plausible']:.3f}; on random replacements {plausible['random']['random']:.3f}, "
-              f"{plausible['generator']['random']:.3f}, {plausible['hard']['random']:.3f}; effect {effect:+.3f} "
+    reason = (f"ranking error (1 - AUC) on plausible held-out replacements: random-trained "
+              f"{ranking['random']['plausible']:.3f}, generator-trained {ranking['generator']['plausible']:.3f}, "
+              f"hard-trained {ranking['hard']['plausible']:.3f}; on random replacements {ranking['random']['random']:.3f}, "
+              f"{ranking['generator']['random']:.3f}, {ranking['hard']['random']:.3f}; effect {effect:+.3f} "
               "(one seed: no between-seed interval)")
     plots = [_plot(figures, setting)] if setting.out_dir is not None else []
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
@@ -172,14 +178,28 @@ def replaced_sets(reference: nn.Module, mlm: Objective, batch: CorruptedBatch, v
 @torch.no_grad()
 def detection_error(model: nn.Module, rtd: Objective, batch: CorruptedBatch, replaced: torch.Tensor,
                     is_replaced: torch.Tensor) -> dict:
-    """The discriminator's miss rate (replaced tokens scored original), false-alarm rate (original
-    tokens scored replaced) and their mean, the balanced error, at logit 0 over every real token."""
+    """Over every real token: the ranking error ``1 − AUC`` of the discriminator's scores (the
+    chance that a random original token scores above a random replaced one, ties counting half),
+    and at logit 0 the miss rate (replaced tokens scored original), the false-alarm rate (original
+    tokens scored replaced) and their mean, the balanced error."""
     hidden = model.encode(replaced, rtd.attention_mask(batch), batch.position_ids)
-    says_replaced = model.heads["discriminator"](hidden).squeeze(-1) > 0  # (B, T)
+    scores = model.heads["discriminator"](hidden).squeeze(-1)  # (B, T)
     real = ~batch.is_padding
+    says_replaced = scores > 0
     miss = float((~says_replaced & is_replaced & real).sum() / (is_replaced & real).sum().clamp(min=1))
     false_alarm = float((says_replaced & ~is_replaced & real).sum() / (~is_replaced & real).sum().clamp(min=1))
-    return {"miss_rate": miss, "false_alarm_rate": false_alarm, "balanced_error": 0.5 * (miss + false_alarm)}
+    return {"ranking_error": 1.0 - auc(scores[real], is_replaced[real]), "miss_rate": miss,
+            "false_alarm_rate": false_alarm, "balanced_error": 0.5 * (miss + false_alarm)}
+
+
+def auc(scores: torch.Tensor, positive: torch.Tensor) -> float:
+    """The area under the ROC curve of ``scores`` for ``positive`` (Mann-Whitney, mid-ranks for ties)."""
+    ranks = torch.from_numpy(rankdata(scores.double().cpu().numpy()))
+    positive = positive.cpu()
+    n_pos, n_neg = int(positive.sum()), int((~positive).sum())
+    if n_pos == 0 or n_neg == 0:
+        raise ValueError("AUC needs both replaced and original tokens")
+    return float((ranks[positive].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))
 
 
 def _plot(figures: dict, setting: Setting) -> str:
@@ -190,12 +210,12 @@ def _plot(figures: dict, setting: Setting) -> str:
     arms = list(ARMS)
     width = 0.38
     for i, (name, color) in enumerate(zip(SETS, ("tab:red", "tab:grey"))):
-        values = [figures["balanced_error"][arm][name] for arm in arms]
+        values = [figures["ranking_error"][arm][name] for arm in arms]
         ax.bar([j + (i - 0.5) * width for j in range(len(arms))], values, width, color=color,
                label=f"held-out {name} replacements")
     ax.set_xticks(range(len(arms)), [f"trained on {arm}" for arm in arms])
     ax.axhline(0.5, color="black", linestyle=":", linewidth=1)
-    ax.set_ylabel("balanced detection error")
+    ax.set_ylabel("ranking error (1 - AUC)")
     ax.legend(fontsize=8)
     ax.set_title(f"Discriminator error by training negatives (seed {setting.seed})", fontsize=10)
     figure.tight_layout()
