@@ -160,7 +160,9 @@ def replaced_sets(reference: nn.Module, mlm: Objective, batch: CorruptedBatch, v
     allowed = (vocab.normal_token_weights(logits.device) > 0).expand_as(logits).clone()
     allowed.scatter_(-1, targets.unsqueeze(-1), False)  # never the original token
     plausible_probs = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
-    plausible = torch.multinomial(plausible_probs.flatten(0, 1), 1, generator=generator).view_as(targets)
+    # Drawn on the CPU, where the generator lives, so the same seed gives the same set on any device.
+    plausible = torch.multinomial(plausible_probs.flatten(0, 1).cpu(), 1, generator=generator)
+    plausible = plausible.view(targets.shape).to(logits.device)
     pool = ordinary_ids(vocab, logits.device)
     # Uniform over the ordinary tokens other than the original: an index into the pool without it.
     index = torch.randint(len(pool) - 1, targets.shape, generator=generator).to(pool.device)  # (B, K)
