@@ -22,7 +22,7 @@ differing only in the objective:
 **Measured.** A downstream task on real data: a linear probe (L2-regularised logistic regression
 on the standardised mean of the backbone's output over a sentence's tokens, 5-fold cross
 validation, the same folds for every model) on the 872 sentences of SST-2 (GLUE's dev set, in
-``shared/data/glue/SST-2``), after a quarter, a half and all of the training steps; at each
+``shared/data/glue/SST-2``), after a third, two thirds and all of the training steps; at each
 checkpoint the cross-validated accuracy. The probe of the untrained model is reported as the
 floor (a frozen random Transformer already carries a bag-of-words signal).
 
