@@ -25,6 +25,10 @@ EXPERIMENTS: dict[str, str] = {
     "fim-attention": "objreg.experiments.fim_attention",
     "weight-tying": "objreg.experiments.weight_tying",
     "taylor-transfer": "objreg.experiments.taylor_transfer",
+    "rtd-efficiency": "objreg.experiments.rtd_efficiency",
+    "char-noise-robustness": "objreg.experiments.char_noise_robustness",
+    "consistency-collapse": "objreg.experiments.consistency_collapse",
+    "hard-negatives": "objreg.experiments.hard_negatives",
     "adaptive-mixture": "objreg.experiments.adaptive_mixture",
 }
 
