@@ -49,7 +49,7 @@ NAME = "adaptive-mixture"
 CLAIM = ("Objective weights set during pre-training from the end task's measured transfer lower the end-task "
          "loss after training compared with fixed weights of the same total (as META-TARTAN's meta-learned "
          "weights beat a static multitask mixture).")
-SOURCE = ("Dery, Michel, Talwalkar, Neubig: Should We Be Pre-training? An Argument for End-task Aware Training as "
+SOURCE = ("Dery et al. 2022: Should We Be Pre-training? An Argument for End-task Aware Training as "
           "an Alternative, ICLR 2022, section 5 and table 2 (META-TARTAN against MT-TARTAN)")
 RULE = ("effect = D(best fixed grid weights, chosen on seed + 1000) − D(adaptive:quadratic) after training; "
         "confirmed when the 95% t-interval of its mean over seeds is above 0, refuted when below 0, else "
@@ -200,6 +200,7 @@ def combine(results: list[ExperimentResult], setting: Setting) -> ExperimentResu
     combined = {
         "effect": overall["mean"],
         "effect_interval": overall,
+        "effect_ci95_between_seeds": overall["ci95"],
         "final_downstream_loss": {n: interval([f["final_downstream_loss"][n] for f in figures]) for n in names},
         "differences": {k: interval([f["differences"][k] for f in figures]) for k in figures[0]["differences"]},
         "overhead": {k: interval([f["overhead"][k] for f in figures if f["overhead"][k] is not None])

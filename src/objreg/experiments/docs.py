@@ -11,6 +11,7 @@ sits between two markers in the page; tests/experiments/test_docs_table.py check
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -26,6 +27,14 @@ def load_results(results_dir: Path) -> dict[str, dict[str, Any]]:
     """``NAME → result.json`` for every experiment that has a committed result."""
     return {name: json.loads((results_dir / f"{name}.json").read_text())
             for name in EXPERIMENTS if (results_dir / f"{name}.json").is_file()}
+
+
+def short_source(source: str) -> str:
+    """The authors and year of a SOURCE string: its text before the first comma or colon, with the first
+    year found anywhere in it where that text has none ("Clark et al. (2020)")."""
+    authors = re.split(r"[,:]", source)[0]
+    year = re.search(r"\b(19|20)\d\d\b", source)
+    return authors if re.search(r"\d{4}", authors) or year is None else f"{authors} ({year.group(0)})"
 
 
 def _interval(figures: dict[str, Any]) -> str:
@@ -50,17 +59,17 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     ]
     for name in EXPERIMENTS:
         if name not in results:
-            lines.append(f"| `{name}` | {module(name).SOURCE.split(',')[0]} | not run | — | — | "
+            lines.append(f"| `{name}` | {short_source(module(name).SOURCE)} | not run | — | — | "
                          f"`objreg experiment run {name} --seeds 3 --out DIR` |")
             continue
         r = results[name]
         seeds = r["setting"].get("seeds", [])
         per_seed = ", ".join(rep["verdict"] for rep in r["replicates"])
         timing = r.get("timing", {})
-        time = (f"{timing['wall_s']:.0f} s / {timing['cpu_s']:.0f} s ({len(seeds)})" if timing
-                else f"— ({len(seeds)})")
+        cpu = f"{timing['cpu_s']:.0f} s" if timing.get("cpu_s") is not None else "—"  # not recorded
+        time = f"{timing['wall_s']:.0f} s / {cpu} ({len(seeds)})" if timing else f"— ({len(seeds)})"
         quick = " (quick setting)" if r["setting"].get("quick") else ""
-        lines.append(f"| `{name}` | {r['source'].split(',')[0]} | **{r['verdict']}**{quick} | {_interval(r['figures'])} "
+        lines.append(f"| `{name}` | {short_source(r['source'])} | **{r['verdict']}**{quick} | {_interval(r['figures'])} "
                      f"| {per_seed} | {time} |")
     if results:
         lines += ["", "What decided each verdict (the overall result's `reason`):", ""]
