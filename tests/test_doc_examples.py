@@ -65,7 +65,8 @@ RUN_BY = {
     "README.md: from objreg.testing import check_objective_contract": "test_readme.py::test_python_examples_run",
     "docs/distributed.md: \"\"\"objreg's measurements inside DDP code of your own. Run: torchrun --nproc-per-node 2 "
     "ddp_objreg.py\"\"\"": "test_the_ddp_script_runs_under_torchrun",
-    "docs/experiments.md: objreg experiment list                                            # the eight claims":
+    "docs/experiments.md: objreg experiment list                                   # each claim, its source and its "
+    "verdict rule":
         "test_experiment_commands_run",
     "docs/writing-a-plugin.md: \"\"\"rlm: right-to-left language modelling (objreg_rlm/rlm.py).\"\"\"":
         "test_docs.py::test_the_tutorial_plugins_work",
