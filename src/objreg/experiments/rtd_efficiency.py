@@ -15,9 +15,8 @@ differing only in the objective:
 * ``rtd``: ELECTRA (``rtd`` with its defaults: 15% replaced by its generator's samples, the
   discriminator loss over every real token, weight 50);
 * ``rtd15`` (the null): the same generator, samples and weights, but the discriminator loss is
-  the mean over the selected 15% of positions only (ELECTRA 15%). It is ``rtd``'s
-  :func:`~objreg.plugins.objectives.rtd.loss_parts` with its own discriminator pass, whose loss
-  is restricted to the selected positions; the pass ``loss_parts`` makes is left unused.
+  the mean over the selected 15% of positions only (ELECTRA 15%): ``rtd`` with
+  ``discriminator_positions="selected"``.
 
 **Measured.** A downstream task on real data: a linear probe (L2-regularised logistic regression
 on the standardised mean of the backbone's output over a sentence's tokens, 5-fold cross
@@ -47,11 +46,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from objreg import IGNORE_INDEX, DataError, Objective, Tokenizer, masks
+from objreg import DataError, Tokenizer, masks
 from objreg.analysis.devices import resolve_device
 from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
-from objreg.toolkit.losses import weighted_mean
 
 NAME = "rtd-efficiency"
 CLAIM = ("Replaced-token detection is more sample-efficient than masked language modelling because its loss is "
@@ -159,32 +157,6 @@ def fit_logistic(x: torch.Tensor, y: torch.Tensor, classes: int, l2: float) -> t
     return weight.detach(), bias.detach()
 
 
-# -- ELECTRA 15% ------------------------------------------------------------------------------------------
-
-
-class Electra15:
-    """``rtd`` with its discriminator loss restricted to the selected positions (ELECTRA 15%):
-    ``.losses(model, batch)`` like an :class:`objreg.Objective`'s, everything else is ``rtd``'s."""
-
-    def __init__(self, rtd: Objective):
-        self.rtd, self.info, self.vocab, self.name = rtd, rtd.info, rtd.vocab, "rtd15"
-
-    def corrupt(self, rows, generator):
-        return self.rtd.corrupt(rows, generator)
-
-    def losses(self, model: nn.Module, batch) -> torch.Tensor:
-        from objreg.plugins.objectives.rtd import loss_parts
-
-        mask = self.rtd.attention_mask(batch)
-        parts = loss_parts(model, batch, self.rtd.params, mask, self.rtd.vocab)
-        hidden = model.encode(parts["replaced"], mask, batch.position_ids)
-        scores = model.heads["discriminator"](hidden).squeeze(-1)  # (B, T)
-        bce = F.softplus(scores) - parts["is_replaced"].to(scores.dtype) * scores
-        discriminator = weighted_mean(bce, batch.labels != IGNORE_INDEX)  # (B,): selected positions only
-        params = self.rtd.params
-        return params["generator_weight"] * parts["generator"] + params["discriminator_weight"] * discriminator
-
-
 def train(model: nn.Module, objective, corpus, config: Config, seed: int, device, marks: Sequence[int],
           measure) -> tuple[list[float], list[float]]:
     """:func:`objreg.experiments._support.train` (one AdamW run, rows and corruption from
@@ -224,8 +196,8 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     text = text or _support.default_text(config.seq_len)
     texts, labels = data or sst2()
     registry, vocab, tokenizer = text.registry, text.train.vocab, text.train.tokenizer
-    rtd = registry.get("rtd", vocab=vocab)
-    objectives = {"mlm": registry.get("mlm", vocab=vocab), "rtd": rtd, "rtd15": Electra15(rtd)}
+    objectives = {"mlm": registry.get("mlm", vocab=vocab), "rtd": registry.get("rtd", vocab=vocab),
+                  "rtd15": registry.get("rtd", vocab=vocab, discriminator_positions="selected")}
     every = max(1, config.steps // config.checkpoints)
     marks = [every * (i + 1) for i in range(config.checkpoints - 1)] + [config.steps]
     figures: dict = {"checkpoints": marks, "probe_accuracy": {}, "training_loss": {}}

@@ -129,8 +129,9 @@ def parts_of(objective: objreg.Objective, model, cb: objreg.CorruptedBatch) -> d
 
 
 def expected_losses(model: StandInModel, cb: objreg.CorruptedBatch, vocab: objreg.Vocabulary,
-                    disc_weight: float = 50.0) -> torch.Tensor:
-    """The loss written out per row and position, with a float64 CDF walk for the samples."""
+                    disc_weight: float = 50.0, selected_only: bool = False) -> torch.Tensor:
+    """The loss written out per row and position, with a float64 CDF walk for the samples; with
+    ``selected_only`` the discriminator's mean runs over the selected positions (ELECTRA 15%)."""
     generator, disc = model.heads["generator"], model.heads["discriminator"]
     specials = set(vocab.special_ids)
     out = []
@@ -156,8 +157,9 @@ def expected_losses(model: StandInModel, cb: objreg.CorruptedBatch, vocab: objre
         hidden = model.embedding(torch.tensor(replaced))
         scores = disc(hidden)[:, 0].tolist()
         n = int((~cb.is_padding[b]).sum())
-        bce = [math.log1p(math.exp(s)) - y * s for s, y in zip(scores[:n], fake[:n])]
-        out.append(sum(nll) / len(nll) + disc_weight * sum(bce) / n)
+        counted = sorted(real) if selected_only else range(n)
+        bce = [math.log1p(math.exp(scores[t])) - fake[t] * scores[t] for t in counted]
+        out.append(sum(nll) / len(nll) + disc_weight * sum(bce) / len(bce))
     return torch.tensor(out, dtype=torch.float64)
 
 
@@ -176,6 +178,20 @@ def test_loss_equals_a_per_position_loop(registry, tokenizer, batch):
     assert parts["is_replaced"].any() and not (parts["is_replaced"] & (cb.labels == IGNORE_INDEX)).any()
     # Every position the discriminator is told "replaced" really holds another token.
     assert torch.equal(parts["is_replaced"], replaced & (cb.labels != IGNORE_INDEX))
+
+
+def test_electra_15_averages_the_discriminator_over_the_selected_positions_only(registry, tokenizer, batch):
+    objective = registry.get("rtd", vocab=tokenizer.vocab, discriminator_positions="selected")
+    cb = objective.corrupt(batch, torch.Generator().manual_seed(3))
+    model = StandInModel(tokenizer.vocab.size)
+    with torch.no_grad():
+        loss = objective.loss(objreg.ModelOutputs(None, model), cb)
+        torch.testing.assert_close(loss, expected_losses(model, cb, tokenizer.vocab, selected_only=True),
+                                   rtol=1e-9, atol=1e-9)
+        everywhere = registry.get("rtd", vocab=tokenizer.vocab).loss(objreg.ModelOutputs(None, model), cb)
+    assert not torch.allclose(loss, everywhere)
+    with pytest.raises(objreg.InvalidParameterError, match="discriminator_positions"):
+        registry.get("rtd", vocab=tokenizer.vocab, discriminator_positions="masked")
 
 
 def test_a_sample_equal_to_the_original_counts_as_original(registry, tokenizer, batch):
