@@ -7,6 +7,7 @@ Not an experiment itself (it has no ``NAME``); the leading underscore keeps it o
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,17 +79,20 @@ def untie_lm_head(model: nn.Module, generator: torch.Generator, head: str = "lm"
 
 def train(
     model: nn.Module, objective: Objective, corpus: TokenizedCorpus, *, steps: int, batch_size: int, lr: float,
-    seed: int, device: torch.device,
+    seed: int, device: torch.device, measure_after: Sequence[int] = (),
+    measure: Callable[[nn.Module], None] | None = None,
 ) -> list[float]:
     """``steps`` AdamW steps (weight decay 0.01) of ``objective`` alone on batches of ``corpus``;
     data and corruption from their own generators seeded by ``seed`` only, so two objectives
-    trained with one seed see the same rows in the same order. Returns the loss of each step."""
+    trained with one seed see the same rows in the same order. With ``measure``, calls
+    ``measure(model)`` in eval mode after each step numbered (from 1) in ``measure_after``.
+    Returns the loss of each step."""
     data = torch.Generator().manual_seed(seed * 7919 + 1)
     corruption = torch.Generator().manual_seed(seed * 7919 + 2)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     model.train()
     losses = []
-    for _ in range(steps):
+    for step in range(1, steps + 1):
         rows = corpus.sample(batch_size, data, min_sentences=objective.info.min_sentences, what=objective.name)
         if objective.prepares:  # e.g. surprisal for entropy masking, from the model being trained
             rows = objective.prepare(rows.to(device), model)
@@ -98,6 +102,10 @@ def train(
         loss.backward()
         optimizer.step()
         losses.append(float(loss.detach()))
+        if measure is not None and step in measure_after:
+            model.eval()
+            measure(model)
+            model.train()
     model.eval()
     return losses
 

@@ -157,31 +157,6 @@ def fit_logistic(x: torch.Tensor, y: torch.Tensor, classes: int, l2: float) -> t
     return weight.detach(), bias.detach()
 
 
-def train(model: nn.Module, objective, corpus, config: Config, seed: int, device, marks: Sequence[int],
-          measure) -> tuple[list[float], list[float]]:
-    """:func:`objreg.experiments._support.train` (one AdamW run, rows and corruption from
-    generators seeded by ``seed`` only, so every arm sees the same rows in the same order) that
-    calls ``measure(model)`` in eval mode after each step in ``marks``. Returns the loss of each
-    step and the measurements."""
-    data = torch.Generator().manual_seed(seed * 7919 + 1)
-    corruption = torch.Generator().manual_seed(seed * 7919 + 2)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=0.01)
-    losses, measured = [], []
-    for step in range(1, config.steps + 1):
-        model.train()
-        rows = corpus.sample(config.batch_size, data, min_sentences=objective.info.min_sentences, what=objective.name)
-        loss = objective.losses(model, objective.corrupt(rows, corruption).to(device)).mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(float(loss.detach()))
-        if step in marks:
-            model.eval()
-            measured.append(measure(model))
-    model.eval()
-    return losses, measured
-
-
 # -- the experiment -----------------------------------------------------------------------------------------
 
 
@@ -211,8 +186,11 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
         if arm == "mlm":
             figures["probe_accuracy"]["untrained"] = accuracy(model)
         setting.status(f"training {arm} for {config.steps} steps")
-        losses, figures["probe_accuracy"][arm] = train(model, objective, text.train, config, setting.seed, device,
-                                                       marks, accuracy)
+        measured: list[float] = []
+        losses = _support.train(model, objective, text.train, steps=config.steps, batch_size=config.batch_size,
+                                lr=config.lr, seed=setting.seed, device=device, measure_after=marks,
+                                measure=lambda trained, into=measured: into.append(accuracy(trained)))
+        figures["probe_accuracy"][arm] = measured
         figures["training_loss"][arm] = _support.loss_summary(losses)
     acc = {arm: np.asarray(figures["probe_accuracy"][arm]) for arm in ARMS}
     gaps = {"rtd_minus_mlm": float((acc["rtd"] - acc["mlm"]).mean()),
