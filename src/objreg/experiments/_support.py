@@ -7,6 +7,7 @@ Not an experiment itself (it has no ``NAME``); the leading underscore keeps it o
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,12 @@ from objreg import Objective, Registry, TokenizedCorpus, cache_dir
 from objreg.analysis.prepare import build_model
 from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, verdict_from_interval
 from objreg.toolkit.losses import gather_positions
+
+
+def shared_data() -> Path:
+    """The folder of real data (SQuAD v1.1, WikiText-2, SST-2, …): ``$OBJREG_SHARED_DATA``, else
+    ``shared/data`` beside the checkout."""
+    return Path(os.environ.get("OBJREG_SHARED_DATA") or Path(__file__).resolve().parents[4] / "shared" / "data")
 
 
 def equivalence_verdict(low: float, high: float, lower: float, upper: float) -> str:

@@ -16,7 +16,7 @@ chosen by the final downstream loss on a *separate seed* (``seed + 1000``), so t
 fitted to the seed it is judged on; (c) ``adaptive:quadratic`` and ``adaptive:tartan``, probing every
 ``probe_every`` steps. Quick: the built-in corpus and cloze ``qa`` set, small sizes. Full:
 WikiText-2 (valid split) pre-training with SQuAD v1.1 (half a) as the ``qa`` data, from
-``/work/shared/data`` (the built-in setting at full size where that folder is absent).
+``$OBJREG_SHARED_DATA`` or ``shared/data`` beside the checkout (the built-in setting at full size where that folder is absent).
 
 **Measured.** Per condition the downstream loss ``D`` after training (float64, the fixed
 evaluation set), and the CPU seconds per training step (this process's CPU time between
@@ -43,6 +43,7 @@ from objreg import Registry
 from objreg.analysis.devices import resolve_device
 from objreg.analysis.run import analyze
 from objreg.analysis.stats import mean_ci95
+from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
 
 NAME = "adaptive-mixture"
@@ -59,9 +60,8 @@ DIRECTION = "above"
 
 TOTAL = 2.0
 SEARCH_SEED_OFFSET = 1000
-DATA = Path("/work/shared/data")
-WIKITEXT = DATA / "wikitext-2" / "valid.txt"
-SQUAD = DATA / "squad_v1.1" / "dev-v1.1.half-a.json"
+WIKITEXT = "wikitext-2/valid.txt"
+SQUAD = "squad_v1.1/dev-v1.1.half-a.json"
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,9 @@ FULL = Config(steps=32, probe_every=4, lr=5e-3, batch_size=16, seq_len=128, eval
 def config_for(setting: Setting) -> Config:
     if setting.quick:
         return QUICK
-    if WIKITEXT.is_file() and SQUAD.is_file():
-        return Config(**{**asdict(FULL), "corpus": str(WIKITEXT), "downstream_data": str(SQUAD)})
+    corpus, squad = _support.shared_data() / WIKITEXT, _support.shared_data() / SQUAD
+    if corpus.is_file() and squad.is_file():
+        return Config(**{**asdict(FULL), "corpus": str(corpus), "downstream_data": str(squad)})
     return FULL
 
 

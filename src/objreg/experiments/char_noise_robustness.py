@@ -47,7 +47,7 @@ from objreg import TokenizedCorpus
 from objreg.analysis.devices import resolve_device
 from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
-from objreg.experiments.rtd_efficiency import probe_correct, sentence_features, sst2
+from objreg.experiments.sst2_probe import probe_correct, sentence_features, sst2
 from objreg.toolkit.noise import char_noise, noisy_corpus
 
 NAME = "char-noise-robustness"

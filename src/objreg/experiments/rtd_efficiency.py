@@ -37,19 +37,16 @@ with ``char-noise-robustness``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from objreg import DataError, Tokenizer, masks
 from objreg.analysis.devices import resolve_device
 from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
+from objreg.experiments.sst2_probe import probe_correct, sentence_features, sst2
 
 NAME = "rtd-efficiency"
 CLAIM = ("Replaced-token detection is more sample-efficient than masked language modelling because its loss is "
@@ -61,9 +58,6 @@ RULE = ("Effect = the smaller of mean-over-checkpoints SST-2 linear-probe accura
 THRESHOLD = 0.0
 DIRECTION = "above"
 ARMS = ("mlm", "rtd", "rtd15")
-#: Where the real data lives: beside the checkout, as the tests find it.
-SHARED_DATA = Path(__file__).resolve().parents[3].parent / "shared" / "data"
-SST2 = "glue/SST-2/dev.tsv"
 
 
 @dataclass(frozen=True)
@@ -81,80 +75,6 @@ class Config:
 
 QUICK = Config(steps=120, seq_len=64)
 FULL = Config(steps=480, seq_len=64)
-
-
-# -- the probe (shared with char-noise-robustness) ---------------------------------------------------
-
-
-def sst2(path: Path | None = None) -> tuple[list[str], torch.Tensor]:
-    """SST-2's sentences and 0/1 labels from ``shared/data`` (or ``path``).
-
-    Raises:
-        DataError: the file is absent.
-    """
-    from objreg.toolkit.taskfiles import read_classification
-
-    path = path or SHARED_DATA / SST2
-    if not path.is_file():
-        raise DataError(f"{path} is absent: this experiment needs SST-2 (shared/data/{SST2}) beside the checkout")
-    records, labels = read_classification(path)
-    return [r.text for r in records], torch.tensor([labels.index(r.label) for r in records])
-
-
-@torch.no_grad()
-def sentence_features(model: nn.Module, tokenizer: Tokenizer, texts: Sequence[str], seq_len: int, device,
-                      chunk: int = 128) -> torch.Tensor:
-    """``[N, H]`` float64: the mean of the backbone's output over each text's real tokens."""
-    model.eval()
-    out = []
-    for start in range(0, len(texts), chunk):
-        batch = tokenizer.batch_from_texts(list(texts[start:start + chunk]), seq_len).to(device)
-        mask = masks.AttentionMask.bidirectional(batch.is_padding, batch.document_ids).dense()
-        hidden = model.encode(batch.input_ids, mask, masks.positions_within_documents(batch.document_ids))
-        real = (~batch.is_padding).unsqueeze(-1).to(hidden.dtype)
-        out.append(((hidden * real).sum(dim=1) / real.sum(dim=1).clamp(min=1)).double().cpu())
-    return torch.cat(out)
-
-
-def probe_correct(features: torch.Tensor, labels: torch.Tensor, folds: int, seed: int,
-                  also: Sequence[torch.Tensor] = (), l2: float = 1e-2) -> list[torch.Tensor]:
-    """Cross-validated correctness ``[N]`` bool of a logistic-regression probe on ``features``
-    ``[N, H]``: for each of ``folds`` folds (a permutation from ``seed``), fit on the others
-    (standardised with their statistics; mean log-loss + ``l2``·‖w‖², L-BFGS in float64) and
-    predict the held-out fold. Returned for ``features`` and then for every tensor in ``also``
-    (other versions of the same rows, e.g. misspelled, predicted by the probe fitted on ``features``)."""
-    n = len(labels)
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    views = [features, *also]
-    correct = [torch.zeros(n, dtype=torch.bool) for _ in views]
-    classes = int(labels.max()) + 1
-    for fold in order.chunk(folds):
-        train = torch.ones(n, dtype=torch.bool)
-        train[fold] = False
-        x = features[train]
-        mean, std = x.mean(dim=0), x.std(dim=0).clamp(min=1e-8)
-        weight, bias = fit_logistic((x - mean) / std, labels[train], classes, l2)
-        with torch.no_grad():
-            for view, out in zip(views, correct):
-                out[fold] = (((view[fold] - mean) / std) @ weight + bias).argmax(dim=1) == labels[fold]
-    return correct
-
-
-def fit_logistic(x: torch.Tensor, y: torch.Tensor, classes: int, l2: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Multinomial logistic regression on ``x`` ``[N, H]`` float64: the weight ``[H, C]`` and
-    bias ``[C]`` minimising mean cross-entropy + ``l2``·‖weight‖² (L-BFGS, strong Wolfe)."""
-    weight = torch.zeros(x.shape[1], classes, dtype=torch.float64, requires_grad=True)
-    bias = torch.zeros(classes, dtype=torch.float64, requires_grad=True)
-    optimizer = torch.optim.LBFGS([weight, bias], max_iter=200, line_search_fn="strong_wolfe")
-
-    def closure():
-        optimizer.zero_grad()
-        loss = F.cross_entropy(x @ weight + bias, y) + l2 * weight.pow(2).sum()
-        loss.backward()
-        return loss
-
-    optimizer.step(closure)
-    return weight.detach(), bias.detach()
 
 
 # -- the experiment -----------------------------------------------------------------------------------------

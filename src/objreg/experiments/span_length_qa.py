@@ -38,7 +38,6 @@ rule on the paired within-seed intervals.
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -77,8 +76,7 @@ MAX_ANSWER_WORDS = 10
 
 def squad_dir() -> Path:
     """The SQuAD v1.1 folder: ``$OBJREG_SHARED_DATA/squad_v1.1`` or ``../shared/data/squad_v1.1``."""
-    root = os.environ.get("OBJREG_SHARED_DATA") or Path(__file__).resolve().parents[4] / "shared" / "data"
-    return Path(root) / "squad_v1.1"
+    return _support.shared_data() / "squad_v1.1"
 
 
 @dataclass(frozen=True)
