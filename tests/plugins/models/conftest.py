@@ -107,3 +107,22 @@ def gpt2_bpe_dir(tmp_path_factory) -> str:
     directory = tmp_path_factory.mktemp("gpt2-bpe")
     save_tiny(directory, "gpt2", train_byte_level_bpe(directory))
     return str(directory)
+
+
+@pytest.fixture(scope="session")
+def dots_auto_and_loop() -> Callable[..., tuple[torch.Tensor, str, torch.Tensor]]:
+    """``(dots, method, loop)``: the per-sample dots ``objreg analyze`` computes (method ``auto``)
+    of ``objective`` on ``batch`` along one seeded random direction, the method it took, and the
+    same dots by one backward per example."""
+    from objreg.analysis.functional import ObjectiveFunction, detached, shared_parameters
+    from objreg.analysis.per_sample import dots_loop, per_sample_dots
+
+    def dots(model: torch.nn.Module, objective: objreg.Objective, batch: objreg.CorruptedBatch):
+        function = ObjectiveFunction(model, objective, batch)
+        shared = detached(shared_parameters(model))
+        g = torch.Generator().manual_seed(1)
+        direction = {n: torch.randn(t.shape, generator=g, dtype=t.dtype) for n, t in shared.items()}
+        auto, method = per_sample_dots(function, shared, direction, "auto")
+        return auto, method, dots_loop(function, shared, direction)
+
+    return dots

@@ -12,7 +12,7 @@ import torch
 
 import objreg
 from objreg.analysis.functional import ObjectiveFunction, detached, shared_parameters
-from objreg.analysis.per_sample import dots_jvp, dots_loop, per_sample_dots
+from objreg.analysis.per_sample import dots_jvp, dots_loop
 from objreg.core.registry import merge_heads
 from objreg.plugins.models import hf
 
@@ -129,17 +129,12 @@ def test_missing_or_wrong_directory_is_a_clear_error(registry, tmp_path):
         registry.load_tokenizer(str(tmp_path), objreg.Corpus("c", ()), tmp_path)
 
 
-def test_rtd_per_sample_dots_equal_a_loop(registry, tokenizer):
+def test_rtd_per_sample_dots_equal_a_loop(registry, tokenizer, dots_auto_and_loop):
     """float64: the dots ``objreg analyze`` computes (method ``auto``) equal one backward per example."""
     model = build(registry, tokenizer, ("rtd",)).double()
     objective = registry.get("rtd", vocab=tokenizer.vocab)
     batch = objective.corrupt(tokenizer.batch_from_texts(TEXTS, 20), torch.Generator().manual_seed(0))
-    function = ObjectiveFunction(model, objective, batch)
-    shared = detached(shared_parameters(model))
-    g = torch.Generator().manual_seed(1)
-    direction = {n: torch.randn(t.shape, generator=g, dtype=t.dtype) for n, t in shared.items()}
-    auto, method = per_sample_dots(function, shared, direction, "auto")
-    loop = dots_loop(function, shared, direction)
+    auto, method, loop = dots_auto_and_loop(model, objective, batch)
     assert method == "ghost" and auto.shape == (3,) and (loop.abs() > 0).all()
     torch.testing.assert_close(auto, loop, rtol=1e-9, atol=1e-9 * float(loop.abs().max()))
 

@@ -54,17 +54,12 @@ def test_causal_mask_equals_the_model_own_causal_forward(registry, model_dir, fa
 
 @pytest.mark.parametrize(("family", "name"), [("gpt2", "clm"), ("gpt2", "fim"), ("gpt2", "ul2"), ("llama", "clm"),
                                               ("llama", "prefix_lm")])
-def test_per_sample_dots_equal_a_loop_in_float64(registry, model_dir, family, name, texts):
+def test_per_sample_dots_equal_a_loop_in_float64(registry, model_dir, family, name, texts, dots_auto_and_loop):
     tokenizer, model = load(registry, model_dir(family), (name,))
     model = model.double()
     objective = registry.get(name, vocab=tokenizer.vocab)
     batch = objective.corrupt(tokenizer.batch_from_texts(texts, 24), torch.Generator().manual_seed(0))
-    function = ObjectiveFunction(model, objective, batch)
-    shared = detached(shared_parameters(model))
-    g = torch.Generator().manual_seed(1)
-    direction = {n: torch.randn(t.shape, generator=g, dtype=t.dtype) for n, t in shared.items()}
-    auto, _ = per_sample_dots(function, shared, direction, "auto")
-    loop = dots_loop(function, shared, direction)
+    auto, _, loop = dots_auto_and_loop(model, objective, batch)
     assert auto.shape == (3,) and (loop.abs() > 0).all()
     torch.testing.assert_close(auto, loop, rtol=1e-9, atol=1e-9 * float(loop.abs().max()))
 

@@ -13,8 +13,6 @@ import torch
 from click.testing import CliRunner
 
 import objreg
-from objreg.analysis.functional import ObjectiveFunction, detached, shared_parameters
-from objreg.analysis.per_sample import dots_loop, per_sample_dots
 from objreg.cli import make_cli
 from objreg.core.registry import merge_heads
 
@@ -57,16 +55,11 @@ def test_targets_are_predicted_by_the_real_decoder(registry, model_dir, family, 
 
 
 @pytest.mark.parametrize(("family", "name"), [("t5", "t5"), ("t5", "bart"), ("bart", "ul2")])
-def test_per_sample_dots_equal_a_loop_in_float64(registry, model_dir, family, name, texts):
+def test_per_sample_dots_equal_a_loop_in_float64(registry, model_dir, family, name, texts, dots_auto_and_loop):
     tokenizer, model = load(registry, model_dir(family), (name,))
     objective = registry.get(name, vocab=tokenizer.vocab)
     batch = objective.corrupt(tokenizer.batch_from_texts(texts, 24), torch.Generator().manual_seed(0))
-    function = ObjectiveFunction(model, objective, batch)
-    shared = detached(shared_parameters(model))
-    g = torch.Generator().manual_seed(1)
-    direction = {n: torch.randn(t.shape, generator=g, dtype=t.dtype) for n, t in shared.items()}
-    auto, _ = per_sample_dots(function, shared, direction, "auto")
-    loop = dots_loop(function, shared, direction)
+    auto, _, loop = dots_auto_and_loop(model, objective, batch)
     assert auto.shape == (3,) and (loop.abs() > 0).all()
     # T5's LayerNorm takes its variance in float32 whatever the model's dtype, so two ways of
     # batching the same sums agree to float32 rounding there; BART is float64 throughout.
