@@ -313,6 +313,7 @@ def data_parallel_run(rank=None, world=1):
 
 
 def _ddp_worker(rank: int, port: int, results: str) -> None:
+    import gc
     import json
     import os
     from datetime import timedelta
@@ -327,6 +328,9 @@ def _ddp_worker(rank: int, port: int, results: str) -> None:
         with open(os.path.join(results, f"rank{rank}.json"), "w", encoding="utf-8") as f:
             json.dump(records, f)
     finally:
+        # The DDP model (in reference cycles with the probe) must die while its process group
+        # still exists: freed at interpreter exit, its gloo threads abort the process.
+        gc.collect()
         dist.destroy_process_group()
 
 
