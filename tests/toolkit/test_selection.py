@@ -184,6 +184,15 @@ def tied_keys(seed: int, B: int, G: int, levels: int) -> torch.Tensor:
     return torch.randint(0, levels, (B, G), generator=g).float() / levels
 
 
+@pytest.mark.parametrize("shape", [(1, 1), (5, 9), (40, 300), (3, 0), (0, 4)])
+def test_nonzero_positions_are_torch_nonzero(shape):
+    mask = torch.rand(shape, generator=torch.Generator().manual_seed(shape[0])) < 0.3
+    rows, columns = selection.nonzero_positions(mask)
+    expected = mask.nonzero(as_tuple=True)
+    assert rows.dtype == columns.dtype == torch.long
+    assert torch.equal(rows, expected[0]) and torch.equal(columns, expected[1])
+
+
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("levels", [3, 50, 2**24])
 def test_smallest_keys_picks_the_first_places_of_the_argsort(seed, levels):

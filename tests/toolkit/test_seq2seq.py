@@ -150,13 +150,29 @@ def test_prefix_lm_parts_split_the_text_after_the_cls_token():
         assert n < 2 or 1 <= int(k[b]) <= n - 1  # both sides keep text
 
 
+def with_literal_special(batch: objreg.TokenBatch, row: int, position: int) -> objreg.TokenBatch:
+    """``batch`` with a special id written literally inside row ``row``'s text."""
+    ids, is_special = batch.input_ids.clone(), batch.is_special.clone()
+    ids[row, position], is_special[row, position] = VOCAB.mask_id, True
+    return batch._replace(input_ids=ids, is_special=is_special)
+
+
 @pytest.mark.parametrize("seed", range(4))
-def test_span_corruption_batch_is_parts_then_layout(seed):
-    """t5's one-pass layout gives the very batch of span_corruption_parts + seq2seq_batch: padding,
-    empty rows, per-row densities, and rows with more spans than sentinels (reused in turn)."""
+@pytest.mark.parametrize("layout", ["framed", "two leading specials", "literal special"])
+def test_span_corruption_batch_is_parts_then_layout(seed, layout):
+    """t5's layout from the spans (one block of candidates per row), and the token-by-token one
+    it falls back to (a literal special inside the text), give the very batch of
+    span_corruption_parts + seq2seq_batch: padding, empty rows, per-row densities, and rows with
+    more spans than sentinels (reused in turn)."""
     g = torch.Generator().manual_seed(seed)
     lengths = torch.randint(0, 60, (9,), generator=g).tolist()
+    lengths[seed] = 40
     batch = framed_batch(lengths, seed=seed)
+    if layout == "two leading specials":  # the block starts at position 2
+        batch = with_literal_special(framed_batch([n + 1 for n in lengths], seed=seed), slice(None), 1)
+    elif layout == "literal special":
+        batch = with_literal_special(batch, seed, 20)
+    assert (seq2seq.block_start(batch.is_padding, maskable(batch)) is None) == (layout == "literal special")
     for density, mean in ((0.15, 3.0), (0.5, 1.0), (torch.rand(9, generator=g).double() * 0.6, torch.full((9,), 2.0))):
         a, b = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
         direct = seq2seq.span_corruption_batch(batch, density, mean, a, VOCAB, "t5")
@@ -192,3 +208,38 @@ def test_sentinel_parts_match_a_loop_with_reused_sentinels():
                 src.append(int(ids[b, t]))
         assert source[b, : source_len[b]].tolist() == src and target[b, : target_len[b]].tolist() == tgt + [8]
         assert bool((source[b, source_len[b]:] == 0).all()) and bool((target[b, target_len[b]:] == 0).all())
+
+
+def test_block_start_finds_the_one_block_of_candidates_of_each_row():
+    """Against a loop, in numpy (the CPU) and in torch (other devices) alike: the first candidate
+    of each row, or None where a row's candidates are not one block or a real token follows padding."""
+    import numpy as np
+
+    g = torch.Generator().manual_seed(3)
+    for trial in range(200):
+        B, T = int(torch.randint(1, 6, (1,), generator=g)), int(torch.randint(1, 12, (1,), generator=g))
+        length = torch.randint(0, T + 1, (B,), generator=g)
+        padding = torch.arange(T)[None, :] >= length[:, None]
+        if trial % 5 == 0:
+            padding = torch.rand(B, T, generator=g) < 0.3  # padding anywhere
+        lo = torch.randint(0, T + 1, (B,), generator=g)
+        hi = lo + torch.randint(0, T + 1, (B,), generator=g)
+        candidates = (torch.arange(T)[None, :] >= lo[:, None]) & (torch.arange(T)[None, :] < hi[:, None]) & ~padding
+        if trial % 3 == 0:
+            candidates &= torch.rand(B, T, generator=g) < 0.8  # holes
+        expected = []
+        for b in range(B):
+            pad, cand = padding[b].tolist(), candidates[b].tolist()
+            runs = sum(1 for t in range(T) if cand[t] and (t == 0 or not cand[t - 1]))
+            if runs > 1 or any(pad[t] and not pad[t + 1] for t in range(T - 1)):
+                expected = None
+                break
+            expected.append(cand.index(True) if runs else 0)
+        got = seq2seq.block_start(padding, candidates)
+        assert (got is None) == (expected is None)
+        if expected is not None:
+            assert got.tolist() == expected
+        other = seq2seq._block_start(padding, candidates.to(torch.uint8), torch)
+        assert (other is None) == (expected is None) and (other is None or other.tolist() == expected)
+        numpy = seq2seq._block_start(padding.numpy(), candidates.numpy(), np)
+        assert (numpy is None) == (expected is None) and (numpy is None or numpy.tolist() == expected)

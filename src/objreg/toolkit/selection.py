@@ -289,7 +289,9 @@ def smallest_keys(keys: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     k = min(K + 1, G)
     top = smallest_sorted(keys, k)  # (B, k), ascending
     last = top.gather(1, (count - 1).clamp(min=0)[:, None])  # (B, 1): the count-th smallest
-    picked = (keys <= last) & (count > 0)[:, None]
+    picked = keys <= last
+    if not bool((count > 0).all()):  # (a broadcast over the whole [B, G] costs twice the comparison)
+        picked &= (count > 0)[:, None]
     following = top.gather(1, count.clamp(max=k - 1)[:, None])  # the count+1-th smallest (where count < G)
     tied = ((following == last)[:, 0] & (count > 0) & (count < G)).nonzero().flatten()
     if len(tied):
@@ -297,6 +299,22 @@ def smallest_keys(keys: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
         first = torch.arange(G, device=keys.device)[None, :] < count[tied][:, None]
         picked[tied] = torch.zeros_like(first).scatter_(1, order, first)
     return picked
+
+
+def smallest_positions(keys: torch.Tensor, count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row and column of each of the ``count[b]`` smallest entries of each row of ``keys``
+    ``[B, G]`` (:func:`smallest_keys`' picks), row by row and left to right within a row: ``[N]``
+    long each, ``N = count.sum()``."""
+    return nonzero_positions(smallest_keys(keys, count))
+
+
+def nonzero_positions(mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mask.nonzero(as_tuple=True)`` of a ``[B, G]`` mask, through numpy's ``flatnonzero`` on the
+    CPU (several times faster there)."""
+    if mask.device.type == "cpu":
+        row, column = np.divmod(np.flatnonzero(mask.numpy()), max(mask.shape[1], 1))
+        return torch.from_numpy(row), torch.from_numpy(column)
+    return mask.nonzero(as_tuple=True)
 
 
 def smallest_ranks(keys: torch.Tensor, count: torch.Tensor) -> torch.Tensor:

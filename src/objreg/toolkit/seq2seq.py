@@ -20,6 +20,9 @@ is missing.
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import torch
 
 from objreg.core import masks
@@ -27,7 +30,14 @@ from objreg.core.errors import DataError
 from objreg.core.types import IGNORE_INDEX, CorruptedBatch, ModelOutputs, TokenBatch, Vocabulary
 from objreg.toolkit.losses import gather_positions, smoothed_nll, weighted_mean
 from objreg.toolkit.selection import maskable
-from objreg.toolkit.spans import count_spans, random_prefix_length, random_spans_noise_mask, span_starts
+from objreg.toolkit.spans import (
+    count_spans,
+    random_prefix_length,
+    random_spans,
+    random_spans_noise_mask,
+    span_starts,
+    spans_mask,
+)
 
 #: (source, source lengths, target, target lengths): compact, left-aligned, right-padded token rows.
 Parts = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -137,68 +147,38 @@ def prepend_tokens(
 def sentinel_parts(
     ids: torch.Tensor, real: torch.Tensor, noise: torch.Tensor, sentinels: torch.Tensor, eos_id: int, pad_id: int
 ) -> Parts:
-    """T5's ``noise_span_to_unique_sentinel`` / ``nonnoise_span_to_unique_sentinel``.
+    """T5's ``noise_span_to_unique_sentinel`` / ``nonnoise_span_to_unique_sentinel``, token by token.
 
     Source: the real tokens with each noise span replaced by one sentinel. Target: for each span,
     its sentinel followed by its tokens, then ``eos_id``. Span ``k`` (counted along the row) gets
     ``sentinels[k]`` in both, so the first span gets the first sentinel; a row with more spans than
     ``sentinels`` reuses them in turn (:func:`span_sentinels`).
+
+    Each token is scattered once, from prefix counts along the row: source token ``t`` (kept, or
+    the sentinel of a span starting at ``t``) to ``n_keep[t] - 1``; in the target, the sentinel of
+    a span starting at ``t`` to ``n_start[t] + n_noise[t] - 2`` and noise token ``t`` to
+    ``n_start[t] + n_noise[t] - 1`` (inclusive counts), ``eos`` last.
     """
-    layout = SentinelLayout.of(ids, real, noise, sentinels)
-    B = ids.shape[0]
-    Ws = max(int(layout.source_len.max()) if B else 0, 1)
-    Wt = max(int(layout.target_len.max()) - 1 if B else 0, 1) + 1  # the longest target, and eos
+    B, T = ids.shape
+    starts = span_starts(noise)  # (B, T)
+    n_start = starts.cumsum(dim=1)  # (B, T)
+    sentinel = span_sentinels(n_start - 1, sentinels)  # (B, T)
+    keep = real & (~noise | starts)  # (B, T): kept tokens, and one sentinel per span
+    n_keep = keep.cumsum(dim=1)  # (B, T)
+    at = noise.cumsum(dim=1).add_(n_start)  # (B, T): n_start + n_noise
+    source_len = n_keep[:, -1].clone() if T else n_keep.sum(dim=1)  # (B,)
+    target_len = (at[:, -1] if T else at.sum(dim=1)) + 1  # (B,): with eos
+    Ws = max(int(source_len.max()) if B else 0, 1)
+    Wt = max(int(target_len.max()) - 1 if B else 0, 1) + 1  # the longest target, and eos
+    # Column 0 of each output takes the tokens that go nowhere: the index is (column + 1) * mask,
+    # two cheap integer operations where torch.where costs about five times as much on the CPU.
     source = torch.full((B, Ws + 1), pad_id, dtype=ids.dtype, device=ids.device)
-    layout.scatter_source(source, 0)
+    source.scatter_(1, n_keep.mul_(keep), sentinel.sub(ids).mul_(starts).add_(ids))  # sentinel at span starts
     target = torch.full((B, Wt + 1), pad_id, dtype=ids.dtype, device=ids.device)
-    layout.scatter_target(target, torch.zeros_like(layout.source_len), eos_id)
-    return source[:, 1:].contiguous(), layout.source_len, target[:, 1:].contiguous(), layout.target_len
-
-
-class SentinelLayout:
-    """Where each token of a row goes in T5's sentinel format, from prefix counts along the row:
-    source token ``t`` (kept, or the sentinel of a span starting at ``t``) at ``n_keep[t] - 1``;
-    in the target, the sentinel of a span starting at ``t`` at ``n_start[t] + n_noise[t] - 2``
-    and noise token ``t`` at ``n_start[t] + n_noise[t] - 1`` (inclusive counts), ``eos`` last.
-    Every output is one scatter of the ``[B, T]`` row, never a compaction of a ``[B, 2T]`` one."""
-
-    def __init__(self, ids: torch.Tensor, keep: torch.Tensor, starts: torch.Tensor, noise: torch.Tensor,
-                 sentinel: torch.Tensor, n_start: torch.Tensor | None = None):
-        self.ids, self.keep, self.starts, self.noise, self.sentinel = ids, keep, starts, noise, sentinel
-        self.n_keep = keep.cumsum(dim=1)  # (B, T) long
-        n_start = starts.cumsum(dim=1) if n_start is None else n_start
-        self.at = noise.cumsum(dim=1).add_(n_start)  # (B, T): n_start + n_noise
-        self.source_len = self.n_keep[:, -1] if ids.shape[1] else self.n_keep.sum(dim=1)  # (B,)
-        self.target_len = (self.at[:, -1] if ids.shape[1] else self.at.sum(dim=1)) + 1  # (B,): with eos
-
-    @classmethod
-    def of(cls, ids: torch.Tensor, real: torch.Tensor, noise: torch.Tensor, sentinels: torch.Tensor) -> SentinelLayout:
-        starts = span_starts(noise)  # (B, T)
-        n_start = starts.cumsum(dim=1)  # (B, T)
-        sentinel = span_sentinels(n_start - 1, sentinels)  # (B, T)
-        keep = real & (~noise | starts)  # (B, T): kept tokens, and one sentinel per span
-        return cls(ids, keep, starts, noise, sentinel, n_start)
-
-    # The scatters below leave column 0 of ``out`` as the dump for tokens that go nowhere: the
-    # index is (column + 1) * mask, two cheap integer operations where torch.where costs about
-    # five times as much on the CPU. Callers read ``out[:, 1:]``.
-
-    # (In-place arithmetic on the temporaries: every [B, T] allocation of a megabyte or more can
-    # cost page faults, which dominated these scatters on a loaded machine.)
-
-    def scatter_source(self, out: torch.Tensor, offset: int) -> None:
-        """Write the source into ``out[:, 1:]`` from column ``offset``."""
-        index = self.n_keep.add(offset).mul_(self.keep)
-        value = self.sentinel.sub(self.ids).mul_(self.starts).add_(self.ids)  # sentinel at span starts, else the id
-        out.scatter_(1, index, value)
-
-    def scatter_target(self, out: torch.Tensor, offset: torch.Tensor, eos_id: int) -> None:
-        """Write the target into ``out[:, 1:]`` from column ``offset[b]``."""
-        at = self.at.add(offset[:, None])
-        out.scatter_(1, at.sub(1).mul_(self.starts), self.sentinel)
-        out.scatter_(1, at.mul_(self.noise), self.ids)
-        end = (offset + self.target_len)[:, None]
-        out.scatter_(1, end, torch.full_like(end, eos_id))
+    target.scatter_(1, at.sub(1).mul_(starts), sentinel)
+    target.scatter_(1, at.mul_(noise), ids)
+    target.scatter_(1, target_len[:, None], torch.full_like(target_len[:, None], eos_id))
+    return source[:, 1:].contiguous(), source_len, target[:, 1:].contiguous(), target_len
 
 
 def prefix_parts(ids: torch.Tensor, real: torch.Tensor, split: torch.Tensor, pad_id: int) -> Parts:
@@ -236,27 +216,91 @@ def span_corruption_batch(
     vocab: Vocabulary,
     objective: str,
 ) -> CorruptedBatch:
-    """``seq2seq_batch(span_corruption_parts(...), ...)`` in one pass: the noise mask, then every
-    token scattered once to its place in ``[source ; target]`` (:class:`SentinelLayout`), with no
-    intermediate source and target rows. The same tensors, the same draws."""
-    noise = random_spans_noise_mask(maskable(batch), noise_density, mean_span_length, generator)  # (B, T)
-    ids = batch.input_ids
+    """``seq2seq_batch(span_corruption_parts(...), ...)``: the same tensors from the same draws.
+    Where each row's real tokens come first and its candidates form one block (rows framed
+    ``[CLS] text [SEP]``, right-padded) the rows are laid out from the spans alone
+    (:func:`sentinel_rows`), with no ``[B, T]`` noise mask; a literal special token inside the
+    text takes the token-by-token layout."""
+    candidates = maskable(batch)
+    start, end = random_spans(candidates.sum(dim=1), noise_density, mean_span_length, generator)  # (B, S)
+    B = start.shape[0]
+    sentinels = cycled_sentinels(vocab, int((end > start).sum(dim=1).max()) if B else 0, objective, start.device)
+    eos_id, pad_id, document = end_of_text_id(vocab), vocab.pad_id, row_document(batch)
+    first = block_start(batch.is_padding, candidates)
+    if first is None:
+        noise = spans_mask(candidates, start, end)
+        parts = sentinel_parts(batch.input_ids, ~batch.is_padding, noise, sentinels, eos_id, pad_id)
+        return seq2seq_batch(parts, document, pad_id)
+    length = batch.is_padding.shape[1] - batch.is_padding.sum(dim=1)  # (B,): real tokens
+    rows, source_len, target_len = sentinel_rows(batch.input_ids, length, first, start, end, sentinels, eos_id)
+    return seq2seq_rows(rows, source_len, target_len, document, pad_id)
+
+
+def block_start(is_padding: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor | None:
+    """``[B]`` long: the first candidate position of each row, when every row's real tokens come
+    first and its candidates are one block of consecutive positions (so candidate rank ``r`` sits
+    at position ``first + r``); None otherwise. 0 for a row without candidates."""
+    if candidates.shape[0] == 0 or candidates.shape[1] == 0:
+        return None
+    if candidates.device.type == "cpu":  # numpy's reductions over booleans stop early; torch's read every element
+        first = _block_start(is_padding.numpy(), candidates.numpy(), np)
+        return None if first is None else torch.from_numpy(first)
+    return _block_start(is_padding, candidates.to(torch.uint8), torch)
+
+
+def _block_start(padding: Any, candidate: Any, lib: Any) -> Any:
+    """:func:`block_start` over numpy arrays (``lib`` numpy) or torch tensors (``lib`` torch) alike."""
+    if (padding[:, :-1] > padding[:, 1:]).any():  # a real token after padding
+        return None
+    blocks = (candidate[:, 1:] > candidate[:, :-1]).sum(1) + candidate[:, 0]  # runs of candidates in each row
+    return None if (blocks > 1).any() else lib.argmax(candidate, 1)
+
+
+def sentinel_rows(
+    ids: torch.Tensor, length: torch.Tensor, first: torch.Tensor, start: torch.Tensor, end: torch.Tensor,
+    sentinels: torch.Tensor, eos_id: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """T5's sentinel format as ``[source ; target]`` rows (:func:`seq2seq_rows`' input), from the
+    noise spans alone: rows whose real tokens are positions ``[0, length[b])`` and whose span
+    ``k`` covers positions ``[first + start[b, k], first + end[b, k])`` (:func:`random_spans`).
+
+    Every column of the output is a token of the row moved by an offset that changes only at a
+    span (in the source, by the span's length less its sentinel; in the target, to the next
+    span's tokens), so one cumulative sum of ``[B, S]`` steps and one gather build every row,
+    then one scatter writes the sentinels and ``eos_id``. What follows a row's target is left
+    for :func:`seq2seq_rows` to pad. Returns ``(rows [B, W], source lengths, target lengths)``.
+    """
     B, T = ids.shape
-    if T == 0:
-        sentinels = cycled_sentinels(vocab, 0, objective, noise.device)
-        parts = sentinel_parts(ids, ~batch.is_padding, noise, sentinels, end_of_text_id(vocab), vocab.pad_id)
-        return seq2seq_batch(parts, row_document(batch), vocab.pad_id)
-    starts = span_starts(noise)  # (B, T)
-    n_start = starts.cumsum(dim=1)  # (B, T)
-    sentinels = cycled_sentinels(vocab, int(n_start[:, -1].max()) if B else 0, objective, noise.device)
-    sentinel = span_sentinels(n_start - 1, sentinels)  # (B, T)
-    layout = SentinelLayout(ids, ~batch.is_padding & (~noise | starts), starts, noise, sentinel, n_start)
-    source_len, target_len = layout.source_len, layout.target_len
-    W = max(int((source_len + target_len).max()) if B else 0, 1)
-    rows = torch.full((B, W + 1), vocab.pad_id, dtype=ids.dtype, device=ids.device)
-    layout.scatter_source(rows, 0)
-    layout.scatter_target(rows, source_len, end_of_text_id(vocab))
-    return seq2seq_rows(rows[:, 1:].contiguous(), source_len, target_len, row_document(batch), vocab.pad_id)
+    S = start.shape[1]
+    device = ids.device
+    span_len = end - start  # (B, S): 0 for the empty spans after a row's last
+    valid = span_len > 0
+    spans = valid.sum(dim=1)  # (B,)
+    noise_before = span_len.cumsum(dim=1) - span_len  # (B, S)
+    noise = noise_before[:, -1] + span_len[:, -1]  # (B,)
+    position = start + first[:, None]  # (B, S): where span k starts in the row
+    k = torch.arange(S, device=device)[None, :]
+    source_len = length - noise + spans
+    target_len = noise + spans + 1  # with eos
+    total = source_len + target_len
+    W = max(int(total.max()), 1)
+    source_col = position - noise_before + k  # (B, S): span k's sentinel in the source
+    target_col = source_len[:, None] + k + noise_before  # (B, S): span k's sentinel in the target
+    # Offsets (row position - column): after span k's source sentinel the source is noise_before +
+    # span_len - k - 1 ahead; the tokens after span k's target sentinel come from position - column - 1.
+    target_offset = position - target_col - 1
+    last_source_offset = (noise - spans)[:, None]
+    steps = torch.cat([span_len - 1, target_offset - torch.cat([last_source_offset, target_offset[:, :-1]], dim=1)], 1)
+    where = torch.cat([source_col + 1, target_col], dim=1).mul_(torch.cat([valid, valid], dim=1))  # empty spans: 0
+    steps.mul_(torch.cat([valid, valid], dim=1))
+    offset = torch.zeros(B, W + 1, dtype=torch.long, device=device).scatter_add_(1, where, steps).cumsum_(dim=1)
+    index = offset[:, :W].add_(torch.arange(W, device=device)).clamp_(0, T - 1)
+    rows = ids.gather(1, index)
+    eos_col = (total - 1)[:, None]
+    marker = torch.where(valid, span_sentinels(k.expand(B, S), sentinels), eos_id).to(ids.dtype)  # (B, S)
+    columns = torch.cat([torch.where(valid, source_col, eos_col), torch.where(valid, target_col, eos_col), eos_col], 1)
+    rows.scatter_(1, columns, torch.cat([marker, marker, torch.full_like(eos_col, eos_id, dtype=ids.dtype)], dim=1))
+    return rows, source_len, target_len
 
 
 def prefix_lm_parts(
@@ -307,16 +351,16 @@ def seq2seq_rows(
     extras: dict[str, torch.Tensor] | None = None,
 ) -> CorruptedBatch:
     """:func:`seq2seq_batch` from rows already laid out: ``ids`` ``[B, W]`` holds each row's
-    source, then its target, then ``pad_id`` (``W = max(1, longest row)``)."""
+    source, then its target (``W = max(1, longest row)``); whatever follows becomes ``pad_id``, in place."""
     B, W = ids.shape
     device = ids.device
     total = source_len + target_len  # (B,)
     j = torch.arange(W, device=device)[None, :]  # (1, W)
     is_padding = j >= total[:, None]  # (B, W)
+    ids.masked_fill_(is_padding, pad_id)
     # Position t predicts t + 1 from the last source token to the second-to-last target token.
-    predicts = (j >= (source_len - 1)[:, None]) & (j < (total - 1)[:, None])  # (B, W)
-    next_ids = torch.nn.functional.pad(ids[:, 1:], (0, 1), value=pad_id)
-    labels = next_ids.sub_(IGNORE_INDEX).mul_(predicts).add_(IGNORE_INDEX)  # where(predicts, next id, IGNORE_INDEX)
+    unlabelled = (j < (source_len - 1)[:, None]) | (j >= (total - 1)[:, None])  # (B, W)
+    labels = torch.nn.functional.pad(ids[:, 1:], (0, 1), value=pad_id).masked_fill_(unlabelled, IGNORE_INDEX)
     K = max(int(target_len.max()) if B else 0, 1)
     k = torch.arange(K, device=device)[None, :]  # (1, K)
     weights = k < target_len[:, None]  # (B, K)
@@ -326,7 +370,7 @@ def seq2seq_rows(
         labels=labels,
         is_padding=is_padding,
         position_ids=j.expand(B, W).clone(),
-        document_ids=(~is_padding).long().mul_(document[:, None] + 1).sub_(1),  # -1 at padding
+        document_ids=document[:, None].masked_fill(is_padding, -1),
         extras={
             **(extras or {}),
             "prefix_length": source_len.clone(),

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from objreg.toolkit.randomness import uniform
-from objreg.toolkit.selection import smallest_keys
+from objreg.toolkit.selection import smallest_positions
 
 
 def noise_counts(
@@ -48,31 +48,62 @@ def random_segmentation(
     num_items: torch.Tensor, num_segments: torch.Tensor, generator: torch.Generator
 ) -> torch.Tensor:
     """Split ``num_items[b]`` items into ``num_segments[b]`` non-empty segments, uniformly over all
-    such splits (T5's ``_random_segmentation``): ``num_segments - 1`` distinct cut points among the
-    ``num_items - 1`` gaps, chosen as the smallest random keys (:func:`objreg.toolkit.selection.smallest_keys`).
+    such splits (T5's ``_random_segmentation``).
 
     Returns ``[B, S]`` long segment lengths in order, zero beyond ``num_segments[b]``;
     ``S = max(1, max(num_segments))``. Needs ``1 <= num_segments <= num_items`` or both zero.
     """
+    return segment_starts(num_items, num_segments, generator).diff(dim=1)
+
+
+def segment_starts(num_items: torch.Tensor, num_segments: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """:func:`random_segmentation` as ``[B, S + 1]`` long offsets: the first item of each
+    segment, then ``num_items[b]`` from column ``num_segments[b]`` on. The ``num_segments - 1``
+    distinct cut points among the ``num_items - 1`` gaps are the smallest random keys
+    (:func:`objreg.toolkit.selection.smallest_positions`), as the first places of an argsort of
+    the keys would pick them."""
     B, device = num_items.shape[0], num_items.device
     items = max(int(num_items.max()) if B else 0, 1)
     S = max(int(num_segments.max()) if B else 0, 1)
-    gaps = torch.arange(items - 1, device=device)[None, :]  # (1, G)
-    valid_gap = gaps < (num_items - 1)[:, None]  # (B, G)
-    keys = uniform((B, items - 1), generator, device)  # (B, G)
+    keys = uniform((B, items - 1), generator, device)  # (B, G): one key per gap between items
     if B and int(num_items.min()) < items:  # rows of different lengths: their missing gaps come last
-        keys = torch.where(valid_gap, keys, 2.0)
-    cut = smallest_keys(keys, num_segments - 1)  # (B, G): item g+1 starts a segment
-    # Segment s > 0 starts at the item after the s-th cut: scatter each cut's item to its segment
-    # (column 0 takes the rest), then lengths are the gaps between consecutive starts, the last
-    # segment ending at num_items.
-    segments = num_segments.clamp(min=1)
-    starts = torch.zeros(B, S + 1, dtype=torch.long, device=device)
-    starts.scatter_(1, cut.cumsum(dim=1).mul_(cut).clamp_(max=S), (gaps + 1).expand(B, -1))
+        keys = torch.where(torch.arange(items - 1, device=device)[None, :] < (num_items - 1)[:, None], keys, 2.0)
+    cuts = (num_segments - 1).clamp(min=0)
+    row, gap = smallest_positions(keys, cuts)  # each row's cuts, left to right: item gap + 1 starts a segment
+    nth = torch.arange(row.shape[0], device=device) - (cuts.cumsum(dim=0) - cuts).index_select(0, row)
+    starts = num_items[:, None].repeat(1, S + 1)
     starts[:, 0] = 0
-    column = torch.arange(S + 1, device=device)[None, :]
-    ends = starts.mul_(column < segments[:, None]).scatter_(1, segments[:, None], num_items[:, None])
-    return (ends[:, 1:] - ends[:, :-1]).clamp_(min=0)
+    starts.index_put_((row, nth + 1), gap + 1)
+    return starts
+
+
+def random_spans(
+    count: torch.Tensor, noise_density: float | torch.Tensor, mean_span_length: float | torch.Tensor,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """T5 span noise over ``count[b]`` candidates (module docstring for the distribution), as
+    spans: ``[B, S]`` long ranks (0-based, among the row's candidates) where each noise span
+    starts and ends (exclusive), in order; a row with fewer spans than ``S`` has empty ones
+    (``start == end``) after its last. Draws the noise lengths, then the gaps."""
+    num_noise, num_spans = noise_counts(count, noise_density, mean_span_length)
+    noise_before = segment_starts(num_noise, num_spans, generator)  # (B, S + 1)
+    # Non-noise in spans + 1 gaps whose two outer ones may be empty: segment n + 2 items into
+    # non-empty pieces, the first and the last gap each giving one item back.
+    gaps = segment_starts(count - num_noise + 2, num_spans + 1, generator)  # (B, >= S + 2)
+    S = noise_before.shape[1] - 1
+    gap_before = gaps[:, 1 : S + 1] - 1  # non-noise candidates before span k
+    return gap_before + noise_before[:, :S], gap_before + noise_before[:, 1:]
+
+
+def spans_mask(candidates: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` bool: the candidates whose rank lies in a span ``[start, end)`` (:func:`random_spans`)."""
+    B, T = candidates.shape
+    delta = torch.zeros(B, T + 2, dtype=torch.long, device=candidates.device)  # empty spans may sit at rank T + 1
+    delta.scatter_add_(1, start, torch.ones_like(start))
+    delta.scatter_add_(1, end, torch.full_like(end, -1))
+    inside = delta.cumsum_(dim=1)[:, :T] > 0  # (B, T): noise by rank among the candidates
+    rank = candidates.cumsum(dim=1).sub_(1).clamp_(min=0)  # (B, T)
+    return candidates & inside.gather(1, rank)
 
 
 def random_spans_noise_mask(
@@ -88,28 +119,7 @@ def random_spans_noise_mask(
     ``[B, T]`` bool. Noise spans are runs of consecutive candidates; a non-candidate inside a run
     (a literal special token) stays in place and splits it.
     """
-    B, T = candidates.shape
-    count = candidates.sum(dim=1)  # (B,)
-    num_noise, num_spans = noise_counts(count, noise_density, mean_span_length)
-    noise_lengths = random_segmentation(num_noise, num_spans, generator)  # (B, S)
-    # Non-noise in spans + 1 gaps whose two outer ones may be empty: segment n + 2 items into
-    # non-empty pieces, then take one item off the first and the last gap.
-    gap_lengths = random_segmentation(count - num_noise + 2, num_spans + 1, generator)  # (B, S' >= S + 1)
-    outer = torch.zeros_like(gap_lengths).scatter_(1, num_spans[:, None], 1)
-    gap_lengths = gap_lengths - outer
-    gap_lengths[:, 0] -= 1
-    S = noise_lengths.shape[1]
-    gap_lengths = torch.nn.functional.pad(gap_lengths, (0, S + 1 - gap_lengths.shape[1]))  # (B, S + 1)
-    runs = torch.stack([gap_lengths[:, :S], noise_lengths], dim=2).reshape(B, 2 * S)  # gap, noise, gap, ...
-    ends = runs.cumsum(dim=1)  # (B, 2S)
-    starts = ends - runs
-    # +1 where a noise run starts, -1 where it ends; the running sum is 1 inside noise.
-    delta = torch.zeros(B, T + 1, dtype=torch.long, device=candidates.device)
-    delta.scatter_add_(1, starts[:, 1::2], torch.ones_like(noise_lengths))
-    delta.scatter_add_(1, ends[:, 1::2], -torch.ones_like(noise_lengths))
-    compressed = delta.cumsum_(dim=1)[:, :T] > 0  # (B, T): noise by rank among the candidates
-    rank = candidates.cumsum(dim=1).sub_(1).clamp_(min=0)  # (B, T)
-    return candidates & compressed.gather(1, rank)
+    return spans_mask(candidates, *random_spans(candidates.sum(dim=1), noise_density, mean_span_length, generator))
 
 
 def random_prefix_length(
