@@ -357,7 +357,7 @@ def test_wordpiece_from_vocab_round_trip(tokenizer, texts, tmp_path):
 def test_assemble_of_id_only_rows_is_assemble_with_one_word_per_token(tokenizer, seed):
     """Word ids None mean one word per token: the batch equals the one built from
     list(range(len(ids))), on the general path (rows of mixed lengths, several sentences) and on
-    the equal-length block path (group_texts rows, truncated or not, with literal specials)."""
+    the equal-length block path (group_texts rows, truncated or not, with literal specials and without)."""
     rng = random.Random(seed)
     v = tokenizer.vocab
 
@@ -367,7 +367,9 @@ def test_assemble_of_id_only_rows_is_assemble_with_one_word_per_token(tokenizer,
     mixed = [_Chunk(d, tuple((s, None) for s in (ids(rng.randrange(0, 9)) for _ in range(rng.randrange(1, 4)))))
              for d in range(7)]
     equal = [_Chunk(d, ((ids(11), None),)) for d in range(5)]
-    for chunks in (mixed, equal):
+    plain = [_Chunk(d, (([rng.randrange(len(v.special_ids) + 5, v.size) for _ in range(11)], None),)) for d in range(5)]
+    assert not set(v.special_ids) & {i for c in plain for i in c.sentences[0][0]}
+    for chunks in (mixed, equal, plain):
         with_words = [_Chunk(c.document, tuple((s, list(range(len(s)))) for s, _ in c.sentences)) for c in chunks]
         for seq_len in (3, 8, 13, 40):
             got, expected = tokenizer.assemble(chunks, seq_len), tokenizer.assemble(with_words, seq_len)

@@ -146,7 +146,7 @@ class Objective(_Handle):
                                         f"tensor [B, T], got {got}")
         if ids.numel() == 0:
             raise InvalidParameterError(f"objective {self.name!r}: the batch is empty ({tuple(ids.shape)})")
-        low, high = int(ids.min()), int(ids.max())
+        low, high = (int(x) for x in torch.aminmax(ids))  # one pass over the batch
         if low < 0 or high >= vocab.size:
             bad = high if high >= vocab.size else low
             raise InvalidParameterError(

@@ -293,8 +293,10 @@ def sentinel_rows(
     steps = torch.cat([span_len - 1, target_offset - torch.cat([last_source_offset, target_offset[:, :-1]], dim=1)], 1)
     where = torch.cat([source_col + 1, target_col], dim=1).mul_(torch.cat([valid, valid], dim=1))  # empty spans: 0
     steps.mul_(torch.cat([valid, valid], dim=1))
-    offset = torch.zeros(B, W + 1, dtype=torch.long, device=device).scatter_add_(1, where, steps).cumsum_(dim=1)
-    index = offset[:, :W].add_(torch.arange(W, device=device)).clamp_(0, T - 1)
+    # One step of 1 per column besides (none at column 0): the running sum is column + offset.
+    index = torch.ones(B, W + 1, dtype=torch.long, device=device)
+    index[:, 0] = 0
+    index = index.scatter_add_(1, where, steps).cumsum_(dim=1)[:, :W].clamp_(0, T - 1)
     rows = ids.gather(1, index)
     eos_col = (total - 1)[:, None]
     marker = torch.where(valid, span_sentinels(k.expand(B, S), sentinels), eos_id).to(ids.dtype)  # (B, S)
@@ -359,7 +361,7 @@ def seq2seq_rows(
     is_padding = j >= total[:, None]  # (B, W)
     ids.masked_fill_(is_padding, pad_id)
     # Position t predicts t + 1 from the last source token to the second-to-last target token.
-    unlabelled = (j < (source_len - 1)[:, None]) | (j >= (total - 1)[:, None])  # (B, W)
+    unlabelled = (j < (source_len - 1)[:, None]) | torch.nn.functional.pad(is_padding[:, 1:], (0, 1), value=True)
     labels = torch.nn.functional.pad(ids[:, 1:], (0, 1), value=pad_id).masked_fill_(unlabelled, IGNORE_INDEX)
     K = max(int(target_len.max()) if B else 0, 1)
     k = torch.arange(K, device=device)[None, :]  # (1, K)

@@ -225,11 +225,15 @@ class Tokenizer:
         special = table.index_select(0, tokens.clamp(-1, table.shape[0] - 1).flatten()).view(B, n)
         is_special = torch.ones(B, T, dtype=torch.bool)
         is_special[:, 1 : n + 1] = special
-        drop = special.long()  # (B, n): 1 at literal special tokens, whose word and sentence ids are -1
         word_ids = torch.full((B, T), -1, dtype=torch.long)
-        word_ids[:, 1 : n + 1] = torch.arange(n) - drop * torch.arange(1, n + 1)  # position in the row, or -1
         sentence_ids = torch.full((B, T), -1, dtype=torch.long)
-        sentence_ids[:, 1 : n + 1] = -drop
+        if special.numpy().any():  # literal special tokens, whose word and sentence ids are -1
+            drop = special.long()  # (B, n)
+            word_ids[:, 1 : n + 1] = torch.arange(n) - drop * torch.arange(1, n + 1)  # position in the row, or -1
+            sentence_ids[:, 1 : n + 1] = -drop
+        else:
+            word_ids[:, 1 : n + 1] = torch.arange(n)
+            sentence_ids[:, 1 : n + 1] = 0
         is_padding = torch.zeros(B, T, dtype=torch.bool)
         document_ids = flat[B * length :, None].expand(B, T).clone()
         return TokenBatch(input_ids, is_padding, is_special, word_ids, sentence_ids, document_ids)
