@@ -73,7 +73,11 @@ def replace_selected(
         to_random = selected & (fate >= p_mask) & (fate < p_mask + p_random)
         pool = ordinary_ids(vocab, generator.device)
         picks = torch.randint(len(pool), tuple(ids.shape), generator=generator, device=generator.device)
-        drawn = pool.index_select(0, picks.flatten()).view(picks.shape)  # a flat lookup: a third of pool[picks]
+        low = int(pool[0])
+        if int(pool[-1]) - low + 1 == len(pool):  # ordinary ids are one range (the usual layout): no lookup
+            drawn = picks.add_(low)
+        else:
+            drawn = pool.index_select(0, picks.flatten()).view(picks.shape)  # a flat lookup: a third of pool[picks]
         out = drawn.to(ids.device).sub_(out).mul_(to_random).add_(out)  # where(to_random, drawn, out)
     return out
 
