@@ -286,17 +286,18 @@ def sentinel_rows(
     W = max(int(total.max()), 1)
     source_col = position - noise_before + k  # (B, S): span k's sentinel in the source
     target_col = source_len[:, None] + k + noise_before  # (B, S): span k's sentinel in the target
-    # Offsets (row position - column): after span k's source sentinel the source is noise_before +
-    # span_len - k - 1 ahead; the tokens after span k's target sentinel come from position - column - 1.
+    # The offset (row position - column) steps only at spans: by span k's length less its sentinel
+    # after its source sentinel; to span k's tokens (position - column - 1) at its target sentinel,
+    # span 0's from the source's last offset.
     target_offset = position - target_col - 1
-    last_source_offset = (noise - spans)[:, None]
-    steps = torch.cat([span_len - 1, target_offset - torch.cat([last_source_offset, target_offset[:, :-1]], dim=1)], 1)
-    where = torch.cat([source_col + 1, target_col], dim=1).mul_(torch.cat([valid, valid], dim=1))  # empty spans: 0
-    steps.mul_(torch.cat([valid, valid], dim=1))
-    # One step of 1 per column besides (none at column 0): the running sum is column + offset.
+    previous = torch.cat([(noise - spans)[:, None], target_offset[:, :-1]], dim=1)
+    both = torch.cat([valid, valid], dim=1)
+    steps = torch.cat([span_len - 1, target_offset - previous], dim=1).mul_(both)  # empty spans: no step
+    at = torch.cat([source_col + 1, target_col], dim=1).mul_(both)
+    # A step of 1 at every column but the first besides: the running sum is column + offset.
     index = torch.ones(B, W + 1, dtype=torch.long, device=device)
     index[:, 0] = 0
-    index = index.scatter_add_(1, where, steps).cumsum_(dim=1)[:, :W].clamp_(0, T - 1)
+    index = index.scatter_add_(1, at, steps).cumsum_(dim=1)[:, :W].clamp_(0, T - 1)
     rows = ids.gather(1, index)
     eos_col = (total - 1)[:, None]
     marker = torch.where(valid, span_sentinels(k.expand(B, S), sentinels), eos_id).to(ids.dtype)  # (B, S)
