@@ -49,7 +49,7 @@ def masked_lm_batch(batch: TokenBatch, view: MaskedView, second: MaskedView | No
         }
     return CorruptedBatch(
         input_ids=view.input_ids,
-        labels=batch.input_ids.sub(IGNORE_INDEX).mul_(view.selected).add_(IGNORE_INDEX),  # IGNORE_INDEX unselected
+        labels=torch.where(view.selected, batch.input_ids, IGNORE_INDEX),
         is_padding=batch.is_padding.clone(),
         position_ids=document_positions(batch.document_ids),
         document_ids=batch.document_ids.clone(),
@@ -63,8 +63,10 @@ def document_positions(document_ids: torch.Tensor) -> torch.Tensor:
     first token, so the positions are ``0 … T-1`` (the same tensor, without the scan)."""
     B, T = document_ids.shape
     if T > 1:
-        later = document_ids[:, 1:]
-        if not bool(((later != document_ids[:, :-1]) & (later >= 0)).any()):
+        # In numpy on the CPU, whose any() stops at the first True (torch's reads the whole batch).
+        documents = document_ids.numpy() if document_ids.device.type == "cpu" else document_ids
+        later = documents[:, 1:]
+        if not ((later != documents[:, :-1]) & (later >= 0)).any():
             return torch.arange(T, device=document_ids.device).expand(B, T).clone()
     return masks.positions_within_documents(document_ids)
 

@@ -67,8 +67,7 @@ def replace_selected(
     ``selected`` positions. ``fate`` ``[B, T]`` in [0, 1) decides each position: draw it per token,
     or spread one draw per word or span. ``ids`` is not modified."""
     p_mask, p_random = params["mask_replace_prob"], params["random_replace_prob"]
-    # torch.where(to_mask, mask_id, ids) as integer arithmetic: a third of where's cost on the CPU.
-    out = ids.neg().add_(vocab.mask_id).mul_(selected & (fate < p_mask)).add_(ids)
+    out = torch.where(selected & (fate < p_mask), vocab.mask_id, ids)
     if p_random > 0:
         to_random = selected & (fate >= p_mask) & (fate < p_mask + p_random)
         pool = ordinary_ids(vocab, generator.device)
@@ -78,7 +77,7 @@ def replace_selected(
             drawn = picks.add_(low)
         else:
             drawn = pool.index_select(0, picks.flatten()).view(picks.shape)  # a flat lookup: a third of pool[picks]
-        out = drawn.to(ids.device).sub_(out).mul_(to_random).add_(out)  # where(to_random, drawn, out)
+        out = torch.where(to_random, drawn.to(ids.device), out)
     return out
 
 

@@ -266,7 +266,7 @@ def selection_lists(selected: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     K = max(1, int(count.max())) if B else 1
     positions = torch.zeros(B, K + 1, dtype=torch.long, device=selected.device)
     # Selection r (1-based) goes to column r; the rest to column 0, dropped.
-    positions.scatter_(1, rank.mul_(selected), torch.arange(T, device=selected.device).expand(B, T))
+    positions.scatter_(1, torch.where(selected, rank, 0), torch.arange(T, device=selected.device).expand(B, T))
     real = torch.arange(K, device=selected.device)[None, :] < count[:, None]  # (B, K)
     return positions[:, 1:].contiguous(), real.float()
 
