@@ -211,8 +211,9 @@ class Tokenizer:
         the batch's ids (a third of the packing's cost)."""
         B, length = len(rows), len(rows[0])
         row = struct.Struct(f"{length}q")
-        packed = b"".join([row.pack(*ids) for ids in rows]) + struct.pack(f"{B}q", *documents)
-        flat = torch.frombuffer(bytearray(packed), dtype=torch.long)
+        # Joined straight into a bytearray (writable, as torch.frombuffer wants): no copy of the bytes.
+        packed = bytearray().join([*(row.pack(*ids) for ids in rows), struct.pack(f"{B}q", *documents)])
+        flat = torch.frombuffer(packed, dtype=torch.long)
         n = min(length, seq_len - 2)  # content tokens a row keeps
         tokens = flat[: B * length].view(B, length)[:, :n]
         v = self.vocab
