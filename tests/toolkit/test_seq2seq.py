@@ -150,8 +150,8 @@ def test_prefix_lm_parts_split_the_text_after_the_cls_token():
         assert n < 2 or 1 <= int(k[b]) <= n - 1  # both sides keep text
 
 
-def with_literal_special(batch: objreg.TokenBatch, row: int, position: int) -> objreg.TokenBatch:
-    """``batch`` with a special id written literally inside row ``row``'s text."""
+def with_literal_special(batch: objreg.TokenBatch, row: int | slice, position: int) -> objreg.TokenBatch:
+    """``batch`` with a special id written literally inside the text of row(s) ``row``."""
     ids, is_special = batch.input_ids.clone(), batch.is_special.clone()
     ids[row, position], is_special[row, position] = VOCAB.mask_id, True
     return batch._replace(input_ids=ids, is_special=is_special)
