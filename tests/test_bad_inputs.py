@@ -250,6 +250,7 @@ class LockHolder:
             import fcntl, os, sys, time
             fd = os.open({str(directory / '.objreg.lock')!r}, os.O_RDWR | os.O_CREAT)
             fcntl.flock(fd, fcntl.LOCK_EX)
+            os.ftruncate(fd, 0)
             os.pwrite(fd, b"%d\\n" % os.getpid(), 0)
             print("locked", flush=True)
             time.sleep(120)
@@ -405,7 +406,9 @@ cli("paths", "--downstream-data nested", *A, "--downstream-data", "{ws}/squad_ne
 cli("paths", "--downstream-data bad JSON", *A, "--downstream-data", "{ws}/squad_bad.json", message="not valid JSON", budget=LOADING_BUDGET)
 cli("paths", "--downstream-data shape", *A, "--downstream-data", "{ws}/squad_shape.json", message="'paragraphs'", budget=LOADING_BUDGET)
 cli("paths", "--downstream-data a list", *A, "--downstream-data", "{ws}/squad_list.json", message="squad_list.json", budget=LOADING_BUDGET)
-cli("paths", "--downstream-data a directory", *A, "--downstream-data", "{ws}/nodocs", message="is a directory")
+# A directory is the task's to refuse (a task may read one), when it loads its data: after the tokenizer.
+cli("paths", "--downstream-data a directory", *A, "--downstream-data", "{ws}/nodocs", message="is a directory",
+    budget=LOADING_BUDGET)
 cli("paths", "--model ''", *A, "--model", "", message="--model is empty")
 cli("paths", "--model missing dir", *A, "--model", "{ws}/no/model/", message="does not exist")
 cli("paths", "--model dir without config", *A, "--model", "{ws}/model_empty", message="has no config.json")

@@ -49,6 +49,32 @@ def test_claim_locks_against_another_process(tmp_path):
         pass
 
 
+@pytest.mark.parametrize(("content", "shown"), [(b"486\n0\n", " (pid 486)"), (b"48600\n", " (pid 48600)"),
+                                              (b"not a pid\n", "; wait")])
+def test_the_holder_is_named_by_the_first_line_of_the_lock_file(tmp_path, content, shown):
+    """A shorter pid written over a longer one without truncating (as a lock holder other than
+    objreg may do) leaves a second line: the message names the first, on one line."""
+    run = tmp_path / "run"
+    run.mkdir()
+    code = textwrap.dedent(f"""
+        import fcntl, os, sys, time
+        fd = os.open({str(run / LOCK_FILE)!r}, os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.pwrite(fd, {content!r}, 0)
+        print("locked", flush=True)
+        time.sleep(60)
+    """)
+    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(objreg.InvalidParameterError) as caught:
+            claim(run, resume=True)
+        assert "\n" not in str(caught.value) and f"in use by another objreg run{shown}" in str(caught.value)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_fresh_run_takes_over_a_run_that_finished_no_step(tmp_path):
     run = tmp_path / "run"
     with claim(run, resume=False):

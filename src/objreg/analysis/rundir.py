@@ -129,10 +129,13 @@ def _check_fresh(directory: Path, option: str) -> None:
 
 
 def _read_pid(fd: int) -> str:
+    """The holder's pid from the lock file's first line, or "" (another program may have written a
+    shorter pid over a longer one without truncating, or anything else)."""
     try:
-        return os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        first = os.pread(fd, 32, 0).decode("ascii", "replace").split("\n", 1)[0].strip()
     except OSError:
         return ""
+    return first if first.isdigit() else ""
 
 
 def _write_pid(fd: int) -> None:
