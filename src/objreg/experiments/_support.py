@@ -9,8 +9,9 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -26,6 +27,12 @@ def shared_data() -> Path:
     """The folder of real data (SQuAD v1.1, WikiText-2, SST-2, …): ``$OBJREG_SHARED_DATA``, else
     ``shared/data`` beside the checkout."""
     return Path(os.environ.get("OBJREG_SHARED_DATA") or Path(__file__).resolve().parents[4] / "shared" / "data")
+
+
+def settings(config: Any, setting: Any, device: torch.device, **extra: Any) -> dict:
+    """What an experiment's result records as its settings: the fields of its ``config``, the seed,
+    quick or full, the device, then ``extra`` in order."""
+    return {**asdict(config), "seed": setting.seed, "quick": setting.quick, "device": str(device), **extra}
 
 
 def equivalence_verdict(low: float, high: float, lower: float, upper: float) -> str:

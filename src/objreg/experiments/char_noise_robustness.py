@@ -38,7 +38,7 @@ chance (0.5).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -124,10 +124,10 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
               f"between-seed interval); misspelling raises tokens per word from "
               f"{figures['tokens_per_word']['clean']:.2f} to {figures['tokens_per_word']['misspelled']:.2f}")
     plots = [_plot(figures, setting)] if setting.out_dir is not None else []
+    probe = f"SST-2 dev ({len(texts)} sentences), {config.folds}-fold logistic regression"
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
-                            {**asdict(config), "seed": setting.seed, "quick": setting.quick, "device": str(device),
-                             "model": "default" if not model_config else model_config, "noise_rate": NOISE,
-                             "probe": f"SST-2 dev ({len(texts)} sentences), {config.folds}-fold logistic regression"},
+                            _support.settings(config, setting, device, model=model_config or "default",
+                                              noise_rate=NOISE, probe=probe),
                             plots)
 
 

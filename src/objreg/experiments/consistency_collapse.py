@@ -42,7 +42,7 @@ with or without ``sg``, so the mechanism is tested in SimSiam's pure form, on ob
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -201,9 +201,8 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
               f"effect {effect:+.3f} against the threshold {THRESHOLD} (one seed: no between-seed interval)")
     plots = [_plot(curves, figures, setting)] if setting.out_dir is not None else []
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
-                            {**asdict(config), "seed": setting.seed, "quick": setting.quick, "device": str(device),
-                             "model": "default" if not model_config else model_config,
-                             "views": "mlm consistency modifier: two independent 15% maskings"}, plots)
+                            _support.settings(config, setting, device, model=model_config or "default",
+                                              views="mlm consistency modifier: two independent 15% maskings"), plots)
 
 
 def _plot(curves: dict, figures: dict, setting: Setting) -> str:

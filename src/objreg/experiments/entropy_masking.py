@@ -28,7 +28,7 @@ are, ``refuted`` when either lies wholly on the wrong side, ``inconclusive`` oth
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -107,7 +107,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
               f"uniform − entropy {gain:+.4f} nats (within-seed bootstrap [{low:+.4f}, {high:+.4f}])")
     plots = [_plot(losses, heldout, setting)] if setting.out_dir is not None else []
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
-                            {**asdict(config), "seed": setting.seed, "quick": setting.quick, "device": str(device)},
+                            _support.settings(config, setting, device),
                             plots)
 
 

@@ -34,7 +34,7 @@ model − of the FIM model.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -151,8 +151,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
               f"(within-seed [{gain_ci[0]:+.3f}, {gain_ci[1]:+.3f}], claim above 0)")
     plots = [_plot(figures, setting)] if setting.out_dir is not None else []
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
-                            {**asdict(config), "seed": setting.seed, "quick": setting.quick, "device": str(device),
-                             "fim_rate": MODELS},
+                            _support.settings(config, setting, device, fim_rate=MODELS),
                             plots)
 
 

@@ -44,7 +44,7 @@ the rule.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 from scipy.stats import rankdata
@@ -139,8 +139,8 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
               "(one seed: no between-seed interval)")
     plots = [_plot(figures, setting)] if setting.out_dir is not None else []
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
-                            {**asdict(config), "seed": setting.seed, "quick": setting.quick, "device": str(device),
-                             "model": "default" if not model_config else model_config, "arms": ARMS}, plots)
+                            _support.settings(config, setting, device, model=model_config or "default",
+                                              arms=ARMS), plots)
 
 
 @torch.no_grad()

@@ -29,7 +29,7 @@ above 0 ``confirmed``, below 0 ``refuted``, otherwise ``inconclusive``.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -123,7 +123,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
               f"the own-policy loss {share['uniform']:.2f} → {share['inverse_frequency']:.2f}")
     plots = [_plot(figures, setting)] if setting.out_dir is not None else []
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
-                            {**asdict(config), "seed": setting.seed, "quick": setting.quick, "device": str(device)},
+                            _support.settings(config, setting, device),
                             plots)
 
 

@@ -28,7 +28,7 @@ otherwise.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -115,7 +115,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
               f"tokens) against the margin [{MARGIN[0]}, {MARGIN[1]}]")
     plots = [_plot(per_row, counts, V, config.epsilon, setting)] if setting.out_dir is not None else []
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
-                            {**asdict(config), "seed": setting.seed, "quick": setting.quick, "device": str(device)},
+                            _support.settings(config, setting, device),
                             plots)
 
 

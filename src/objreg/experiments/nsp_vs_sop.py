@@ -34,7 +34,7 @@ otherwise (in particular when the NSP model has not learned NSP). The effect is 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -148,9 +148,8 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     if setting.out_dir is not None:
         plots.append(_plot(figures, setting))
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
-                            {**asdict(config), "seed": setting.seed, "quick": setting.quick, "device": str(device),
-                             "model": "default" if not model_config else model_config,
-                             "optimizer": "adamw (weight decay 0.01)"}, plots)
+                            _support.settings(config, setting, device, model=model_config or "default",
+                                              optimizer="adamw (weight decay 0.01)"), plots)
 
 
 # -- training and probes -------------------------------------------------------------------------

@@ -37,7 +37,7 @@ with ``char-noise-robustness``.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -125,10 +125,10 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
               f"checkpoints rtd-mlm {gaps['rtd_minus_mlm']:+.3f}, rtd-rtd15 {gaps['rtd_minus_rtd15']:+.3f}; effect "
               f"{effect:+.3f} (one seed: no between-seed interval)")
     plots = [_plot(figures, config, setting)] if setting.out_dir is not None else []
+    probe = f"SST-2 dev ({len(texts)} sentences), {config.folds}-fold logistic regression"
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
-                            {**asdict(config), "seed": setting.seed, "quick": setting.quick, "device": str(device),
-                             "model": "default" if not model_config else model_config,
-                             "probe": f"SST-2 dev ({len(texts)} sentences), {config.folds}-fold logistic regression"},
+                            _support.settings(config, setting, device, model=model_config or "default",
+                                              probe=probe),
                             plots)
 
 

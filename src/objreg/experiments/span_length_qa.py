@@ -38,7 +38,7 @@ rule on the paired within-seed intervals.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -161,9 +161,8 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     if setting.out_dir is not None:
         plots.append(_plot(figures, setting))
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
-                            {**asdict(config), "seed": setting.seed, "quick": setting.quick, "device": str(device),
-                             "model": "default" if not model_config else model_config,
-                             "downstream": f"qa on {SQUAD_FILES[1]}", "lengths_from": SQUAD_FILES[0]}, plots)
+                            _support.settings(config, setting, device, model=model_config or "default",
+                                              downstream=f"qa on {SQUAD_FILES[1]}", lengths_from=SQUAD_FILES[0]), plots)
 
 
 # -- the conditions -------------------------------------------------------------------------------

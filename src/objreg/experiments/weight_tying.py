@@ -35,7 +35,7 @@ above 0. ``confirmed`` when both are, ``refuted`` when either lies wholly at or 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -132,9 +132,8 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
                         "after_training": figures["effect"]}
     plots = [_plot(cosines, setting)] if setting.out_dir is not None else []
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
-                            {**asdict(config), "seed": setting.seed, "quick": setting.quick, "device": str(device),
-                             "model": "default" if not model_config else model_config,
-                             "h": "final hidden state (backbone output); decoder input reported"}, plots)
+                            _support.settings(config, setting, device, model=model_config or "default",
+                                              h="final hidden state (backbone output); decoder input reported"), plots)
 
 
 def gradient_cosines(model: nn.Module, objective: Objective, batch: CorruptedBatch, random_tokens: int,
