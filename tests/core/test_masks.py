@@ -210,3 +210,16 @@ def test_structured_mask_rejects_an_unknown_pattern_or_a_stray_prefix():
         objreg.AttentionMask("causal", padding, None, torch.zeros(2, dtype=torch.long))
     with pytest.raises(ValueError, match="prefix_length"):
         objreg.AttentionMask("prefix", padding)
+
+
+def test_padding_at_the_end_is_no_real_token_after_padding():
+    g = torch.Generator().manual_seed(11)
+    for trial in range(300):
+        rows, width = int(torch.randint(1, 5, (1,), generator=g)), int(torch.randint(0, 9, (1,), generator=g))
+        if trial % 2:
+            is_padding = torch.rand(rows, width, generator=g) < 0.4
+        else:
+            is_padding = torch.arange(width)[None, :] >= torch.randint(0, width + 1, (rows,), generator=g)[:, None]
+        expected = all(not (is_padding[b, t] and not is_padding[b, t + 1])
+                       for b in range(rows) for t in range(width - 1))
+        assert masks.padding_at_the_end(is_padding) == expected

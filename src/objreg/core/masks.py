@@ -106,6 +106,15 @@ class AttentionMask:
         )
 
 
+def padding_at_the_end(is_padding: torch.Tensor) -> bool:
+    """Every row's padding is one block at its end (right padding): no real token after a padding
+    one. In numpy on the CPU, whose ``any()`` stops at the first hit (torch's reads every flag)."""
+    if is_padding.shape[1] < 2:
+        return True
+    flags = is_padding.numpy() if is_padding.device.type == "cpu" else is_padding
+    return not bool((flags[:, :-1] > flags[:, 1:]).any())
+
+
 def dense(mask: torch.Tensor | AttentionMask) -> torch.Tensor:
     """``mask`` as bool ``[B, T, T]``, whichever form it comes in."""
     return mask.dense() if isinstance(mask, AttentionMask) else mask

@@ -30,7 +30,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from objreg.core.errors import InvalidParameterError
-from objreg.core.masks import AttentionMask
+from objreg.core.masks import AttentionMask, padding_at_the_end
 
 ATTENTION_IMPLEMENTATIONS = ("math", "sdpa")
 
@@ -166,7 +166,7 @@ class StructuredAttention:
         B, T = padding.shape
         self.query_padding = padding[:, None, :, None]  # (B, 1, T, 1)
         single = _one_document_per_row(mask)
-        suffix = single and mask.pattern != "bidirectional" and _padding_at_the_end(padding)
+        suffix = single and mask.pattern != "bidirectional" and padding_at_the_end(padding)
         if single and mask.pattern == "bidirectional":
             self.kind = "keys"
             self.key_bias = padding.to(dtype).mul_(torch.finfo(dtype).min)[:, None, None, :]  # (B, 1, 1, T)
@@ -237,12 +237,6 @@ def block_mask(mask: AttentionMask, start: int, end: int, keys: int) -> torch.Te
         documents = mask.document_ids
         allowed = allowed & (documents[:, start:end, None] == documents[:, None, :keys]) & (documents[:, None, :keys] >= 0)
     return allowed.expand(-1, end - start, -1)
-
-
-def _padding_at_the_end(padding: torch.Tensor) -> bool:
-    """Every row's padding is a block at its end (right padding): no real token after a padding
-    one, i.e. each row of flags is non-decreasing (one comparison of the ``[B, T]`` flags)."""
-    return bool(padding[:, :-1].le(padding[:, 1:]).all()) if padding.shape[1] > 1 else True
 
 
 def _one_document_per_row(mask: AttentionMask) -> bool:

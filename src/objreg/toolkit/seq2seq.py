@@ -239,18 +239,17 @@ def block_start(is_padding: torch.Tensor, candidates: torch.Tensor) -> torch.Ten
     """``[B]`` long: the first candidate position of each row, when every row's real tokens come
     first and its candidates are one block of consecutive positions (so candidate rank ``r`` sits
     at position ``first + r``); None otherwise. 0 for a row without candidates."""
-    if candidates.shape[0] == 0 or candidates.shape[1] == 0:
+    if candidates.shape[0] == 0 or candidates.shape[1] == 0 or not masks.padding_at_the_end(is_padding):
         return None
     if candidates.device.type == "cpu":  # numpy's reductions over booleans stop early; torch's read every element
-        first = _block_start(is_padding.numpy(), candidates.numpy(), np)
+        first = _block_start(candidates.numpy(), np)
         return None if first is None else torch.from_numpy(first)
-    return _block_start(is_padding, candidates.to(torch.uint8), torch)
+    return _block_start(candidates.to(torch.uint8), torch)
 
 
-def _block_start(padding: Any, candidate: Any, lib: Any) -> Any:
-    """:func:`block_start` over numpy arrays (``lib`` numpy) or torch tensors (``lib`` torch) alike."""
-    if (padding[:, :-1] > padding[:, 1:]).any():  # a real token after padding
-        return None
+def _block_start(candidate: Any, lib: Any) -> Any:
+    """:func:`block_start` after the padding check, over numpy arrays (``lib`` numpy) or torch
+    tensors (``lib`` torch) alike."""
     blocks = (candidate[:, 1:] > candidate[:, :-1]).sum(1) + candidate[:, 0]  # runs of candidates in each row
     return None if (blocks > 1).any() else lib.argmax(candidate, 1)
 
