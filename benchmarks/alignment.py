@@ -38,9 +38,9 @@ from benchmarks.common import (
     peak_memory_in_subprocess,
     rounded,
 )
-from objreg.analysis import ghost, per_sample
-from objreg.analysis.devices import resolve_device
-from objreg.analysis.functional import requiring_grad
+from objreg.analysis.math import ghost, per_sample
+from objreg.analysis.math.functional import requiring_grad
+from objreg.analysis.parallel.devices import resolve_device
 
 FAST = ("jvp", "ghost", "double_backward")
 

@@ -21,9 +21,9 @@ from typing import Any
 import torch
 
 import objreg
-from objreg.analysis.curvature import Curvature
-from objreg.analysis.functional import ObjectiveFunction, Params, detached, shared_parameters
-from objreg.analysis.prepare import build_model
+from objreg.analysis.math.curvature import Curvature
+from objreg.analysis.math.functional import ObjectiveFunction, Params, detached, shared_parameters
+from objreg.analysis.run.prepare import build_model
 
 REPO = Path(__file__).resolve().parents[1]
 

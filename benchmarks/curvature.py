@@ -34,9 +34,9 @@ from benchmarks.common import (
     rounded,
     synchronize,
 )
-from objreg.analysis.curvature import Curvature
-from objreg.analysis.devices import resolve_device
-from objreg.analysis.functional import Params, flat_dot
+from objreg.analysis.math.curvature import Curvature
+from objreg.analysis.math.functional import Params, flat_dot
+from objreg.analysis.parallel.devices import resolve_device
 
 
 def s_from_products(directions: list[Params], products: list[Params]) -> torch.Tensor:

@@ -33,11 +33,11 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common import apply_threads, base_parser, emit, interleaved, machine, rounded
-from objreg.analysis.curvature import Curvature
-from objreg.analysis.devices import resolve_device
-from objreg.analysis.functional import CallableLoss, ObjectiveFunction, requiring_grad
-from objreg.analysis.per_sample import per_sample_dots_many
-from objreg.analysis.transfer_probe import TransferProbe
+from objreg.analysis.math.curvature import Curvature
+from objreg.analysis.math.functional import CallableLoss, ObjectiveFunction, requiring_grad
+from objreg.analysis.math.per_sample import per_sample_dots_many
+from objreg.analysis.parallel.devices import resolve_device
+from objreg.analysis.probe.transfer_probe import TransferProbe
 
 MODELS = ("bert-base", "gpt2-small")
 #: --quick: the same architectures at a toy size.

@@ -134,7 +134,7 @@ def attention_paths(w: Workload, name: str, B: int, T: int) -> dict[str, Callabl
 
 
 def training_paths(w: Workload, name: str, B: int, T: int, dense_limit_gib: float) -> dict[str, Callable[[], Any]]:
-    from objreg.analysis.prepare import build_model
+    from objreg.analysis.run.prepare import build_model
 
     rows, seq_len, _, _ = w.case(name, B, T)
     objective = w.registry.get(name, vocab=w.vocab)

@@ -20,9 +20,9 @@ import argparse
 from pathlib import Path
 
 import objreg
-from objreg.analysis.prepare import prepare
-from objreg.analysis.scalars import TensorBoardScalars
-from objreg.analysis.writer import RunWriter
+from objreg.analysis.probe.tensorboard import TensorBoardScalars
+from objreg.analysis.probe.writer import RunWriter
+from objreg.analysis.run.prepare import prepare
 
 #: Small enough for seconds on a CPU.
 SMALL = {"batch_size": 4, "seq_len": 32, "eval_size": 16, "head_fit_size": 64, "head_warmup_steps": 10}

@@ -30,7 +30,7 @@ import torch
 from click.testing import CliRunner
 
 import objreg
-from objreg.analysis.checksum import seal
+from objreg.analysis.run.checksum import seal
 from objreg.cli import make_cli
 
 #: CPU seconds a refused case may take in this process (the wall clock is shared with the rest of
@@ -224,7 +224,7 @@ def _write_denied(monkeypatch) -> None:
 
 def _out_of_memory(monkeypatch) -> None:
     """The allocator fails as torch's does when memory runs out, at the model's first forward."""
-    from objreg.analysis import prepare
+    from objreg.analysis.run import prepare
 
     def fail(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] . DefaultCPUAllocator: can't allocate memory: "
@@ -234,7 +234,7 @@ def _out_of_memory(monkeypatch) -> None:
 
 
 def _memory_error(monkeypatch) -> None:
-    from objreg.analysis import prepare
+    from objreg.analysis.run import prepare
 
     def fail(*args: Any, **kwargs: Any) -> Any:
         raise MemoryError()

@@ -21,10 +21,10 @@ import torch
 from click.testing import CliRunner
 
 import objreg
-from objreg.analysis.config import CHOICES, DTYPES, OPTIMIZERS
-from objreg.analysis.curvature import HVP_METHODS
-from objreg.analysis.devices import resolve_device
-from objreg.analysis.per_sample import METHODS as PER_SAMPLE_METHODS
+from objreg.analysis.math.curvature import HVP_METHODS
+from objreg.analysis.math.per_sample import METHODS as PER_SAMPLE_METHODS
+from objreg.analysis.parallel.devices import resolve_device
+from objreg.analysis.run.config import CHOICES, DTYPES, OPTIMIZERS
 from objreg.cli import make_cli
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"

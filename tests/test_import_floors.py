@@ -26,6 +26,10 @@ ALLOWED = {
     "toolkit": ("objreg.core", "objreg.toolkit"),
     "plugins": ("objreg.toolkit",),
     "analysis": ("objreg.core", "objreg.toolkit", "objreg.analysis"),
+    "analysis/parallel": ("objreg.core", "objreg.toolkit", "objreg.analysis.parallel"),
+    "analysis/math": ("objreg.core", "objreg.toolkit", "objreg.analysis.math", "objreg.analysis.parallel"),
+    "analysis/probe": ("objreg.core", "objreg.toolkit", "objreg.analysis.probe", "objreg.analysis.math",
+                       "objreg.analysis.parallel"),
     "experiments": ("objreg.toolkit", "objreg.analysis", "objreg.experiments", "objreg.testing"),
     "cli": ("objreg.cli", "objreg.toolkit", "objreg.analysis", "objreg.experiments", "objreg.testing"),
 }
@@ -39,10 +43,14 @@ NEVER = {
     "toolkit": ("objreg.plugins", "objreg.analysis", "objreg.experiments", "objreg.cli", *HEAVY),
     "plugins": ("objreg.analysis", "objreg.experiments", "objreg.cli", "scipy", "matplotlib"),
     "analysis": ("objreg.plugins", "objreg.experiments", "objreg.cli", "matplotlib", "transformers"),
+    # The rooms of analysis: run -> probe -> math -> parallel, never back.
+    "analysis/probe": ("objreg.analysis.run",),
+    "analysis/math": ("objreg.analysis.run", "objreg.analysis.probe"),
+    "analysis/parallel": ("objreg.analysis.run", "objreg.analysis.probe", "objreg.analysis.math"),
 }
 #: The modules that exist to load matplotlib (imported only when plots are written) and to plug
 #: into transformers' Trainer (imported only by its users).
-EXEMPT = {"objreg.analysis.plots": ("matplotlib",), "objreg.analysis.hf_callback": ("transformers",)}
+EXEMPT = {"objreg.analysis.probe.plots": ("matplotlib",), "objreg.analysis.probe.hf_callback": ("transformers",)}
 
 
 def objreg_imports(path: Path) -> list[str]:
@@ -111,7 +119,7 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def loaded() -> dict[str, list[str]]:
     """For every module of the floored layers and the facade: what importing it adds to ``sys.modules``."""
-    names = ["objreg"] + [module_name(p) for layer in NEVER for p in sorted((SRC / layer).rglob("*.py"))]
+    names = ["objreg"] + sorted({module_name(p) for layer in NEVER for p in (SRC / layer).rglob("*.py")})
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     result = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(names)], capture_output=True, text=True,
                             env=env, timeout=600, check=True)
@@ -149,3 +157,18 @@ def test_every_public_module_imports():
     modules += [module_name(p) for p in SRC.rglob("*.py") if p.name != "__main__.py"]
     for module in modules:
         importlib.import_module(module)
+
+
+def test_analysis_keeps_its_modules_in_rooms():
+    loose = sorted(p.name for p in (SRC / "analysis").glob("*.py"))
+    assert len(loose) <= 5, loose
+    rooms = sorted(p.name for p in (SRC / "analysis").iterdir() if p.is_dir() and p.name != "__pycache__")
+    assert rooms == ["math", "parallel", "probe", "run"]
+
+
+def test_the_probe_and_its_outputs_load_none_of_the_run():
+    code = ("import sys; from objreg import TransferProbe, RunWriter, TensorBoardScalars; "
+            "print([m for m in sys.modules if m.startswith('objreg.analysis.run')])")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600, check=True)
+    assert out.stdout.strip() == "[]"

@@ -10,7 +10,8 @@ The public API. Plugin authors import from here (and from :mod:`objreg.toolkit`)
         return objreg.ObjectiveInfo(name="myobjective", description="...")
 
 Importing objreg loads the contract and the toolkit only: the analyzer (``analyze``,
-``AnalysisConfig``, ``AlignmentReport``, ``TransferProbe``) and the experiments load on first use.
+``AnalysisConfig``, ``AlignmentReport``, ``TransferProbe``, ``RunWriter``, ``TensorBoardScalars``,
+``ProbeCallback``) and the experiments load on first use.
 """
 
 from __future__ import annotations
@@ -58,11 +59,13 @@ from objreg.toolkit.randomness import uniform
 from objreg.toolkit.tokenizer import TokenizedCorpus, Tokenizer, split_sentences
 
 if TYPE_CHECKING:
-    from objreg.analysis.config import AnalysisConfig
-    from objreg.analysis.hf_callback import ProbeCallback
-    from objreg.analysis.report import AlignmentReport
-    from objreg.analysis.run import analyze
-    from objreg.analysis.transfer_probe import TransferProbe
+    from objreg.analysis.probe.hf_callback import ProbeCallback
+    from objreg.analysis.probe.report import AlignmentReport
+    from objreg.analysis.probe.tensorboard import TensorBoardScalars
+    from objreg.analysis.probe.transfer_probe import TransferProbe
+    from objreg.analysis.probe.writer import RunWriter
+    from objreg.analysis.run.analyze import analyze
+    from objreg.analysis.run.config import AnalysisConfig
 
 try:
     __version__ = version("objreg")
@@ -71,11 +74,13 @@ except PackageNotFoundError:  # an uninstalled checkout
 
 #: Loaded on first use, so that ``import objreg`` (and every plugin) stays light.
 _LAZY = {
-    "analyze": ("objreg.analysis.run", "analyze"),
-    "AnalysisConfig": ("objreg.analysis.config", "AnalysisConfig"),
-    "AlignmentReport": ("objreg.analysis.report", "AlignmentReport"),
-    "TransferProbe": ("objreg.analysis.transfer_probe", "TransferProbe"),
-    "ProbeCallback": ("objreg.analysis.hf_callback", "ProbeCallback"),
+    "analyze": ("objreg.analysis.run.analyze", "analyze"),
+    "AnalysisConfig": ("objreg.analysis.run.config", "AnalysisConfig"),
+    "AlignmentReport": ("objreg.analysis.probe.report", "AlignmentReport"),
+    "TransferProbe": ("objreg.analysis.probe.transfer_probe", "TransferProbe"),
+    "ProbeCallback": ("objreg.analysis.probe.hf_callback", "ProbeCallback"),
+    "RunWriter": ("objreg.analysis.probe.writer", "RunWriter"),
+    "TensorBoardScalars": ("objreg.analysis.probe.tensorboard", "TensorBoardScalars"),
     "experiments": ("objreg.experiments", None),
     "toolkit": ("objreg.toolkit", None),
 }
@@ -118,8 +123,10 @@ __all__ = [
     "Provider",
     "Registry",
     "ResourceError",
+    "RunWriter",
     "Task",
     "TaskData",
+    "TensorBoardScalars",
     "TokenBatch",
     "TokenizedCorpus",
     "Tokenizer",

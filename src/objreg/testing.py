@@ -33,9 +33,9 @@ from typing import Any
 import torch
 
 import objreg
-from objreg.analysis.curvature import Curvature, hvp_double_backward
-from objreg.analysis.functional import ObjectiveFunction, detached, shared_parameters
-from objreg.analysis.per_sample import (
+from objreg.analysis.math.curvature import Curvature, hvp_double_backward
+from objreg.analysis.math.functional import ObjectiveFunction, detached, shared_parameters
+from objreg.analysis.math.per_sample import (
     derivative_unsupported,
     dots_ghost,
     dots_jvp,

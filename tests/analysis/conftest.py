@@ -7,9 +7,9 @@ import pytest
 import torch
 
 import objreg
-from objreg.analysis.downstream import Downstream
-from objreg.analysis.functional import ObjectiveFunction, detached, shared_parameters
-from objreg.analysis.loop import Trainer
+from objreg.analysis.math.downstream import Downstream
+from objreg.analysis.math.functional import ObjectiveFunction, detached, shared_parameters
+from objreg.analysis.run.loop import Trainer
 from objreg.core.registry import merge_heads
 
 TINY = {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size": 32}

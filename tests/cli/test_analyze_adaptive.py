@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 import objreg
-from objreg.analysis.adaptive import make_rule
+from objreg.analysis.run.adaptive import make_rule
 from objreg.cli import make_cli
 
 SMALL = ["--batch-size", "4", "--seq-len", "48", "--eval-size", "8", "--head-warmup-steps", "5",

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 import objreg
-from objreg.analysis.loop import Trainer
+from objreg.analysis.run.loop import Trainer
 from objreg.cli import make_cli
 
 SMALL = ["--pretrain", "mlm,sop", "--steps", "4", "--batch-size", "4", "--seq-len", "48", "--eval-size", "8",
@@ -112,7 +112,7 @@ def test_without_out_it_says_there_is_nothing_to_resume(monkeypatch):
 
 
 def test_ctrl_c_while_loading_stops_at_once(tmp_path, monkeypatch):
-    import objreg.analysis.prepare as prepare
+    import objreg.analysis.run.prepare as prepare
 
     original = prepare.build_model
 

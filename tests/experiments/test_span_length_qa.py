@@ -9,8 +9,8 @@ import pytest
 import torch
 
 import objreg
-from objreg.analysis.downstream import Downstream
-from objreg.analysis.functional import shared_parameters
+from objreg.analysis.math.downstream import Downstream
+from objreg.analysis.math.functional import shared_parameters
 from objreg.core.registry import merge_heads
 from objreg.core.types import Corpus
 from objreg.experiments import _support

@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 import objreg
-from objreg.analysis.failures import describe as describe_failure
+from objreg.analysis.run.failures import describe as describe_failure
 from objreg.cli.analyze import analyze
 from objreg.cli.corrupt import corrupt
 from objreg.cli.experiment import experiment

@@ -194,9 +194,9 @@ def analyze(
 def _checked_config(names: list[str] | None, downstream: str | None, settings: dict[str, Any], resume: str | None,
                     registry: objreg.Registry) -> objreg.AnalysisConfig:
     """The run's settings, checked as ``objreg.analyze`` checks them (names, parameters, device)."""
-    from objreg.analysis.prepare import check  # the trainer's modules: loaded when a run starts
-    from objreg.analysis.resume import resumed_config
-    from objreg.analysis.validation import check_directory_argument
+    from objreg.analysis.run.prepare import check  # the trainer's modules: loaded when a run starts
+    from objreg.analysis.run.resume import resumed_config
+    from objreg.analysis.run.validation import check_directory_argument
 
     if resume is not None:
         check_directory_argument("resume", resume)  # before Path() turns '' into '.'

@@ -80,7 +80,7 @@ class Interrupts:
 
 def stopped_message(stop: Stopped, out_dir: str | None, finished: int, total: int | None) -> str:
     """What the command prints when a run was stopped: where it stopped and how to continue."""
-    from objreg.analysis.resume import CHECKPOINT  # with the trainer's modules, loaded by then
+    from objreg.analysis.run.resume import CHECKPOINT  # with the trainer's modules, loaded by then
 
     of = f" of {total}" if total else ""
     if stop.abandoned:

@@ -1,7 +1,7 @@
 """Help text of ``objreg analyze``, generated from what the code validates against.
 
 Fixed sets of values (optimizers, dtypes, devices, per-sample and HVP methods) come from
-:data:`objreg.analysis.config.CHOICES`, which :class:`~objreg.analysis.config.AnalysisConfig`
+:data:`objreg.analysis.run.config.CHOICES`, which :class:`~objreg.analysis.run.config.AnalysisConfig`
 validates with; defaults from the ``AnalysisConfig`` fields; objectives, tasks, models and
 corpora from the registry of the running CLI (so an installed plugin's task shows up in
 ``--help`` exactly when ``--downstream`` accepts it). ``tests/test_docs.py`` checks that the help
@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 import objreg
-from objreg.analysis.config import CHOICES
+from objreg.analysis.run.config import CHOICES
 from objreg.cli import render
 
 #: ``AnalysisConfig``'s defaults by field name.

@@ -26,7 +26,7 @@ from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
 
-#: The status line that starts training (``objreg.analysis.run``).
+#: The status line that starts training (``objreg.analysis.run.analyze``).
 TRAINING = "training with probes"
 
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from objreg import Objective, Registry, TokenizedCorpus, cache_dir
-from objreg.analysis.prepare import build_model
+from objreg.analysis.run.prepare import build_model
 from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, verdict_from_interval
 from objreg.toolkit.losses import gather_positions
 

@@ -40,9 +40,9 @@ from typing import Any
 import numpy as np
 
 from objreg import Registry
-from objreg.analysis.devices import resolve_device
-from objreg.analysis.run import analyze
-from objreg.analysis.stats import mean_ci95
+from objreg.analysis.math.stats import mean_ci95
+from objreg.analysis.parallel.devices import resolve_device
+from objreg.analysis.run.analyze import analyze
 from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
 

@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from objreg import CorruptedBatch, Objective
-from objreg.analysis.devices import resolve_device
+from objreg.analysis.parallel.devices import resolve_device
 from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
 

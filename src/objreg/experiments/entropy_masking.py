@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from objreg.analysis.devices import resolve_device
-from objreg.analysis.stats import bootstrap_ci95
+from objreg.analysis.math.stats import bootstrap_ci95
+from objreg.analysis.parallel.devices import resolve_device
 from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
 from objreg.experiments.replication import combine_parts

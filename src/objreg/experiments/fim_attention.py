@@ -40,8 +40,8 @@ import numpy as np
 import torch
 
 from objreg import IGNORE_INDEX
-from objreg.analysis.devices import resolve_device
-from objreg.analysis.stats import bootstrap_ci95
+from objreg.analysis.math.stats import bootstrap_ci95
+from objreg.analysis.parallel.devices import resolve_device
 from objreg.experiments import _support
 from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, ExperimentResult, Setting, save_figure
 from objreg.experiments.replication import combine_parts

@@ -51,7 +51,7 @@ from scipy.stats import rankdata
 from torch import nn
 
 from objreg import IGNORE_INDEX, CorruptedBatch, Objective, Vocabulary
-from objreg.analysis.devices import resolve_device
+from objreg.analysis.parallel.devices import resolve_device
 from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
 from objreg.toolkit.losses import gather_positions

@@ -43,9 +43,9 @@ from scipy.stats import rankdata
 from torch import nn
 
 from objreg import CorruptedBatch, Objective, TokenizedCorpus, Vocabulary
-from objreg.analysis.devices import resolve_device
-from objreg.analysis.prepare import build_model
-from objreg.analysis.stats import mean_ci95, percentile_interval, seed_for
+from objreg.analysis.math.stats import mean_ci95, percentile_interval, seed_for
+from objreg.analysis.parallel.devices import resolve_device
+from objreg.analysis.run.prepare import build_model
 from objreg.experiments import _support
 from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, ExperimentResult, Setting, save_figure
 from objreg.experiments.replication import default_combine

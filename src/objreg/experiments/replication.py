@@ -18,8 +18,8 @@ from types import ModuleType
 from typing import Any
 
 from objreg import InvalidParameterError
-from objreg.analysis.stats import mean_ci95
-from objreg.analysis.validation import MAX_SEED, check_integer
+from objreg.analysis.math.stats import mean_ci95
+from objreg.analysis.run.validation import MAX_SEED, check_integer
 from objreg.experiments._support import equivalence_verdict
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
 

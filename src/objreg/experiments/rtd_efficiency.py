@@ -43,7 +43,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from objreg.analysis.devices import resolve_device
+from objreg.analysis.parallel.devices import resolve_device
 from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
 from objreg.experiments.sst2_probe import probe_correct, sentence_features, sst2

@@ -46,13 +46,13 @@ import numpy as np
 import torch
 
 from objreg import IGNORE_INDEX, CorruptedBatch, DataError, Objective
-from objreg.analysis.devices import resolve_device
-from objreg.analysis.downstream import Downstream
-from objreg.analysis.functional import detached, flat_dot, flat_norm, shared_parameters
-from objreg.analysis.gradients import mean_loss_gradient, shared_part
-from objreg.analysis.headfit import fit_downstream_head
-from objreg.analysis.prepare import build_model, split_evaluation
-from objreg.analysis.stats import bootstrap_ci95, mean_ci95, seed_for
+from objreg.analysis.math.downstream import Downstream
+from objreg.analysis.math.functional import detached, flat_dot, flat_norm, shared_parameters
+from objreg.analysis.math.gradients import mean_loss_gradient, shared_part
+from objreg.analysis.math.stats import bootstrap_ci95, mean_ci95, seed_for
+from objreg.analysis.parallel.devices import resolve_device
+from objreg.analysis.run.headfit import fit_downstream_head
+from objreg.analysis.run.prepare import build_model, split_evaluation
 from objreg.experiments import _support
 from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, ExperimentResult, Setting, save_figure
 from objreg.experiments.replication import combine_parts

@@ -8,7 +8,7 @@ prediction of each step's downstream change, ``∇D·Δθ + ½ Δθᵀ H_D Δθ`
 gradient-alignment view of transfer (issue 9; the Taylor expansion of ``D`` along the update,
 as in the analyzer's design, ``/work/shared/DESIGN.md``).
 
-**Setting.** ``objreg.analysis.run.analyze(pretrain=["mlm", "sop"], downstream="qa",
+**Setting.** ``objreg.analysis.run.analyze.analyze(pretrain=["mlm", "sop"], downstream="qa",
 optimizer="sgd", dtype="float64")`` on the default corpus and model, once per learning rate of a
 halving grid, all with the same seed: the same initial model, fitted ``qa`` probe, data and
 corruption at every ``η``, so step 0 is the same gradient at the same point and later steps differ
@@ -47,11 +47,11 @@ from typing import Any
 import numpy as np
 
 from objreg import Registry
-from objreg.analysis.devices import resolve_device
-from objreg.analysis.report import AlignmentReport
-from objreg.analysis.run import analyze
-from objreg.analysis.stats import bootstrap_ci95, mean_ci95, seed_for
-from objreg.analysis.transfer import relative_error
+from objreg.analysis.math.stats import bootstrap_ci95, mean_ci95, seed_for
+from objreg.analysis.math.taylor import relative_error
+from objreg.analysis.parallel.devices import resolve_device
+from objreg.analysis.probe.report import AlignmentReport
+from objreg.analysis.run.analyze import analyze
 from objreg.experiments import _support
 from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, ExperimentResult, Setting, save_figure
 from objreg.experiments.replication import combine_equivalence

@@ -43,8 +43,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from objreg import CorruptedBatch, ModelOutputs, Objective
-from objreg.analysis.devices import resolve_device
-from objreg.analysis.stats import mean_ci95
+from objreg.analysis.math.stats import mean_ci95
+from objreg.analysis.parallel.devices import resolve_device
 from objreg.experiments import _support
 from objreg.experiments.base import (
     CONFIRMED,

@@ -114,8 +114,8 @@ def dots_auto_and_loop() -> Callable[..., tuple[torch.Tensor, str, torch.Tensor]
     """``(dots, method, loop)``: the per-sample dots ``objreg analyze`` computes (method ``auto``)
     of ``objective`` on ``batch`` along one seeded random direction, the method it took, and the
     same dots by one backward per example."""
-    from objreg.analysis.functional import ObjectiveFunction, detached, shared_parameters
-    from objreg.analysis.per_sample import dots_loop, per_sample_dots
+    from objreg.analysis.math.functional import ObjectiveFunction, detached, shared_parameters
+    from objreg.analysis.math.per_sample import dots_loop, per_sample_dots
 
     def dots(model: torch.nn.Module, objective: objreg.Objective, batch: objreg.CorruptedBatch):
         function = ObjectiveFunction(model, objective, batch)

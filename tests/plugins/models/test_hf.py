@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import objreg
-from objreg.analysis.functional import ObjectiveFunction, detached, shared_parameters
-from objreg.analysis.per_sample import dots_jvp, dots_loop
+from objreg.analysis.math.functional import ObjectiveFunction, detached, shared_parameters
+from objreg.analysis.math.per_sample import dots_jvp, dots_loop
 from objreg.core.registry import merge_heads
 from objreg.plugins.models import hf
 

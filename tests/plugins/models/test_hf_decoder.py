@@ -12,8 +12,8 @@ import torch
 from click.testing import CliRunner
 
 import objreg
-from objreg.analysis.functional import ObjectiveFunction, detached, shared_parameters
-from objreg.analysis.per_sample import dots_loop, per_sample_dots
+from objreg.analysis.math.functional import ObjectiveFunction, detached, shared_parameters
+from objreg.analysis.math.per_sample import dots_loop, per_sample_dots
 from objreg.cli import make_cli
 from objreg.core.registry import merge_heads
 from objreg.plugins.models import hf

@@ -1,0 +1,162 @@
+"""Hessian-vector products of a scalar loss of the shared parameters.
+
+:class:`Curvature`'s ``auto`` takes double backward first on CPU (measured faster there, with
+less memory: docs/performance.md) and forward-over-reverse (``jvp`` of ``grad``, no second graph)
+first elsewhere, each falling back to the other where a derivative is missing. :class:`Curvature`
+gives the gradient and the Hessian-vector products of the downstream loss ``D`` (a mean over
+chunks of the evaluation set) for several directions at once: forward-over-reverse ``vmap``s the
+tangents, so the gradient pass is shared; double backward builds the gradient graph once per chunk
+and differentiates it once per direction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch.func import grad, jvp, vmap
+
+from objreg.analysis.math.functional import ObjectiveFunction, Params, requiring_grad
+from objreg.analysis.math.per_sample import derivative_unsupported
+from objreg.analysis.parallel.group import Group
+from objreg.core.errors import InvalidParameterError
+
+
+def hvp_forward_over_reverse(loss: Callable[[Params], torch.Tensor], shared: Params, direction: Params) -> Params:
+    _, product = jvp(grad(loss), (shared,), (direction,))
+    return product
+
+
+def hvp_double_backward(loss: Callable[[Params], torch.Tensor], shared: Params, direction: Params) -> Params:
+    params = requiring_grad(shared)
+    grads = torch.autograd.grad(loss(params), list(params.values()), create_graph=True)
+    projected = sum((g * direction[n]).sum() for g, n in zip(grads, params))
+    products = torch.autograd.grad(projected, list(params.values()), allow_unused=True)
+    return {n: torch.zeros_like(t) if h is None else h for (n, t), h in zip(params.items(), products)}
+
+
+HVP_METHODS = ("auto", "forward_over_reverse", "double_backward")
+
+
+class Curvature:
+    """Gradient and Hessian-vector products of ``D(θ) = mean_i ℓ_i(θ)`` over the examples of
+    ``functions`` (chunks of one evaluation set), at ``shared``.
+
+    Args:
+        functions: The chunks; their example counts weight them.
+        shared: The point ``θ``.
+        method: ``auto`` (double backward when ``shared`` is on the CPU, forward-over-reverse
+            otherwise; the other where the first one's derivatives are missing),
+            ``forward_over_reverse`` or ``double_backward``. After the first product,
+            :attr:`method` names the one in use.
+        max_directions: Directions pushed through one batched pass (bounds memory).
+        total: Examples of the whole evaluation set (default: those of ``functions``). With
+            several processes each holds its share of the chunks and ``total`` counts them all.
+        group: The processes whose chunks add up to ``D``: the gradient and the products are
+            summed over them (:mod:`objreg.analysis.parallel.group`; default: this process alone).
+    """
+
+    def __init__(
+        self, functions: list[ObjectiveFunction], shared: Params, method: str = "auto", max_directions: int = 4,
+        *, total: int | None = None, group: Group | None = None,
+    ):
+        if method not in HVP_METHODS:
+            raise InvalidParameterError(f"HVP method must be one of {', '.join(HVP_METHODS)}, got {method!r}")
+        self.functions = functions
+        self.shared = shared
+        self.method = method
+        self.max_directions = max_directions
+        self.total = sum(f.batch_size for f in functions) if total is None else total
+        self.group = group if group is not None else Group()
+        self.matvecs = 0
+
+    def _chunk_loss(self, f: ObjectiveFunction) -> Callable[[Params], torch.Tensor]:
+        return lambda params: f(params).sum() / self.total
+
+    def gradient_and_products(self, directions: list[Params]) -> tuple[Params, list[Params]]:
+        """``∇D`` and ``[H v for v in directions]``.
+
+        Raises:
+            InvalidParameterError: the model has neither derivative an exact HVP needs.
+        """
+        if self.method == "auto":
+            # On the CPU double backward is the faster and the lighter in memory (docs/performance.md);
+            # elsewhere forward-over-reverse is.
+            on_cpu = all(t.device.type == "cpu" for t in self.shared.values())
+            first, second = ("double_backward", "forward_over_reverse") if on_cpu else (
+                "forward_over_reverse", "double_backward")
+            try:
+                result = self._compute(directions, first)
+                self.method = first
+                return result
+            except (NotImplementedError, RuntimeError) as error:
+                if not derivative_unsupported(error):
+                    raise
+            try:
+                result = self._compute(directions, second)
+            except (NotImplementedError, RuntimeError) as error:
+                if not derivative_unsupported(error):
+                    raise
+                raise InvalidParameterError(
+                    f"Hessian-vector products need forward-mode or double-backward derivatives, and this model "
+                    f"has neither ({str(error).splitlines()[0]}); use the math attention path (config attention='math')"
+                ) from None
+            self.method = second
+            return result
+        return self._compute(directions, self.method)
+
+    def matvec(self, direction: Params) -> Params:
+        """``H v`` for one direction."""
+        return self.gradient_and_products([direction])[1][0]
+
+    def _compute(self, directions: list[Params], method: str) -> tuple[Params, list[Params]]:
+        gradient = {n: torch.zeros_like(t) for n, t in self.shared.items()}
+        products = [{n: torch.zeros_like(t) for n, t in self.shared.items()} for _ in directions]
+        for f in self.functions:
+            loss = self._chunk_loss(f)
+            if method == "forward_over_reverse":
+                part_gradient, part_products = self._forward_over_reverse(loss, directions)
+            else:
+                part_gradient, part_products = self._double_backward(loss, directions)
+            for n in gradient:
+                gradient[n] += part_gradient[n]
+                for total, part in zip(products, part_products):
+                    total[n] += part[n]
+        # One collective for the gradient and every product (identity in one process).
+        gradient, products = self.group.all_reduce_sum((gradient, products))
+        self.matvecs += len(directions)
+        return gradient, products
+
+    def _forward_over_reverse(self, loss: Callable[[Params], torch.Tensor], directions: list[Params]
+                              ) -> tuple[Params, list[Params]]:
+        if not directions:
+            return grad(loss)(self.shared), []
+        products: list[Params] = []
+        gradient: Params = {}
+        for start in range(0, len(directions), self.max_directions):
+            group = directions[start:start + self.max_directions]
+            if len(group) == 1:
+                gradient, product = jvp(grad(loss), (self.shared,), (group[0],))
+                products.append(product)
+                continue
+            stacked = {n: torch.stack([d[n] for d in group]) for n in self.shared}
+            batched_gradient, batched = vmap(lambda v: jvp(grad(loss), (self.shared,), (v,)))(stacked)
+            gradient = {n: t[0] for n, t in batched_gradient.items()}
+            products.extend({n: t[i] for n, t in batched.items()} for i in range(len(group)))
+        return gradient, products
+
+    def _double_backward(self, loss: Callable[[Params], torch.Tensor], directions: list[Params]
+                         ) -> tuple[Params, list[Params]]:
+        params = requiring_grad(self.shared)
+        leaves = list(params.values())
+        grads = torch.autograd.grad(loss(params), leaves, create_graph=True, allow_unused=True)
+        gradient = {n: torch.zeros_like(t) if g is None else g.detach() for (n, t), g in zip(params.items(), grads)}
+        products = []
+        for i, direction in enumerate(directions):
+            projected = sum((g * direction[n]).sum() for g, n in zip(grads, params) if g is not None)
+            if not isinstance(projected, torch.Tensor) or not projected.requires_grad:
+                products.append({n: torch.zeros_like(t) for n, t in params.items()})
+                continue
+            parts = torch.autograd.grad(projected, leaves, retain_graph=i < len(directions) - 1, allow_unused=True)
+            products.append({n: torch.zeros_like(t) if h is None else h for (n, t), h in zip(params.items(), parts)})
+        return gradient, products

@@ -1,0 +1,209 @@
+"""The fixed downstream evaluation set that defines ``D(θ)``, in length-sorted, trimmed chunks.
+
+Every probe evaluates ``D`` twice and takes its gradient and Hessian-vector products, so ``D``
+is the analysis' hot loop. Task rows are padded to ``seq_len`` (much of a short-answer set is
+padding: docs/analysis.md), and padding is excluded by position, so the set is sorted by length,
+cut into chunks, and each chunk is trimmed to its longest row: the same ``D`` for a fraction of
+the work (attention costs grow as the square of the row length).
+
+Trimming cuts every ``[B, T, ...]`` tensor of the batch (``extras`` included) along its second
+dimension. A task whose extras have a second dimension of size ``T`` that does not run along the
+sequence would be broken by that, so :meth:`Downstream.check` compares the per-example losses of
+the trimmed chunks with those of the padded set once, and the padded set is used where they
+differ.
+
+``D`` itself (not its derivatives) is evaluated in float64 by default (``evaluation_dtype``),
+on a float64 copy of the model holding its current parameters: ``D(θ_{t+1}) − D(θ_t)`` is a
+difference of two nearly equal numbers, and in float32 it is quantised to about ``1e-7 · D``
+(the rounding of each forward pass), far above the Taylor error at small steps. The points
+``θ_t`` and ``θ_{t+1}`` are the float32 parameters themselves (exact in float64), so the
+change is the float64 ``D``'s exact change between them, to float64 rounding.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from objreg.analysis.math.curvature import Curvature
+from objreg.analysis.math.functional import (
+    CallableLoss,
+    ObjectiveFunction,
+    Params,
+    batch_size_of,
+    detached,
+    named_shared,
+)
+from objreg.analysis.parallel.group import Group
+from objreg.core.handles import Task
+from objreg.core.types import CorruptedBatch
+
+
+def trimmed(batch: CorruptedBatch) -> CorruptedBatch:
+    """``batch`` without the trailing columns that are padding in every row."""
+    width = batch.input_ids.shape[1]
+    real = (~batch.is_padding).any(0).nonzero()
+    keep = int(real.max()) + 1 if len(real) else 1
+    if keep == width:
+        return batch
+
+    def cut(t: torch.Tensor) -> torch.Tensor:
+        return t[:, :keep] if t.dim() >= 2 and t.shape[1] == width else t
+
+    return CorruptedBatch(*(cut(t) for t in batch[:5]), {k: cut(v) for k, v in batch.extras.items()})
+
+
+def length_order(batch: CorruptedBatch) -> torch.Tensor:
+    """Example indices from the shortest row to the longest (stable)."""
+    return torch.sort((~batch.is_padding).sum(1), stable=True).indices
+
+
+@dataclass
+class Downstream:
+    """The downstream evaluation set: ``D(θ)`` is the mean of the task's loss over its examples.
+
+    With several processes (``group``) the chunks, the same as in one process, are dealt out
+    round-robin (chunk ``j`` to process ``j mod world_size``: the length-sorted chunks alternate,
+    so each process gets short and long rows alike); each evaluates its own, and the per-chunk
+    sums are added up in chunk order, so ``D`` is the one-process value. A process beyond the
+    number of chunks has no share of ``D``.
+
+    Args:
+        task: The downstream task.
+        batch: Its evaluation examples.
+        chunk_size: Examples per chunk (bounds memory; small chunks trim more padding).
+        group: The processes sharing the work (default: this one alone).
+        evaluation_dtype: The dtype :meth:`loss` evaluates ``D`` in (on a copy of the model
+            when the model's differs); None: the model's own.
+        shared: Names of the shared parameters (default: the backbone's).
+
+    A set given as the user's own batches (:meth:`of_batches`) is used as it is: its batches are
+    the chunks, neither sorted nor trimmed.
+    """
+
+    task: Task | CallableLoss
+    batch: CorruptedBatch | None
+    chunk_size: int = 16
+    group: Group = field(default_factory=Group)
+    evaluation_dtype: torch.dtype | None = torch.float64
+    shared: tuple[str, ...] | None = None
+    chunks: list[Any] = field(init=False)
+    compact: bool = field(init=False, default=True)
+    _copy: tuple[nn.Module, nn.Module] | None = field(init=False, default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.batch is None:
+            self.chunks = []
+            return
+        self.order = length_order(self.batch)
+        self.chunks = [trimmed(self.batch.select(self.order[rows])) for rows in self._spans()]
+
+    @classmethod
+    def of_batches(cls, loss: CallableLoss, batches: Sequence[Any], **options: Any) -> Downstream:
+        """``D`` as the mean of ``loss`` over the examples of ``batches`` (each one chunk)."""
+        downstream = cls(loss, None, **options)
+        downstream.chunks = list(batches)
+        return downstream
+
+    def _spans(self) -> list[slice]:
+        return [slice(s, s + self.chunk_size) for s in range(0, self.batch.batch_size, self.chunk_size)]
+
+    @property
+    def size(self) -> int:
+        """Examples in the whole evaluation set (every process's)."""
+        return self.batch.batch_size if self.batch is not None else sum(batch_size_of(c) for c in self.chunks)
+
+    @property
+    def tokens(self) -> int:
+        """Token positions one evaluation of ``D`` computes (padding included)."""
+        return sum(c.input_ids.numel() for c in self.chunks)
+
+    @property
+    def local_chunks(self) -> list[CorruptedBatch]:
+        """This process's chunks (all of them in one process)."""
+        return self.chunks[self.group.rank :: self.group.world_size]
+
+    def check(self, model: nn.Module) -> bool:
+        """Use the trimmed chunks only if they give the padded set's per-example losses (to
+        rounding); returns whether they do (decided together by every process)."""
+        shared = detached(named_shared(model, self.shared))
+        spans = self._spans()[self.group.rank :: self.group.world_size]
+        with torch.no_grad():
+            rows = torch.cat([self.order[s] for s in spans]) if spans else self.order[:0]
+            padded = ObjectiveFunction(model, self.task, self.batch.select(rows), shared=self.shared)(shared) \
+                if spans else None
+            try:
+                compact = torch.cat([ObjectiveFunction(model, self.task, c, shared=self.shared)(shared)
+                                     for c in self.local_chunks])
+                tolerance = 1e-9 if compact.dtype == torch.float64 else 1e-4
+                agrees = padded is None or (compact.shape == padded.shape and bool(
+                    torch.allclose(compact, padded, rtol=tolerance, atol=tolerance * float(padded.abs().max()))
+                ))
+            except (RuntimeError, IndexError, ValueError):
+                agrees = False
+        disagreeing = self.group.all_reduce_sum(torch.tensor(0.0 if agrees else 1.0))
+        self.compact = float(disagreeing) == 0.0
+        if not self.compact:
+            self.order = torch.arange(self.batch.batch_size)
+            self.chunks = [self.batch.select(rows) for rows in self._spans()]
+        return self.compact
+
+    def functions(self, model: nn.Module) -> list[ObjectiveFunction]:
+        """This process's share of ``D`` as per-chunk functions of the shared parameters (all of
+        ``D`` in one process; weight each chunk by its example count over :attr:`size`)."""
+        return [ObjectiveFunction(model, self.task, chunk, shared=self.shared) for chunk in self.local_chunks]
+
+    def curvature(self, model: nn.Module, shared: Params, method: str = "auto") -> Curvature:
+        """Gradient and Hessian-vector products of ``D`` at ``shared``, summed over the processes."""
+        return Curvature(self.functions(model), shared, method, total=self.size, group=self.group)
+
+    def evaluation_model(self, model: nn.Module) -> nn.Module:
+        """The model :meth:`loss` evaluates: ``model`` itself when it already has the evaluation
+        dtype, else a copy in that dtype (made once) holding ``model``'s current parameters and
+        buffers, in the same train/eval mode."""
+        like = next(iter(model.parameters()), None)
+        dtype = self.evaluation_dtype
+        if dtype is None or like is None or like.dtype == dtype or not like.is_floating_point():
+            return model
+        if self._copy is None or self._copy[0] is not model:
+            shadow = copy.deepcopy(model).to(dtype)
+            for p in shadow.parameters():
+                p.grad = None
+                p.requires_grad_(False)
+            self._copy = (model, shadow)
+        shadow = self._copy[1]
+        with torch.no_grad():
+            for source, target in ((model.parameters(), shadow.parameters()), (model.buffers(), shadow.buffers())):
+                for a, b in zip(source, target):
+                    b.copy_(a)
+        return shadow.train(model.training)
+
+    def unit_roundoff(self, model: nn.Module) -> float:
+        """Half the machine epsilon of the dtype :meth:`loss` evaluates ``D`` in."""
+        like = next(iter(model.parameters()))
+        dtype = like.dtype if self.evaluation_dtype is None or not like.is_floating_point() else self.evaluation_dtype
+        return float(torch.finfo(dtype).eps) / 2
+
+    @torch.no_grad()
+    def loss(self, model: nn.Module) -> float:
+        """``D`` at the model's current parameters, evaluated in :attr:`evaluation_dtype`."""
+        model = self.evaluation_model(model)
+        shared = detached(named_shared(model, self.shared))
+        sums = [f(shared).sum() for f in self.functions(model)]
+        if self.group.distributed:
+            # Every chunk's sum, back in chunk order: the same additions as in one process.
+            like = next(iter(shared.values()))
+            mine = torch.stack(sums) if sums else torch.zeros(0, dtype=like.dtype, device=like.device)
+            every = self.group.all_gather([mine])[0]
+            world, count = self.group.world_size, len(self.chunks)
+            dealt = [j for rank in range(world) for j in range(rank, count, world)]  # the gather's chunk order
+            sums = [None] * count
+            for position, chunk in enumerate(dealt):
+                sums[chunk] = every[position]
+        total = sum(sums)
+        return float(total) / self.size

@@ -1,0 +1,222 @@
+"""Ghost dot products: every example's ``⟨∇ℓ_i, v⟩`` from one forward and one reverse pass that
+computes no weight gradient.
+
+Every module owning shared parameters contributes ``Σ_t ⟨g_{i,t}, (∂y/∂θ_m · v_m)_{i,t}⟩``, its
+output gradient times the directional derivative of its output along its own parameters (for
+``nn.Linear``: ``Σ_t g_{i,t}ᵀ V a_{i,t} + g_{i,t}ᵀ b_V``, and likewise for ``transformers``'
+``Conv1D``; embeddings and LayerNorm have their own rules; any other module its local ``jvp``; a
+tied weight gets a term at each use, which sums to its one gradient). It needs first derivatives only, so it runs through fused attention kernels.
+:class:`GhostDots` also rides along an ordinary training backward, so the update's own pass
+yields the dots too. It attributes gradient by the row it flows through, which is ``∇ℓ_i`` only
+when the model treats rows independently and ``ℓ_i`` depends on its own row alone: never used
+for batch-coupled losses (``ObjectiveInfo.batch_coupled``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, jvp
+
+from objreg.analysis.math.functional import ObjectiveFunction, Params
+from objreg.core.errors import InvalidParameterError
+
+
+class GhostUnsupportedError(NotImplementedError):
+    """The model has a module the ghost rules cannot attribute per example (``auto`` moves on)."""
+
+
+def _batched_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``[B]``: ``⟨a_i, b_i⟩`` over every dimension but the first (``vecdot``: no ``a * b`` temporary)."""
+    return torch.linalg.vecdot(a.flatten(1), b.flatten(1))
+
+
+def _per_example_sum(g: torch.Tensor, trailing: int) -> torch.Tensor:
+    """``g`` summed over every dimension between the batch and the last ``trailing`` ones."""
+    return g.reshape(g.shape[0], -1, *g.shape[g.dim() - trailing :]).sum(1)
+
+
+def _linear_dot(module: nn.Linear, x: torch.Tensor, g: torch.Tensor, d: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``Σ_t g_tᵀ (V x_t + b_V)``, with the matmul on whichever side gives the smaller product."""
+    V, b = d.get("weight"), d.get("bias")
+    if V is None:
+        return _per_example_sum(g, 1) @ b
+    if V.shape[0] <= V.shape[1]:
+        return _batched_dot(F.linear(x, V, b), g)  # (B, ..., out): V x + b
+    dots = _batched_dot(g @ V, x)  # (B, ..., in): Vᵀ g
+    return dots if b is None else dots + _per_example_sum(g, 1) @ b
+
+
+def _embedding_dot(
+    module: nn.Embedding, ids: torch.Tensor, g: torch.Tensor, d: dict[str, torch.Tensor]
+) -> torch.Tensor:
+    tangent = F.embedding(ids, d["weight"])  # (B, ..., H): the rows of V the example looked up
+    if module.padding_idx is not None:  # that row gets no gradient
+        tangent = tangent.masked_fill((ids == module.padding_idx).unsqueeze(-1), 0.0)
+    return _batched_dot(tangent, g)
+
+
+def _layer_norm_dot(module: nn.LayerNorm, x: torch.Tensor, g: torch.Tensor, d: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``Σ_t g_t · (x̂_t ⊙ V_γ + V_β)``; x̂ is recomputed here rather than kept from the forward."""
+    weight, bias = d.get("weight"), d.get("bias")
+    if weight is None:
+        return _per_example_sum(g, len(module.normalized_shape)).flatten(1) @ bias.flatten()
+    normalised = F.layer_norm(x, module.normalized_shape, None, None, module.eps)
+    tangent = normalised * weight if bias is None else torch.addcmul(bias, normalised, weight)
+    return _batched_dot(tangent, g)
+
+
+def _conv1d(module: nn.Module) -> bool:
+    """``transformers``' ``Conv1D`` (GPT-2's projections): ``x W + b`` with ``W`` stored ``[in, out]``,
+    told by its name so this module never imports ``transformers``."""
+    weight = getattr(module, "weight", None)
+    return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and weight is not None and weight.dim() == 2
+
+
+def _plain_embedding(module: nn.Module) -> bool:
+    """An exact ``nn.Embedding`` whose gradient is plain row look-up (no renormalisation or scaling)."""
+    return type(module) is nn.Embedding and module.max_norm is None and not module.scale_grad_by_freq
+
+
+class GhostDots:
+    """Per-example ``⟨∇ℓ_i, v⟩`` collected during whatever backward pass runs inside the block.
+
+    Forward hooks on every module that owns a parameter named in ``direction`` give each call's
+    output a tensor hook that turns its gradient into that module's per-example contribution.
+    Used by :func:`dots_ghost`, or around an ordinary training step, so the update's own backward
+    yields the dots as well (GhostSuite's "in-run" use)::
+
+        with GhostDots(model, direction, batch_size) as ghost:
+            grads = torch.autograd.grad(losses.mean(), params)  # the step's own backward
+        dots = ghost.dots() * batch_size  # that backward was of the mean
+
+    Args:
+        model: The module whose calls run inside the block (``functional_call`` on it is fine).
+        direction: ``v``, keyed like ``model.named_parameters()`` (a tied weight under the name
+            that lists it); parameters it does not name contribute nothing.
+        batch_size: ``B``; every hooked output must have it as its first dimension.
+        more: Further directions, keyed the same way, whose dots the same pass gives too
+            (:meth:`more_dots`): the forward and the backward are shared, only each module's
+            contraction is repeated.
+
+    The caller guarantees what ghost dots need: the model treats rows independently and ℓ_i
+    depends on row i alone (never for ``ObjectiveInfo.batch_coupled``).
+    """
+
+    def __init__(self, model: nn.Module, direction: Params, batch_size: int, more: Sequence[Params] = ()):
+        self.model = model
+        self.direction = direction
+        self.more = list(more)
+        self.batch_size = batch_size
+        self.roots: list[torch.Tensor] = []
+        self.contributions: list[torch.Tensor] = []
+        self.more_contributions: list[list[torch.Tensor]] = [[] for _ in self.more]
+        self._replaying = False
+        self._handles: list[Any] = []
+
+    def __enter__(self) -> GhostDots:
+        owner_name = {id(p): n for n, p in self.model.named_parameters() if n in self.direction}  # tied: once
+        for module in self.model.modules():
+            params = module.named_parameters(recurse=False)
+            own = {local: owner_name[id(p)] for local, p in params if id(p) in owner_name}
+            if own:
+                self._handles.append(module.register_forward_hook(self._hook(own), with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def dots(self) -> torch.Tensor:
+        """``[B]``: the contributions gathered so far (of the loss that was backpropagated)."""
+        return self._total(self.contributions)
+
+    def more_dots(self) -> list[torch.Tensor]:
+        """``[B]`` for each of the further directions ``more``."""
+        return [self._total(parts) for parts in self.more_contributions]
+
+    def _total(self, contributions: list[torch.Tensor]) -> torch.Tensor:
+        like = next(iter(self.direction.values()))
+        total = torch.zeros(self.batch_size, dtype=like.dtype, device=like.device)
+        for part in contributions:
+            total = total + part.to(total.dtype)
+        return total
+
+    def _hook(self, own: dict[str, str]) -> Callable[..., Any]:
+        def forward_hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+            if self._replaying:
+                return None
+            if not isinstance(output, torch.Tensor) or output.dim() == 0 or output.shape[0] != self.batch_size:
+                raise GhostUnsupportedError(
+                    f"ghost dots need every module owning shared parameters to return one batch-first tensor; "
+                    f"{type(module).__name__} returned {type(output).__name__}"
+                    f"{tuple(output.shape) if isinstance(output, torch.Tensor) else ''}"
+                )
+            if not output.requires_grad:  # nothing upstream is differentiated: start the graph here
+                output = output.detach().requires_grad_()
+                self.roots.append(output)
+            d = {local: self.direction[name] for local, name in own.items()}
+            others = [{local: v[name] for local, name in own.items()} for v in self.more]
+            # The values this call ran with (functional_call restores the originals before backward).
+            values = {local: getattr(module, local) for local in own}
+
+            def on_gradient(g: torch.Tensor) -> None:
+                self.contributions.append(self._dot(module, values, args, kwargs, g, d))
+                for parts, other in zip(self.more_contributions, others):
+                    parts.append(self._dot(module, values, args, kwargs, g, other))
+
+            output.register_hook(on_gradient)
+            return output
+
+        return forward_hook
+
+    def _dot(
+        self, module: nn.Module, values: Params, args: tuple, kwargs: dict, g: torch.Tensor, d: Params
+    ) -> torch.Tensor:
+        simple_call = len(args) == 1 and not kwargs
+        if simple_call and type(module) is nn.Linear:
+            return _linear_dot(module, args[0], g, d)
+        if simple_call and _conv1d(module):  # nn.Linear's rule, with the weight's transpose
+            return _linear_dot(module, args[0], g, {k: v.T if k == "weight" else v for k, v in d.items()})
+        if simple_call and type(module) is nn.LayerNorm:
+            return _layer_norm_dot(module, args[0], g, d)
+        if simple_call and _plain_embedding(module):
+            return _embedding_dot(module, args[0], g, d)
+        # Any other module: the directional derivative of its output along its own parameters.
+        self._replaying = True
+        try:
+            _, tangent = jvp(lambda p: functional_call(module, p, args, kwargs), (values,), (d,))
+        finally:
+            self._replaying = False
+        return _batched_dot(tangent, g)
+
+
+def dots_ghost(fn: ObjectiveFunction, shared: Params, direction: Params) -> torch.Tensor:
+    """``[B]``: one forward and one input-gradient-only backward (see the module docstring).
+
+    Raises:
+        InvalidParameterError: the objective couples the examples of a batch.
+        GhostUnsupportedError: a module owning shared parameters does not map batch-first tensors.
+    """
+    return dots_ghost_many(fn, shared, [direction])[0]
+
+
+def dots_ghost_many(fn: ObjectiveFunction, shared: Params, directions: Sequence[Params]) -> list[torch.Tensor]:
+    """:func:`dots_ghost` for several directions from the one forward and backward pass."""
+    if fn.objective.info.batch_coupled:
+        raise InvalidParameterError(
+            f"{fn.objective.name!r} couples the examples of a batch (in-batch negatives); ghost dot products "
+            f"attribute gradient by row and are not ⟨∇ℓ_i, v⟩ there: use method='jvp'"
+        )
+    first, *more = [{n: direction[n] for n in shared} for direction in directions]
+    with GhostDots(fn.model, first, fn.batch_size, more) as ghost, torch.enable_grad():
+        losses = fn({n: t.detach() for n, t in shared.items()})
+        if ghost.roots and losses.requires_grad:
+            # Only the roots are asked for, so autograd skips every weight gradient.
+            torch.autograd.grad(losses.sum(), ghost.roots, allow_unused=True)
+    return [d.to(losses.dtype) for d in [ghost.dots(), *ghost.more_dots()]]

@@ -1,0 +1,259 @@
+"""The downstream change as a quadratic function of the objective weights, its counterfactuals,
+and its optimum in a trust region.
+
+A probe record holds, for the step it measured, each objective's first-order transfer and the
+second-order interactions. From them the predicted change of ``D`` over that step is a quadratic
+in the weights ``α`` the step could have used:
+
+    ΔD(α) ≈ f₀ + fᵀα + s₀ + qᵀα + ½ αᵀ M α        (improvement = −ΔD)
+
+* **SGD** (exact to second order): ``Δθ(α) = −η Σ_k α_k g_k`` is linear in ``α``, so
+  ``∇D·Δθ = −η αᵀc`` and ``½ Δθᵀ H_D Δθ = ½ η² αᵀ S α``: ``f = −η c``, ``M = η² S``, nothing else.
+* **Adam / AdamW** (an approximation): each objective's part of the step ``d_k`` (its Shapley
+  value, momentum included) is taken to scale with its weight, ``d_k(α) = (α_k / α_k^used) d_k``,
+  with the preconditioner the run built held fixed; the parts that do not scale (weight decay,
+  and an objective whose weight was 0 at that step) stay as they were. It ignores that Adam
+  normalises the step: scaling every weight by one factor hardly changes an Adam step, while the
+  model scales it. Read it for the *mixture* (the weights at a fixed total), near the weights used.
+
+A run's counterfactual for a constant ``α`` sums its probed steps' models, each at the recorded
+parameters ``θ_t``: other weights would also have moved the trajectory, which the sum ignores (an
+error of order ``η²`` per step, growing with the number of steps).
+
+The best weights maximise the predicted improvement (first plus second order) over the trust
+region: ``α ≥ 0`` within optional bounds, the total ``Σ_k α_k`` held at the reference's (the
+mixture is chosen, not the learning rate), and each weight at most ``radius × total`` from the
+reference. That is a small quadratic programme, solved exactly by enumerating which bounds are
+active (``3^K`` faces; the best stationary point of any face is the global optimum, also where
+``M`` is indefinite).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from objreg.analysis.math.taylor import pair_key
+from objreg.core.errors import InvalidParameterError
+
+#: Objectives the exact trust-region solver takes (it visits 3^K faces).
+MAX_OBJECTIVES = 8
+
+
+@dataclass(frozen=True)
+class Quadratic:
+    """``ΔD(α) = first_constant + firstᵀα + second_constant + crossᵀα + ½ αᵀ matrix α``, split
+    into its first-order part (the first two terms) and its second-order part (the rest)."""
+
+    names: tuple[str, ...]
+    first_constant: float
+    first: np.ndarray
+    second_constant: float
+    cross: np.ndarray
+    matrix: np.ndarray
+
+    @classmethod
+    def zero(cls, names: Sequence[str]) -> Quadratic:
+        k = len(names)
+        return cls(tuple(names), 0.0, np.zeros(k), 0.0, np.zeros(k), np.zeros((k, k)))
+
+    def __add__(self, other: Quadratic) -> Quadratic:
+        return Quadratic(self.names, self.first_constant + other.first_constant, self.first + other.first,
+                         self.second_constant + other.second_constant, self.cross + other.cross,
+                         self.matrix + other.matrix)
+
+    def scaled(self, factor: float) -> Quadratic:
+        return Quadratic(self.names, factor * self.first_constant, factor * self.first,
+                         factor * self.second_constant, factor * self.cross, factor * self.matrix)
+
+    def vector(self, weights: Mapping[str, float]) -> np.ndarray:
+        return np.array([float(weights[n]) for n in self.names], dtype=np.float64)
+
+    def improvement(self, weights: Mapping[str, float] | np.ndarray) -> dict[str, float]:
+        """The predicted improvement (``−ΔD``) with ``weights``, to first order and to second order."""
+        a = weights if isinstance(weights, np.ndarray) else self.vector(weights)
+        first = self.first_constant + float(self.first @ a)
+        second = self.second_constant + float(self.cross @ a) + 0.5 * float(a @ self.matrix @ a)
+        return {"first_order": -first, "first_plus_second_order": -(first + second)}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The coefficients by name (the report's ``counterfactual.model``)."""
+        return {
+            "first_constant": self.first_constant,
+            "first": dict(zip(self.names, map(float, self.first))),
+            "second_constant": self.second_constant,
+            "cross": dict(zip(self.names, map(float, self.cross))),
+            "matrix": {pair_key(a, b): float(self.matrix[i, j]) for i, a in enumerate(self.names)
+                       for j, b in enumerate(self.names) if i <= j},
+        }
+
+    @classmethod
+    def from_dict(cls, names: Sequence[str], data: Mapping[str, Any]) -> Quadratic:
+        k = len(names)
+        matrix = np.zeros((k, k))
+        for i, a in enumerate(names):
+            for j, b in enumerate(names):
+                matrix[i, j] = data["matrix"][pair_key(*sorted((a, b), key=names.index))]
+        return cls(tuple(names), float(data["first_constant"]), np.array([data["first"][n] for n in names], float),
+                   float(data["second_constant"]), np.array([data["cross"][n] for n in names], float), matrix)
+
+
+def _pair(record: Mapping[str, Any], table: str, a: str, b: str, order: Sequence[str]) -> float:
+    first, second = sorted((a, b), key=list(order).index)
+    return float(record[table][pair_key(first, second)])
+
+
+def step_model(record: Mapping[str, Any], optimizer: str, lr: float, names: Sequence[str]) -> Quadratic:
+    """The quadratic model of one probed step's change of ``D`` in the weights (module docstring)."""
+    k = len(names)
+    if optimizer == "sgd":
+        c = np.array([record["alignment"][n]["dot"] for n in names], dtype=np.float64)
+        s = np.array([[_pair(record, "second_order", a, b, names) for b in names] for a in names])
+        return Quadratic(tuple(names), 0.0, -lr * c, 0.0, np.zeros(k), lr * lr * s)
+    update = record["update"]
+    parts = list(update["first_order"])  # the objectives, then weight decay where there is one
+    used = record["weights"]
+    scaled = [n for n in names if used[n] > 0]
+    fixed = [p for p in parts if p not in scaled]
+    index = {n: i for i, n in enumerate(names)}
+
+    def pair(a: str, b: str) -> float:  # d_aᵀ H d_b (the record keeps ½ d_aᵀ H d_a on the diagonal)
+        value = _pair(update, "second_order", a, b, parts)
+        return 2 * value if a == b else value
+
+    first = np.zeros(k)
+    cross = np.zeros(k)
+    matrix = np.zeros((k, k))
+    for a in scaled:
+        first[index[a]] = update["first_order"][a] / used[a]
+        cross[index[a]] = sum(pair(a, c) for c in fixed) / used[a]
+        for b in scaled:
+            matrix[index[a], index[b]] = pair(a, b) / (used[a] * used[b])
+    first_constant = sum(update["first_order"][c] for c in fixed)
+    second_constant = 0.5 * sum(pair(a, b) for a in fixed for b in fixed)
+    return Quadratic(tuple(names), first_constant, first, second_constant, cross, matrix)
+
+
+def run_model(records: Sequence[Mapping[str, Any]], optimizer: str, lr: float, names: Sequence[str]) -> Quadratic:
+    """The sum of the probed steps' models: the counterfactual of a constant weight vector."""
+    total = Quadratic.zero(names)
+    for record in records:
+        total = total + step_model(record, optimizer, lr, names)
+    return total
+
+
+def used_improvement(records: Sequence[Mapping[str, Any]], optimizer: str, lr: float,
+                     names: Sequence[str]) -> dict[str, float]:
+    """The model's predicted improvement with the weights each probed step actually used."""
+    totals = {"first_order": 0.0, "first_plus_second_order": 0.0}
+    for record in records:
+        for key, value in step_model(record, optimizer, lr, names).improvement(record["weights"]).items():
+            totals[key] += value
+    return totals
+
+
+def trust_box(center: np.ndarray, radius: float, low: float = 0.0,
+              high: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Each weight's interval: within ``radius × Σ center`` of the center, inside ``[low, high]``."""
+    step = radius * float(center.sum())
+    upper = center + step if high is None else np.minimum(center + step, high)
+    return np.maximum(center - step, low), upper
+
+
+def maximise(model: Quadratic, lower: np.ndarray, upper: np.ndarray, total: float) -> np.ndarray:
+    """The ``α`` in ``lower ≤ α ≤ upper``, ``Σ α = total`` with the largest predicted improvement
+    (first plus second order): every face of the box (each weight at its lower bound, its upper
+    bound, or free) is visited, the improvement's stationary point on the face's part of the
+    plane ``Σ α = total`` found, and the best feasible one kept.
+
+    Raises:
+        InvalidParameterError: more than :data:`MAX_OBJECTIVES` objectives, or no feasible ``α``.
+    """
+    k = len(model.names)
+    if k > MAX_OBJECTIVES:
+        raise InvalidParameterError(f"the trust-region optimum takes at most {MAX_OBJECTIVES} objectives, got {k}")
+    if lower.sum() > total + 1e-12 * max(1.0, abs(total)) or upper.sum() < total - 1e-12 * max(1.0, abs(total)):
+        raise InvalidParameterError(
+            f"no weights within the bounds add up to the total weight {total:g} (bounds allow "
+            f"{lower.sum():g} to {upper.sum():g})")
+    # Maximise bᵀα − ½ αᵀ M α (the improvement up to a constant).
+    b = -(model.first + model.cross)
+    m = 0.5 * (model.matrix + model.matrix.T)
+    tolerance = 1e-9 * max(1.0, abs(total), float(np.abs(upper).max()))
+    best, best_value = None, -math.inf
+    for face in itertools.product((0, 1, 2), repeat=k):  # 0: at lower, 1: at upper, 2: free
+        fixed_values = np.where(np.array(face) == 0, lower, upper)
+        free = [i for i in range(k) if face[i] == 2]
+        alpha = np.where(np.array(face) == 2, 0.0, fixed_values)
+        rest = total - alpha.sum()
+        if not free:
+            if abs(rest) > tolerance:
+                continue
+        else:
+            # Stationary on the face: M_ff α_f + λ 1 = b_f − M_fb α_b, Σ α_f = rest.
+            n = len(free)
+            system = np.zeros((n + 1, n + 1))
+            system[:n, :n] = m[np.ix_(free, free)]
+            system[:n, n] = 1.0
+            system[n, :n] = 1.0
+            rhs = np.concatenate([b[free] - m[free] @ alpha, [rest]])
+            solution, *_ = np.linalg.lstsq(system, rhs, rcond=None)
+            if not np.allclose(system @ solution, rhs, rtol=1e-9, atol=1e-12 * max(1.0, float(np.abs(rhs).max()))):
+                continue  # no stationary point on this face (its best lies on a smaller face)
+            alpha[free] = solution[:n]
+        if np.any(alpha < lower - tolerance) or np.any(alpha > upper + tolerance):
+            continue
+        alpha = np.clip(alpha, lower, upper)
+        value = float(b @ alpha - 0.5 * alpha @ m @ alpha)
+        if value > best_value:
+            best, best_value = alpha, value
+    assert best is not None  # the feasible set is a non-empty polytope: one of its vertices is a face
+    return best
+
+
+#: How the counterfactual's optimum is constrained, in words (the report's ``counterfactual.trust_region``).
+TRUST_RULE = ("weights ≥ the lower bound (0 by default) and ≤ the upper bound, their total held at the total of "
+              "the mean weights used, and each within radius × that total of its mean weight used")
+
+
+def counterfactual(records: Sequence[Mapping[str, Any]], names: Sequence[str], optimizer: str, lr: float, *,
+                   radius: float, low: float = 0.0, high: float | None = None) -> dict[str, Any]:
+    """The report's ``summary.counterfactual``: the run's quadratic model in the weights, the
+    improvement it predicts with the weights used, and the best constant weights in the trust
+    region around their mean, with what the model predicts for them."""
+    model = run_model(records, optimizer, lr, names)
+    center = np.mean([[r["weights"][n] for n in names] for r in records], axis=0)
+    lower, upper = trust_box(center, radius, low, high)
+    result: dict[str, Any] = {
+        "optimizer_model": ("sgd: exact second-order model of each step, Δθ(α) = −η Σ_k α_k g_k"
+                            if optimizer == "sgd" else
+                            f"{optimizer}: approximate, each objective's part of the step scaled by its weight "
+                            f"ratio with the preconditioner held fixed"),
+        "trajectory": "each probed step at its recorded parameters (other weights would also move the trajectory)",
+        "mean_weights": dict(zip(names, map(float, center))),
+        "total_weight": float(center.sum()),
+        "used": used_improvement(records, optimizer, lr, names),
+        "constant_mean_weights": model.improvement(center),
+        "trust_region": {"radius": radius, "low": low, "high": high, "rule": TRUST_RULE},
+        "model": model.to_dict(),
+    }
+    try:
+        best = maximise(model, lower, upper, float(center.sum()))
+    except InvalidParameterError as e:
+        result["best"] = None
+        result["best_skipped"] = str(e)
+        return result
+    predicted = model.improvement(best)
+    result["best"] = {
+        "weights": dict(zip(names, map(float, best))),
+        **predicted,
+        "gain_over_used": predicted["first_plus_second_order"] - result["used"]["first_plus_second_order"],
+        "second_to_first": (abs(predicted["first_plus_second_order"] - predicted["first_order"])
+                            / abs(predicted["first_order"]) if predicted["first_order"] else None),
+    }
+    return result

@@ -1,0 +1,222 @@
+"""Per-sample quantities: ⟨∇ℓ_i, v⟩ for every example, and per-sample gradients.
+
+Three exact ways to get all B dot products without materialising a per-sample gradient:
+
+* ``jvp``: ONE forward-mode pass of the per-sample loss vector. ``jvp(ℓ, θ, v)`` returns ``J v``
+  with ``J = ∂ℓ/∂θ`` of shape ``[B, P]``: exactly ``⟨∇ℓ_i, v⟩`` for each i. No graph is kept, so
+  its peak memory is below that of one ordinary backward. Right for batch-coupled losses too
+  (it differentiates ℓ_i as computed on the whole batch).
+* ``ghost``: one forward and one reverse pass that computes no weight gradient
+  (:mod:`objreg.analysis.math.ghost`); never for batch-coupled losses.
+* ``double_backward``: two reverse passes (``g(u) = Jᵀu`` is linear in a dummy ``u``, so
+  ``∂⟨g(u), v⟩/∂u = J v``), for models without forward mode.
+
+``auto`` tries them fastest first (``python -m benchmarks.alignment``, docs/performance.md):
+``ghost`` (batch-coupled losses skip it), then ``jvp``, ``double_backward`` and the per-example
+``loop``, moving on only when the model lacks what a method needs. ``vmap(grad)`` and the loop
+are kept as independent references and for the quantities that need the gradients themselves,
+optionally projected to ``k`` dimensions (Johnson–Lindenstrauss) so memory stays O(B·k).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import torch
+from torch.func import grad, jacrev, jvp, vmap
+
+from objreg.analysis.math.functional import ObjectiveFunction, Params, requiring_grad
+from objreg.analysis.math.ghost import dots_ghost, dots_ghost_many
+from objreg.core.errors import InvalidParameterError
+
+METHODS = ("auto", "jvp", "ghost", "double_backward", "vmap", "loop")
+
+
+def dots_jvp(fn: ObjectiveFunction, shared: Params, direction: Params) -> torch.Tensor:
+    """``[B]``: one forward-mode pass."""
+    _, tangent = jvp(fn, (shared,), (direction,))
+    return tangent
+
+
+def dots_double_backward(fn: ObjectiveFunction, shared: Params, direction: Params) -> torch.Tensor:
+    """``[B]``: two reverse passes, for models without forward-mode support."""
+    params = requiring_grad(shared)
+    losses = fn(params)
+    dummy = torch.zeros_like(losses, requires_grad=True)
+    vjp = torch.autograd.grad(losses, list(params.values()), grad_outputs=dummy, create_graph=True)
+    projected = sum((g * direction[n]).sum() for g, n in zip(vjp, params))
+    return torch.autograd.grad(projected, dummy)[0]
+
+
+def dots_loop(fn: ObjectiveFunction, shared: Params, direction: Params) -> torch.Tensor:
+    """``[B]``: one backward per example of ``ℓ_i`` computed on the whole batch (the reference;
+    also right for batch-coupled losses)."""
+    params = requiring_grad(shared)
+    losses = fn(params)
+    dots = []
+    for i in range(losses.shape[0]):
+        grads = torch.autograd.grad(losses[i], list(params.values()), retain_graph=True, allow_unused=True)
+        dots.append(sum((g * direction[n]).sum() for g, n in zip(grads, params) if g is not None))
+    return torch.stack([torch.as_tensor(d, dtype=losses.dtype, device=losses.device) for d in dots])
+
+
+# -- per-sample gradients ---------------------------------------------------------------------------
+
+
+def per_sample_grads(fn: ObjectiveFunction, shared: Params, chunk_size: int | None = None) -> Params:
+    """Per-sample gradients ``{name: [B, *shape]}``; memory grows as B × P.
+
+    Uncoupled losses: ``vmap(grad)`` over batches of one. Batch-coupled losses: the rows of the
+    Jacobian of ℓ on the whole batch (``jacrev``): ``∇ℓ_i`` with ℓ_i computed on the whole batch.
+    ``chunk_size`` bounds the transient memory of either.
+    """
+    if fn.objective.info.batch_coupled:
+        return jacrev(fn, chunk_size=chunk_size)(shared)
+    per_example = vmap(grad(fn.example_loss), in_dims=(None, 0, 0), chunk_size=chunk_size)
+    return per_example(shared, fn.batch, fn.mask)
+
+
+def dots_vmap(fn: ObjectiveFunction, shared: Params, direction: Params) -> torch.Tensor:
+    grads = per_sample_grads(fn, shared)
+    return sum((g * direction[n]).flatten(1).sum(1) for n, g in grads.items())  # type: ignore[return-value]
+
+
+class GaussianProjection:
+    """A Johnson–Lindenstrauss map ``Π: R^P → R^k``, ``Π = G / √k`` with ``G`` i.i.d. N(0, 1), so
+    ``E⟨Πa, Πb⟩ = ⟨a, b⟩``.
+
+    ``Π`` is never held whole: it is regenerated in row blocks of at most ``block_rows`` from seeds
+    drawn once from ``generator``, so the same generator state gives the same map (on one device
+    type) and memory stays O(block_rows · k).
+    """
+
+    def __init__(self, shapes: dict[str, torch.Size], k: int, generator: torch.Generator, block_rows: int = 4096):
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise InvalidParameterError(f"projection dimension k must be a positive integer, got {k!r}")
+        self.k = k
+        self.block_rows = block_rows
+        self.sizes = {n: math.prod(s) for n, s in shapes.items()}
+        self.seeds = {n: int(torch.randint(0, 2**62, (1,), generator=generator)) for n in shapes}
+
+    def blocks(self, name: str, dtype: torch.dtype, device: torch.device) -> Iterator[tuple[slice, torch.Tensor]]:
+        """``(rows, Π_rowsᵀ)`` pairs covering parameter ``name``: each matrix is ``[len(rows), k]``."""
+        size = self.sizes[name]
+        for index, start in enumerate(range(0, size, self.block_rows)):
+            stop = min(start + self.block_rows, size)
+            block_generator = torch.Generator(device=device).manual_seed(self.seeds[name] + index)
+            block = torch.randn(stop - start, self.k, generator=block_generator, dtype=dtype, device=device)
+            yield slice(start, stop), block / math.sqrt(self.k)
+
+    def __call__(self, vectors: Params) -> torch.Tensor:
+        """``[N, k]`` for ``vectors`` ``{name: [N, *shape]}`` (per-sample gradients of N examples)."""
+        first = next(iter(vectors.values()))
+        out = torch.zeros(first.shape[0], self.k, dtype=first.dtype, device=first.device)
+        for name, tensor in vectors.items():
+            flat = tensor.reshape(tensor.shape[0], -1)
+            for rows, block in self.blocks(name, flat.dtype, flat.device):
+                out.addmm_(flat[:, rows], block)
+        return out
+
+
+def projected_per_sample_grads(
+    fn: ObjectiveFunction, shared: Params, k: int, generator: torch.Generator, chunk_size: int = 8
+) -> torch.Tensor:
+    """``[B, k]``: per-sample gradients projected by one :class:`GaussianProjection`, computed
+    ``chunk_size`` examples at a time, so memory is O(chunk_size · P + B · k), never O(B · P).
+
+    For pairwise similarities and variances of per-sample gradients on large models; inner products
+    are preserved up to a relative error of about ``√(2/k)``.
+    """
+    projection = GaussianProjection({n: t.shape for n, t in shared.items()}, k, generator)
+    if fn.objective.info.batch_coupled:  # ℓ_i needs the whole batch: chunk the Jacobian rows instead
+        rows = [projection(part) for part in _coupled_grad_chunks(fn, shared, chunk_size)]
+    else:
+        rows = [projection(per_sample_grads(part, shared)) for part in fn.chunks(chunk_size)]
+    return torch.cat(rows)
+
+
+def _coupled_grad_chunks(fn: ObjectiveFunction, shared: Params, chunk_size: int) -> Iterator[Params]:
+    """Rows of ``∂ℓ/∂θ`` on the whole batch, ``chunk_size`` at a time (one batched vjp each)."""
+    params = requiring_grad(shared)
+    losses = fn(params)
+    eye = torch.eye(fn.batch_size, dtype=losses.dtype, device=losses.device)
+    for start in range(0, fn.batch_size, chunk_size):
+        cotangents = eye[start : start + chunk_size]
+        grads = torch.autograd.grad(
+            losses,
+            list(params.values()),
+            grad_outputs=cotangents,
+            retain_graph=True,
+            is_grads_batched=True,
+            allow_unused=True,
+        )
+        yield {
+            n: torch.zeros(len(cotangents), *t.shape, dtype=t.dtype, device=t.device) if g is None else g
+            for (n, t), g in zip(params.items(), grads)
+        }
+
+
+# -- the entry point --------------------------------------------------------------------------------
+
+
+def derivative_unsupported(error: Exception) -> bool:
+    """Whether ``error`` says an operation lacks the derivative asked for (forward mode, or a
+    backward of a backward), as opposed to a real bug that must surface."""
+    text = str(error).lower()
+    return isinstance(error, NotImplementedError) or any(
+        phrase in text for phrase in ("forward ad", "forward-mode", "jvp", "is not implemented", "not implemented for")
+    )
+
+
+_COMPUTE = {
+    "jvp": dots_jvp,
+    "ghost": dots_ghost,
+    "double_backward": dots_double_backward,
+    "vmap": dots_vmap,
+    "loop": dots_loop,
+}
+
+
+def per_sample_dots(
+    fn: ObjectiveFunction, shared: Params, direction: Params, method: str = "auto"
+) -> tuple[torch.Tensor, str]:
+    """``⟨∇ℓ_i, direction⟩`` for every example, and the method that computed it.
+
+    ``auto`` tries, fastest first as measured by ``benchmarks.alignment`` (docs/performance.md):
+    ``ghost`` (one forward + one input-gradient backward; never for batch-coupled losses), ``jvp``
+    (one forward-mode pass), ``double_backward`` (two reverse passes) and the per-example ``loop``
+    (B backward passes), moving on only when the model lacks what a method needs (fused attention
+    kernels have no forward mode nor double backward, but ghost dots run through them).
+    """
+    if method not in METHODS:
+        raise InvalidParameterError(f"per-sample method must be one of {', '.join(METHODS)}, got {method!r}")
+    if method != "auto":
+        return _COMPUTE[method](fn, shared, direction), method
+    candidates = ["ghost", "jvp", "double_backward"]
+    if fn.objective.info.batch_coupled:
+        candidates.remove("ghost")
+    for name in candidates:
+        try:
+            return _COMPUTE[name](fn, shared, direction), name
+        except (NotImplementedError, RuntimeError) as error:
+            if not derivative_unsupported(error):
+                raise
+    return dots_loop(fn, shared, direction), "loop"
+
+
+def per_sample_dots_many(
+    fn: ObjectiveFunction, shared: Params, directions: list[Params], method: str = "auto"
+) -> tuple[list[torch.Tensor], str]:
+    """:func:`per_sample_dots` for several directions: ``ghost`` gives them all from one forward
+    and backward pass; every other method takes one pass per direction."""
+    if method not in METHODS:
+        raise InvalidParameterError(f"per-sample method must be one of {', '.join(METHODS)}, got {method!r}")
+    if method == "ghost" or (method == "auto" and not fn.objective.info.batch_coupled):
+        try:
+            return dots_ghost_many(fn, shared, directions), "ghost"
+        except (NotImplementedError, RuntimeError) as error:
+            if method == "ghost" or not derivative_unsupported(error):
+                raise
+    first, used = per_sample_dots(fn, shared, directions[0], method)
+    return [first, *(per_sample_dots(fn, shared, d, used)[0] for d in directions[1:])], used

@@ -1,0 +1,190 @@
+"""Adam's step attributed to the objectives: Shapley values over coalitions of objectives, each
+coalition keeping its own Adam moments from the start of the run.
+
+Under Adam the step is not linear in the objectives' gradients: the preconditioner
+``1/(√v̂ + ε)`` is built from all of them together, and the momentum carries earlier steps'
+gradients. Splitting the step with the shared preconditioner held fixed is exact but
+ill-conditioned (where gradients nearly cancel, each part is huge and opposite) and leaves the
+momentum to nobody. Instead, every *coalition* ``S`` of players (objectives, plus Adam's coupled
+weight decay where there is one) is given the Adam run it would have had along the actual
+trajectory: its own moments built from ``G_S(t) = Σ_{k∈S} α_k(t) g_k(t)`` at every step,
+
+    m_S ← β₁ m_S + (1−β₁) G_S,   v_S ← β₂ v_S + (1−β₂) G_S²,
+    u_S = −η/(1−β₁ᵗ) · m_S / (√(v_S/(1−β₂ᵗ)) + ε)          (u_∅ = 0)
+
+and the full coalition's step ``u_N`` is the optimizer's own (read off its state). Player ``k``'s
+part is its Shapley value,
+
+    φ_k = Σ_{S ⊆ N∖{k}} |S|! (n−|S|−1)! / n! · (u_{S∪{k}} − u_S)
+
+(elementwise), which is: exact (``Σ_k φ_k = u_N``, the step), symmetric, zero for a player that
+never had a gradient, the linear split itself when the step is linear (SGD), and bounded: every
+``u_S`` is an Adam step, each coordinate at most ``η·C(β₁, β₂)`` (exactly ``η`` at the first step
+for ``|G| ≫ ε``), and ``φ_k`` is a weighted average of differences of two of them, so no part
+exceeds ``2 max_S |u_S|`` in any coordinate however the gradients cancel. Momentum is attributed
+by construction: ``m_S`` holds only ``S``'s past gradients.
+
+``n`` players need ``2ⁿ − 2`` tracked coalitions (``∅`` is zero and ``N`` is the optimizer's),
+each two tensors the size of the shared parameters: up to :data:`MAX_EXACT_PLAYERS` players
+all of them are tracked and the values are exact Shapley values. Above that a fixed, seeded set
+of :data:`SAMPLED_PERMUTATIONS` permutations (antithetic pairs: each with its reverse) is drawn
+at the start, and ``φ_k`` is the mean over them of ``k``'s marginal step ``u_{P∪{k}} − u_P``
+(``P`` the players before ``k``): the usual Monte-Carlo estimate of the Shapley value, still
+exact in sum (each permutation's marginals telescope to ``u_N``) and still bounded, with at
+most ``SAMPLED_PERMUTATIONS·(n−1)`` coalitions tracked.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from objreg.analysis.math.functional import Params
+
+MAX_EXACT_PLAYERS = 4
+SAMPLED_PERMUTATIONS = 8
+
+
+def exact_coefficients(n: int) -> dict[int, list[float]]:
+    """``c[mask][k]``: the weight of ``u_S`` (``S`` the players whose bits are set in ``mask``) in
+    player ``k``'s Shapley value, for every non-empty ``S``; ``φ_k = Σ_S c[S][k] u_S``."""
+    weight = [math.factorial(s) * math.factorial(n - s - 1) / math.factorial(n) for s in range(n)]
+    coefficients: dict[int, list[float]] = {}
+    for mask in range(1, 2**n):
+        size = bin(mask).count("1")
+        # k ∈ S: u_S enters as u_{(S∖k)∪k}, weight w(|S|−1); k ∉ S: as −u_S, weight w(|S|).
+        coefficients[mask] = [weight[size - 1] if mask >> k & 1 else -weight[size] for k in range(n)]
+    return coefficients
+
+
+def permutation_coefficients(n: int, permutations: Sequence[Sequence[int]]) -> dict[int, list[float]]:
+    """The same for the mean over ``permutations`` of each player's marginal step."""
+    coefficients: dict[int, list[float]] = {}
+    share = 1.0 / len(permutations)
+    for order in permutations:
+        before = 0
+        for k in order:
+            after = before | 1 << k
+            coefficients.setdefault(after, [0.0] * n)[k] += share
+            if before:
+                coefficients.setdefault(before, [0.0] * n)[k] -= share
+            before = after
+    return {mask: c for mask, c in sorted(coefficients.items()) if any(c)}
+
+
+def sampled_permutations(n: int, count: int, generator: torch.Generator) -> list[list[int]]:
+    """``count`` permutations of ``n`` players in antithetic pairs (a random order and its reverse)."""
+    orders = []
+    for _ in range(max(count // 2, 1)):
+        order = torch.randperm(n, generator=generator).tolist()
+        orders += [order, order[::-1]]
+    return orders
+
+
+class CoalitionMoments:
+    """The Adam moments of every coalition of ``players`` that the attribution needs, tracked along
+    the actual trajectory (see the module docstring). Plain tensors: checkpointable.
+
+    Args:
+        players: The objectives, in the report's order (plus ``weight_decay`` for Adam's
+            coupled decay).
+        seed: Seeds the permutations drawn above :data:`MAX_EXACT_PLAYERS` players.
+    """
+
+    def __init__(self, players: Sequence[str], seed: int = 0):
+        self.players = list(players)
+        n = len(self.players)
+        if n <= MAX_EXACT_PLAYERS:
+            self.exact = True
+            self.coefficients = exact_coefficients(n)
+        else:
+            self.exact = False
+            generator = torch.Generator().manual_seed(seed * 7919 + 5)
+            self.coefficients = permutation_coefficients(n, sampled_permutations(n, SAMPLED_PERMUTATIONS, generator))
+        self.full = 2**n - 1
+        self.tracked = [mask for mask in self.coefficients if mask != self.full]
+        self.exp_avg: dict[int, Params] = {}
+        self.exp_avg_sq: dict[int, Params] = {}
+        self.steps: dict[str, int] = {}
+
+    def members(self, mask: int) -> list[str]:
+        return [p for k, p in enumerate(self.players) if mask >> k & 1]
+
+    def coalition_gradient(self, mask: int, contributions: Mapping[str, Params], name: str) -> torch.Tensor | None:
+        """``G_S`` on one parameter: the sum of its members' contributions, in player order (None: no member has one)."""
+        total = None
+        for player in self.members(mask):
+            part = contributions.get(player)
+            if part is None:
+                continue
+            total = part[name] if total is None else total + part[name]
+        return total
+
+    def advance(self, contributions: Mapping[str, Params], stepped: Sequence[str], beta1: float, beta2: float) -> None:
+        """Take this step's gradients into every tracked coalition's moments. ``contributions``:
+        each player's ``α_k g_k`` on the shared parameters; ``stepped``: the parameters the
+        optimizer updates this step (those with a gradient), whose step counts advance."""
+        for name in stepped:
+            like = next(iter(contributions.values()))[name]
+            self.steps[name] = self.steps.get(name, 0) + 1
+            for mask in self.tracked:
+                gradient = self.coalition_gradient(mask, contributions, name)
+                if gradient is None:
+                    gradient = torch.zeros_like(like)
+                m = self.exp_avg.setdefault(mask, {}).get(name)
+                v = self.exp_avg_sq.setdefault(mask, {}).get(name)
+                m = (1 - beta1) * gradient if m is None else beta1 * m + (1 - beta1) * gradient
+                v = (1 - beta2) * gradient * gradient if v is None else beta2 * v + (1 - beta2) * gradient * gradient
+                self.exp_avg[mask][name], self.exp_avg_sq[mask][name] = m, v
+
+    def coalition_step(self, mask: int, name: str, lr: float, beta1: float, beta2: float, eps: float,
+                       like: torch.Tensor) -> torch.Tensor:
+        """``u_S`` on one parameter (zeros where the coalition has no moments yet)."""
+        m = self.exp_avg.get(mask, {}).get(name)
+        if m is None:
+            return torch.zeros_like(like)
+        step = self.steps[name]
+        bias1, bias2 = 1 - beta1**step, 1 - beta2**step
+        return -lr / bias1 * m / (self.exp_avg_sq[mask][name].sqrt() / math.sqrt(bias2) + eps)
+
+    def shapley(self, full_step: Params, lr: float, beta1: float, beta2: float, eps: float) -> dict[str, Params]:
+        """Every player's part ``φ_k`` of the step; ``full_step``: ``u_N``, the optimizer's step
+        without decoupled weight decay. The parts add up to ``full_step`` (to rounding)."""
+        parts: dict[str, Params] = {p: {} for p in self.players}
+        for name, like in full_step.items():
+            totals = [torch.zeros_like(like) for _ in self.players]
+            for mask, coefficients in self.coefficients.items():
+                u = full_step[name] if mask == self.full else self.coalition_step(mask, name, lr, beta1, beta2, eps,
+                                                                                  like)
+                for k, c in enumerate(coefficients):
+                    if c:
+                        totals[k] = totals[k] + c * u
+            for player, total in zip(self.players, totals):
+                parts[player][name] = total
+        return parts
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "players": list(self.players),
+            "steps": dict(self.steps),
+            "exp_avg": {str(mask): dict(v) for mask, v in self.exp_avg.items()},
+            "exp_avg_sq": {str(mask): dict(v) for mask, v in self.exp_avg_sq.items()},
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if list(state["players"]) != self.players:
+            raise ValueError(f"coalition players differ: {state['players']} vs {self.players}")
+        self.steps = {n: int(s) for n, s in state["steps"].items()}
+        self.exp_avg = {int(mask): dict(v) for mask, v in state["exp_avg"].items()}
+        self.exp_avg_sq = {int(mask): dict(v) for mask, v in state["exp_avg_sq"].items()}
+
+    @property
+    def description(self) -> str:
+        n = len(self.players)
+        if self.exact:
+            return f"exact Shapley values over {n} players ({len(self.tracked)} coalitions tracked)"
+        return (f"Shapley values estimated over {SAMPLED_PERMUTATIONS} seeded permutations of {n} players "
+                f"({len(self.tracked)} coalitions tracked)")

@@ -1,0 +1,289 @@
+"""What a probe step measures: how each objective's gradient aligns with the downstream loss
+``D``, and how well the Taylor expansion of ``D`` predicts the change the step causes.
+
+Between the gradients and the optimizer step, :meth:`Probe.measure` reads, on the shared
+parameters:
+
+* per objective, the per-sample dots ``⟨∇ℓ_i, ∇D⟩`` (alignment, cosine, conflict fraction);
+* ``∇D`` and the Hessian-vector products ``H_D g_k`` (one batched pass), hence
+  ``S_ij = g_iᵀ H_D g_j``;
+* the split of the step the optimizer is about to take (:mod:`objreg.analysis.math.optimizers`; under
+  Adam, Shapley values over coalitions with their own moments, :mod:`objreg.analysis.math.shapley`),
+  each part's alignment with ``∇D``, and the first- and second-order prediction of ``D``'s change
+  for the step (:mod:`objreg.analysis.math.taylor`);
+* each pre-training example's share of the first-order term (:mod:`objreg.analysis.probe.attribution`);
+* on the first and the last step, on request, the top of ``H_D``'s spectrum.
+
+It returns a :class:`Pending` measurement; after the step :meth:`Probe.finish` reads ``Δθ`` off
+the parameters, evaluates ``D`` again (the actual change, in float64:
+:mod:`objreg.analysis.math.downstream`) and completes the record with the prediction's errors, the
+rounding floor and the Taylor-regime diagnostic.
+
+A probe changes nothing the trajectory depends on: it reads the optimizer's state without
+changing it and draws no random numbers. It runs with ``model.eval()`` (set by the loop), so a
+model with dropout still gives a deterministic ``D``, ``∇D`` and ``H_D``.
+
+With several processes, per-sample dots are gathered in row order, ``D``, ``∇D`` and the HVPs
+are summed over the processes' chunks (:class:`~objreg.analysis.math.downstream.Downstream`), and
+the spectrum's Lanczos runs on the main process with every HVP computed together
+(:meth:`Group.drive`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from objreg.analysis.math.curvature import Curvature
+from objreg.analysis.math.downstream import Downstream
+from objreg.analysis.math.functional import (
+    CallableLoss,
+    ObjectiveFunction,
+    Params,
+    detached,
+    flat_dot,
+    flat_norm,
+    named_shared,
+)
+from objreg.analysis.math.gradients import local_rows
+from objreg.analysis.math.optimizers import StepDecomposition, decompose
+from objreg.analysis.math.per_sample import per_sample_dots_many
+from objreg.analysis.math.shapley import CoalitionMoments
+from objreg.analysis.math.spectrum import eigenvector_alignment, orient, top_eigenpairs
+from objreg.analysis.math.stats import alignment_stats, seed_for
+from objreg.analysis.math.taylor import (
+    asymmetry,
+    gram,
+    quadratic_by_pair,
+    rounding_floor,
+    taylor_errors,
+    upper_pairs,
+    weighted_sum,
+)
+from objreg.analysis.probe.attribution import ExampleScores
+from objreg.core.handles import Objective
+from objreg.core.types import CorruptedBatch, TokenBatch
+
+
+@dataclass
+class Pending:
+    """A probe measured before the step, waiting for the step to be taken."""
+
+    record: dict[str, Any]
+    before: Params  # the shared parameters before the step (copies: the optimizer updates in place)
+    downstream_before: float
+    downstream_grad: Params
+    parts: dict[str, Params]  # the step's displacement per part (objective, weight decay)
+    first_by_part: dict[str, float]
+    second_by_pair: dict[str, float]
+    attribution: str
+
+
+class Probe:
+    """Measures probe steps; keeps what the report needs across them (the attribution scores,
+    the per-sample and HVP methods used, the update rule).
+
+    Args:
+        seed: Seeds the bootstrap intervals and the spectrum's starting vector.
+        steps: Length of the run (the spectrum is taken on its first and last step).
+        hvp_method: How HVPs of ``D`` are taken (``auto`` picks on the first probe).
+        spectrum: Top eigenvalues of ``H_D`` to compute on the first and the last step (0: none).
+        decode: Token ids to text, for the attribution report.
+        shared: Names of the shared parameters (default: the backbone's).
+        local_batches: Whether each process is given its own rows (a data-parallel loop) rather
+            than the whole batch, of which it takes its share (``objreg analyze``).
+    """
+
+    def __init__(
+        self, model: nn.Module, objectives: Mapping[str, Objective | CallableLoss], downstream: Downstream, *,
+        seed: int, steps: int, per_sample_method: str = "auto", hvp_method: str = "auto", spectrum: int = 0,
+        decode: Callable[[Sequence[int]], str] | None = None, shared: Sequence[str] | None = None,
+        local_batches: bool = False,
+    ):
+        self.model = model
+        self.shared = tuple(shared) if shared is not None else None
+        self.local_batches = local_batches
+        self.objectives = dict(objectives)
+        self.downstream = downstream
+        self.group = downstream.group
+        self.seed = seed
+        self.steps = steps
+        self.per_sample_method = per_sample_method
+        self.hvp_method = hvp_method
+        self.spectrum = spectrum
+        self.decode = decode
+        self.attribution = ExampleScores()
+        self.methods_used: set[str] = set()
+        self.update_rule = ""
+        # D at the last point it was evaluated (that point's shared parameters and the model's
+        # buffers, and the value): the D after one probed step is the D before the next.
+        self._last_downstream: tuple[Params, list[torch.Tensor], float] | None = None
+
+    def downstream_loss(self, shared: Params) -> float:
+        """``D`` at the model's current parameters (``shared``: their values now), evaluated
+        again only where they or the model's buffers changed since the last evaluation."""
+        buffers = list(self.model.buffers())
+        last = self._last_downstream
+        if last is not None and len(last[1]) == len(buffers) and all(
+            torch.equal(last[0][n], t) for n, t in shared.items()
+        ) and all(torch.equal(a, b) for a, b in zip(last[1], buffers)):
+            return last[2]
+        value = self.downstream.loss(self.model)
+        self._last_downstream = ({n: t.clone() for n, t in shared.items()}, [b.clone() for b in buffers], value)
+        return value
+
+    def measure(
+        self, step: int, weights: dict[str, float], optimizer: torch.optim.Optimizer,
+        tokens: dict[str, TokenBatch] | None, batches: dict[str, CorruptedBatch | Any], losses: dict[str, float],
+        gradients: dict[str, Params], coalitions: CoalitionMoments | None = None,
+    ) -> Pending:
+        """Everything measured before the step. ``gradients``: each objective's mean-loss
+        gradient on the shared parameters, as accumulated into the optimizer's ``.grad``;
+        ``coalitions``: under Adam, the coalition moments advanced with this step's gradients;
+        ``tokens``: the uncorrupted batches, for the example attribution (None: none)."""
+        shared = named_shared(self.model, self.shared)
+        before = {n: p.detach().clone() for n, p in shared.items()}
+        names = list(self.objectives)
+        downstream_before = self.downstream_loss(before)
+        split = decompose(optimizer, shared, weights, gradients, coalitions)
+        self.update_rule = self.update_rule or split.rule
+        parts = split.parts
+
+        # HVP directions: the raw gradients (for S) and, where a part of the step is not a
+        # multiple of one of them (Adam), the parts themselves.
+        linear = split.scale is not None
+        directions = [gradients[n] for n in names] + ([] if linear else list(parts.values()))
+        curvature = self.downstream.curvature(self.model, before, self.hvp_method)
+        downstream_grad, products = curvature.gradient_and_products(directions)
+        self.hvp_method = curvature.method
+        raw_products = dict(zip(names, products[: len(names)]))
+        if linear:  # d = −η α g, so H d = −η α H g: no new HVP
+            part_products = {n: {p: -split.scale * weights[n] * t for p, t in raw_products[n].items()} for n in names}
+        else:
+            part_products = dict(zip(parts, products[len(names):]))
+        downstream_norm = float(flat_norm(downstream_grad))
+
+        record: dict[str, Any] = {
+            "step": step,
+            "weights": dict(weights),
+            "losses": dict(losses),
+            "downstream_loss": downstream_before,
+            "downstream_grad_norm": downstream_norm,
+            "alignment": {},
+        }
+        # Per-sample dots, alignment statistics and each example's first-order score.
+        scaled_downstream = split.apply(downstream_grad) if not linear else None
+        first_by_part = {c: float(flat_dot(downstream_grad, parts[c])) for c in parts}
+        for name in names:
+            dots, self_dots, scores = self._per_sample(name, batches[name], before, downstream_grad, gradients[name],
+                                                       scaled_downstream, split, weights[name])
+            alignment = alignment_stats(dots, self_dots, float(flat_norm(gradients[name])), downstream_norm,
+                                        seed_for(self.seed, step, name))
+            # The objective's part of the actual step against ∇D: its first-order transfer.
+            part_norm = float(flat_norm(parts[name]))
+            alignment["update_cosine"] = (-first_by_part[name] / (part_norm * downstream_norm)
+                                          if part_norm * downstream_norm > 0 else 0.0)
+            record["alignment"][name] = alignment
+            if tokens is not None:
+                ids = [row[~special].tolist() for row, special in zip(tokens[name].input_ids, tokens[name].is_special)]
+                self.attribution.add(name, step, ids, weights[name] / len(ids) * scores)
+
+        # Second order: S on the raw gradients; the Taylor terms of the step, split by part.
+        s_matrix = gram([gradients[n] for n in names], [raw_products[n] for n in names])
+        record["second_order"] = upper_pairs(names, s_matrix)
+        record["second_order_asymmetry"] = asymmetry(s_matrix)
+        part_names = list(parts)
+        quadratic = gram([parts[c] for c in part_names], [part_products[c] for c in part_names])
+
+        if self.spectrum and step in (0, self.steps - 1):
+            record["spectrum"] = self._spectrum(curvature, before, downstream_grad, gradients)
+        return Pending(record, before, downstream_before, downstream_grad, parts, first_by_part,
+                       quadratic_by_pair(part_names, quadratic), split.attribution)
+
+    def finish(self, pending: Pending) -> dict[str, Any]:
+        """The record, completed with what the step did: ``Δθ``, the new ``D``, the prediction's
+        errors and the Taylor-regime diagnostic."""
+        before = pending.before
+        after = detached(named_shared(self.model, self.shared))
+        delta = {n: after[n] - before[n] for n in before}
+        residual = {n: delta[n] - t for n, t in weighted_sum(pending.parts, before).items()}
+        delta_norm = float(flat_norm(delta))
+        downstream_after = self.downstream_loss(after)
+        first, second = float(flat_dot(pending.downstream_grad, delta)), sum(pending.second_by_pair.values())
+        actual = downstream_after - pending.downstream_before
+        like = next(iter(before.values()))
+        floor = rounding_floor(pending.downstream_before, downstream_after, self.downstream.unit_roundoff(self.model),
+                               float(flat_norm(pending.downstream_grad)), delta_norm,
+                               float(torch.finfo(like.dtype).eps) / 2)
+        norms = {c: float(flat_norm(part)) for c, part in pending.parts.items()}
+        record = pending.record
+        record["predicted_delta"] = {"first_order": first, "second_order": second}
+        record["downstream_loss_after"] = downstream_after
+        record["actual_delta"] = actual
+        record["taylor"] = taylor_errors(first, second, actual, floor)
+        record["update"] = {
+            "norm": delta_norm,
+            "norms": norms,
+            # 1 when the parts point the same way; large when they cancel (each part much larger than the step).
+            "conditioning": sum(norms.values()) / delta_norm if delta_norm > 0 else None,
+            "decomposition_residual": float(flat_norm(residual)) / delta_norm if delta_norm > 0 else 0.0,
+            "attribution": pending.attribution,
+            "first_order": pending.first_by_part,
+            "second_order": pending.second_by_pair,
+        }
+        return record
+
+    def attribution_report(self, top: int) -> dict[str, Any]:
+        return self.attribution.top(top, self.decode)
+
+    def _per_sample(
+        self, name: str, batch: CorruptedBatch | Any, shared: Params, downstream_grad: Params, gradient: Params,
+        scaled_downstream: Params | None, split: StepDecomposition, weight: float,
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every example's ``⟨∇ℓ_i, ∇D⟩``, its ``⟨∇ℓ_i, g_k⟩`` (for the cosine's interval) and its
+        first-order score ``⟨∇ℓ_i, A ∇D⟩`` before the weight (``A`` the step's fresh-gradient
+        map), over the whole batch in row order."""
+        if self.local_batches:
+            local, sharded = batch, self.group.distributed
+        else:
+            local, sharded = local_rows(self.group, self.objectives[name], batch)
+        function = ObjectiveFunction(self.model, self.objectives[name], local, shared=self.shared)
+        directions = [downstream_grad, gradient]
+        if scaled_downstream is not None and weight != 0:
+            directions.append(scaled_downstream)
+        per_example, method = per_sample_dots_many(function, shared, directions, self.per_sample_method)
+        self.methods_used.add(method)
+        if sharded:  # every process's rows, in row order
+            per_example = self.group.all_gather(per_example)
+        dots_np, self_np = (t.detach().double().cpu().numpy() for t in per_example[:2])
+        if scaled_downstream is None:
+            scores = split.scale * dots_np
+        elif weight != 0:
+            scores = per_example[2].detach().double().cpu().numpy()
+        else:
+            scores = np.zeros_like(dots_np)
+        return dots_np, self_np, scores
+
+    def _spectrum(self, curvature: Curvature, shared: Params, downstream_grad: Params,
+                  gradients: dict[str, Params]) -> dict[str, Any]:
+        """The top of ``H_D``'s spectrum and each gradient's cosines with its eigenvectors."""
+        before = curvature.matvecs
+
+        def lanczos(matvec: Callable[[Params], Params]) -> dict[str, Any]:
+            values, vectors, _ = top_eigenpairs(matvec, shared, self.spectrum, seed=self.seed)
+            vectors = orient(vectors, downstream_grad)
+            return {
+                "eigenvalues": [float(v) for v in values],
+                "alignment": eigenvector_alignment(vectors, gradients),
+                "downstream_alignment": eigenvector_alignment(vectors, {"D": downstream_grad})["D"],
+                "matvecs": curvature.matvecs - before,
+            }
+
+        # Lanczos on the main process; every process computes each HVP with it.
+        return self.group.drive(lanczos, curvature.matvec, shared)
+

@@ -1,0 +1,203 @@
+"""``analyze``: everything from names to a report.
+
+Settings are checked before any heavy work, everything is loaded and the downstream head fitted
+(:mod:`objreg.analysis.run.prepare`), the trainer runs with probes (:mod:`objreg.analysis.run.loop`),
+and a writer records the run directory as it goes (:mod:`objreg.analysis.probe.writer`).
+
+Started by ``torchrun`` (several processes), every process runs this with the same arguments and
+takes its share of the per-example work (:mod:`objreg.analysis.parallel.launch`); each returns the same
+report, and the main process (rank 0) alone writes the output files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from objreg.analysis.math.mixture import counterfactual
+from objreg.analysis.parallel.group import Group
+from objreg.analysis.parallel.launch import from_environment
+from objreg.analysis.probe.report import AlignmentReport, summarise
+from objreg.analysis.probe.writer import RunWriter
+from objreg.analysis.run.config import AnalysisConfig
+from objreg.analysis.run.failures import resource_errors
+from objreg.analysis.run.fingerprint import (
+    RunInputs,
+    absolute_paths,
+    check_resumable,
+    check_same_config,
+    write_fingerprint,
+)
+from objreg.analysis.run.loop import StepCallback, Trainer
+from objreg.analysis.run.prepare import check, prepare
+from objreg.analysis.run.resume import load_checkpoint, remove_checkpoint, restore, resumed_config, save_checkpoint
+from objreg.analysis.run.rundir import claim
+from objreg.analysis.run.validation import check_call, check_providers, fields_of
+from objreg.core.registry import Registry
+from objreg.toolkit.cache import cache_dir
+
+#: Makes the writer of a run directory (called on the main process only).
+WriterFactory = Callable[[Path], RunWriter]
+
+
+def analyze(
+    pretrain: Sequence[str] | str | None = None,
+    downstream: str | None = None,
+    *,
+    registry: Registry | None = None,
+    out_dir: str | Path | None = None,
+    resume: str | Path | None = None,
+    on_step: StepCallback | None = None,
+    on_status: Callable[[str], None] | None = None,
+    cache: Path | None = None,
+    writer: WriterFactory = RunWriter,
+    **settings: Any,
+) -> AlignmentReport:
+    """Train on the weighted mix of ``pretrain`` objectives and measure, at every probe, how each
+    objective's gradient aligns with the ``downstream`` task's gradient.
+
+    Args:
+        pretrain: Objective names, as a list or a comma-separated string (``"mlm,sop"``).
+        downstream: Task name (default ``qa``).
+        registry: Plugins to use (default: built-ins and installed plugins).
+        out_dir: Where to write ``config.json`` (at the start), ``steps.jsonl`` (one line per
+            finished probe), ``checkpoint.pt`` (after every finished step, removed at the end), and
+            at the end ``report.json``, ``report.csv`` and the PNG plots.
+        resume: A run directory written with ``out_dir`` whose run was interrupted: continue it
+            from its last finished step with the settings in its ``config.json`` (give no
+            ``pretrain``, ``downstream``, ``out_dir`` or settings with it). The result equals
+            that of an uninterrupted run.
+        on_step: Called after every training step with ``(step, probe record or None)``.
+        on_status: Called with a short line as each loading stage starts.
+        cache: Cache directory for the default corpus and tokenizer.
+        writer: Makes the writer of ``out_dir`` (default :class:`RunWriter`).
+        **settings: Any field of :class:`objreg.analysis.run.config.AnalysisConfig` (``steps``,
+            ``lr``, ``optimizer``, ``weights``, ``batch_size``, ``seq_len``, ``seed``, ...).
+
+    Returns:
+        The :class:`AlignmentReport`.
+
+    Inside a ``torchrun`` launch of several processes (or a process group the caller initialised)
+    the work is shared between the processes and every one returns the same report; only the
+    main process writes ``out_dir`` (see docs/distributed.md).
+
+    Raises:
+        InvalidParameterError: ``resume`` given with other run settings, or naming a finished run.
+        DataError: ``resume`` names a directory without a readable config or checkpoint.
+    """
+    check_call(pretrain=pretrain, downstream=downstream, registry=registry, out_dir=out_dir, resume=resume,
+               on_step=on_step, on_status=on_status, cache=cache, writer=writer, settings=settings,
+               fields=fields_of(AnalysisConfig))
+    if resume is not None:
+        given = [*(["pretrain"] if pretrain is not None else []), *(["downstream"] if downstream is not None else []),
+                 *(["out_dir"] if out_dir is not None else []), *settings]
+        config = resumed_config(Path(resume), given)
+        out_dir = resume
+    else:
+        if isinstance(pretrain, str):
+            pretrain = [p.strip() for p in pretrain.split(",") if p.strip()]
+        config = AnalysisConfig(pretrain=tuple(pretrain or ()), downstream=downstream or "qa", **settings)
+    registry = registry or Registry.load()
+    if resume is None:
+        config = absolute_paths(config, registry)  # the same files when resumed from elsewhere
+    check(config, registry)
+    check_providers(config, registry)
+    group = from_environment(config.device)
+    with resource_errors(out_dir, registry.pm):
+        return _run(config, registry, group, out_dir, resume, on_step, on_status or (lambda _: None), cache, writer)
+
+
+def _run(
+    config: AnalysisConfig, registry: Registry, group: Group, out_dir: str | Path | None, resume: str | Path | None,
+    on_step: StepCallback | None, status: Callable[[str], None], cache: Path | None, make_writer: WriterFactory,
+) -> AlignmentReport:
+    """The run with its directory claimed: locked by the main process for the run's life
+    (:mod:`~objreg.analysis.run.rundir`) and, resumed, checked against the fingerprint of the run that
+    started there (:mod:`~objreg.analysis.run.fingerprint`)."""
+    claimed = None
+    if out_dir is not None:
+        claimed = group.on_main(lambda: claim(out_dir, resume=resume is not None,
+                                              option="--out" if resume is None else "--resume"))
+        if resume is not None:
+            group.agree(lambda: check_resumable(Path(resume), registry))
+    try:
+        return _run_claimed(config, registry, group, out_dir, resume, on_step, status, cache, make_writer)
+    finally:
+        if claimed is not None:
+            claimed.release()
+
+
+def _run_claimed(
+    config: AnalysisConfig, registry: Registry, group: Group, out_dir: str | Path | None, resume: str | Path | None,
+    on_step: StepCallback | None, status: Callable[[str], None], cache: Path | None, make_writer: WriterFactory,
+) -> AlignmentReport:
+    """:func:`analyze` once its settings are checked and the processes are connected. Every
+    process runs this; the main one alone touches ``out_dir``, and an error it meets there is
+    raised on every process (:meth:`Group.on_main`), so none is left waiting."""
+    records: list[dict[str, Any]] = []
+    state: dict[str, Any] = {}
+    if resume is not None:
+        # Every process reads the checkpoint (the directory must be shared); before anything heavy.
+        state, records = group.agree(lambda: load_checkpoint(Path(resume)))
+    writing = out_dir is not None
+    # Made first, so an unwritable directory fails before anything is loaded; None off the main process.
+    writer = group.on_main(lambda: make_writer(Path(out_dir))) if writing else None
+    inputs = RunInputs.resumed(Path(resume)) if resume is not None else RunInputs(
+        Path(out_dir) if writing else None, keep=group.is_main)
+    trainer, report_config = prepare(config, inputs.registry(registry), cache or cache_dir(), status, group=group)
+    if resume is not None:
+        check_same_config(Path(resume), report_config)
+        restore(trainer, state, Path(resume))
+        # Lines past the checkpoint belong to the step in flight when the run stopped: drop them.
+        group.on_main(lambda: writer.rewrite_steps(records))
+        status(f"resuming at step {trainer.next_step} of {config.steps}")
+    elif writing:
+        group.on_main(lambda: (write_fingerprint(Path(out_dir), config, report_config, inputs, registry),
+                               writer.write_config(report_config), writer.start_steps()))
+
+    def record_step(step: int, record: dict[str, Any] | None) -> None:
+        if record is not None:
+            records.append(record)
+        if writing:
+
+            def write() -> None:
+                if record is not None:
+                    writer.append_step(record)
+                save_checkpoint(Path(out_dir), trainer.state_dict(), records)
+
+            group.on_main(write)
+        if on_step is not None:
+            on_step(step, record)
+
+    status("training with probes")
+    trainer.run(record_step)
+    report = build_report(config, report_config, trainer, records)
+    if writing:
+        status("writing the report")
+        group.on_main(lambda: (writer.write_report(report), remove_checkpoint(Path(out_dir))))
+    return report
+
+
+def build_report(
+    config: AnalysisConfig, report_config: dict[str, Any], trainer: Trainer, records: list[dict[str, Any]]
+) -> AlignmentReport:
+    """The report of a finished run."""
+    probe = trainer.probe.engine
+    report_config = {
+        **report_config,
+        "per_sample_method": ",".join(sorted(probe.methods_used)),
+        "hvp_method": probe.hvp_method,
+    }
+    summary = summarise(
+        list(config.pretrain), records,
+        weights_by_step=trainer.weights_by_step, update_rule=probe.update_rule,
+        attribution=probe.attribution_report(config.attribution_top) if config.attribution_top else None,
+    )
+    summary["counterfactual"] = counterfactual(records, list(config.pretrain), config.optimizer, config.lr,
+                                               radius=config.trust_radius, low=config.min_weight,
+                                               high=config.max_weight)
+    return AlignmentReport(
+        pretrain=list(config.pretrain), downstream=config.downstream, config=report_config, steps=records,
+        summary=summary,
+    )

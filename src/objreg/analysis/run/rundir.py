@@ -1,0 +1,144 @@
+"""A run directory (``--out DIR``): one owner at a time.
+
+Besides the outputs (:mod:`objreg.analysis.probe.writer`) and the fingerprint
+(:mod:`objreg.analysis.run.fingerprint`: ``run.json`` and ``tokenizer.json``), a run directory holds
+``.objreg.lock``: locked (``fcntl.flock``, exclusive) by the process running in the directory, for
+the life of the run; a second run or resume on it is refused at once. The kernel drops the lock
+when the process ends, however it ends. The file is never removed (removing a lock file races
+with a process about to lock it); its presence also marks the directory as one objreg ran in.
+
+A fresh run (:func:`claim`) refuses a directory that holds a finished run, an interrupted run
+(pointing to ``--resume``) or files objreg did not write; it may take over a directory where an
+objreg run stopped before finishing its first step (nothing there can be resumed). Stale
+temporary files of an interrupted atomic write are removed once the lock is held.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from objreg.core.errors import DataError, InvalidParameterError
+from objreg.toolkit.atomic import remove_stale_temporaries
+
+LOCK_FILE = ".objreg.lock"
+#: Every file a run writes into its directory (the lock file aside).
+RUN_FILES = ("config.json", "steps.jsonl", "checkpoint.pt", "report.json", "report.csv", "alignment.png",
+             "taylor.png", "spectrum.png", "run.json", "tokenizer.json")
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX: runs are not locked
+    fcntl = None  # type: ignore[assignment]
+
+
+# -- ownership --------------------------------------------------------------------------------------
+
+
+class RunDirectory:
+    """A run directory this process holds the lock of (:func:`claim`); :meth:`release` at the end."""
+
+    def __init__(self, path: Path, lock: int | None):
+        self.path = path
+        self._lock = lock
+
+    def release(self) -> None:
+        if self._lock is not None:
+            os.close(self._lock)  # closing the descriptor drops the flock
+            self._lock = None
+
+    def __enter__(self) -> RunDirectory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def claim(path: str | os.PathLike[str], *, resume: bool, option: str = "--out") -> RunDirectory:
+    """Create (if needed) and lock the run directory ``path``; for a fresh run (``resume`` False),
+    check that it holds no other run; then remove stale temporary files.
+
+    Raises:
+        InvalidParameterError: another process holds it; it holds a finished or interrupted run
+            or foreign files (fresh run); it is not a directory.
+        DataError: it cannot be created or locked.
+    """
+    directory = Path(path)
+    shown = str(directory)
+    if directory.exists() and not directory.is_dir():
+        raise InvalidParameterError(f"{option} {shown!r} exists and is not a directory")
+    if not resume:
+        # Before anything is created there: a directory of someone else's files stays untouched.
+        _check_not_foreign(directory, option)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    except OSError as e:
+        raise DataError(f"cannot use {option} {shown!r}: {e.strerror or e}") from None
+    if fcntl is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = _read_pid(fd)
+            os.close(fd)
+            who = f" (pid {holder})" if holder else ""
+            raise InvalidParameterError(
+                f"{option} {shown!r} is in use by another objreg run{who}; wait for it to end or choose another directory"
+            ) from None
+        _write_pid(fd)
+    run_dir = RunDirectory(directory, fd)
+    try:
+        if not resume:
+            _check_fresh(directory, option)
+        remove_stale_temporaries(directory, RUN_FILES)
+    except BaseException:
+        run_dir.release()
+        raise
+    return run_dir
+
+
+def _present(directory: Path) -> list[str]:
+    return [name for name in RUN_FILES if (directory / name).exists()] if directory.is_dir() else []
+
+
+def _check_not_foreign(directory: Path, option: str) -> None:
+    """Files a run writes, in a directory objreg never ran in (no lock file): someone else's."""
+    present = _present(directory)
+    if present and not (directory / LOCK_FILE).exists():
+        raise InvalidParameterError(
+            f"{option} {str(directory)!r} holds files objreg did not write there ({', '.join(present)}); "
+            f"choose an empty or new directory"
+        )
+
+
+def _check_fresh(directory: Path, option: str) -> None:
+    """With the lock held: a fresh run's directory must hold no other run (module docstring)."""
+    present = _present(directory)
+    shown = str(directory)
+    if "report.json" in present:
+        raise InvalidParameterError(
+            f"{option} {shown!r} already holds a finished run (report.json); choose another directory or remove it"
+        )
+    if "checkpoint.pt" in present:
+        raise InvalidParameterError(
+            f"{option} {shown!r} holds an interrupted run: continue it with `objreg analyze --resume {shown}`, "
+            f"or choose another directory"
+        )
+    # Otherwise an objreg run started here and finished no step: nothing to resume; take it over.
+
+
+def _read_pid(fd: int) -> str:
+    """The holder's pid from the lock file's first line, or "" (another program may have written a
+    shorter pid over a longer one without truncating, or anything else)."""
+    try:
+        first = os.pread(fd, 32, 0).decode("ascii", "replace").split("\n", 1)[0].strip()
+    except OSError:
+        return ""
+    return first if first.isdigit() else ""
+
+
+def _write_pid(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
