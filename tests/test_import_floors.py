@@ -26,10 +26,12 @@ ALLOWED = {
     "toolkit": ("objreg.core", "objreg.toolkit"),
     "plugins": ("objreg.toolkit",),
     "analysis": ("objreg.core", "objreg.toolkit", "objreg.analysis"),
+    # The rooms of analysis import only the rooms below them, and the record schema at its root.
     "analysis/parallel": ("objreg.core", "objreg.toolkit", "objreg.analysis.parallel"),
-    "analysis/math": ("objreg.core", "objreg.toolkit", "objreg.analysis.math", "objreg.analysis.parallel"),
+    "analysis/math": ("objreg.core", "objreg.toolkit", "objreg.analysis.math", "objreg.analysis.parallel",
+                      "objreg.analysis.records"),
     "analysis/probe": ("objreg.core", "objreg.toolkit", "objreg.analysis.probe", "objreg.analysis.math",
-                       "objreg.analysis.parallel"),
+                       "objreg.analysis.parallel", "objreg.analysis.records"),
     "experiments": ("objreg.toolkit", "objreg.analysis", "objreg.experiments", "objreg.testing"),
     "cli": ("objreg.cli", "objreg.toolkit", "objreg.analysis", "objreg.experiments", "objreg.testing"),
 }
@@ -43,7 +45,7 @@ NEVER = {
     "toolkit": ("objreg.plugins", "objreg.analysis", "objreg.experiments", "objreg.cli", *HEAVY),
     "plugins": ("objreg.analysis", "objreg.experiments", "objreg.cli", "scipy", "matplotlib"),
     "analysis": ("objreg.plugins", "objreg.experiments", "objreg.cli", "matplotlib", "transformers"),
-    # The rooms of analysis: run -> probe -> math -> parallel, never back.
+    # run -> probe -> math -> parallel, never back.
     "analysis/probe": ("objreg.analysis.run",),
     "analysis/math": ("objreg.analysis.run", "objreg.analysis.probe"),
     "analysis/parallel": ("objreg.analysis.run", "objreg.analysis.probe", "objreg.analysis.math"),

@@ -16,7 +16,7 @@ import os
 import warnings
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich import box
@@ -27,6 +27,9 @@ from objreg.cli import options, render
 from objreg.cli.interrupt import Interrupts, Stopped, distributed, exit_code, stopped_message
 from objreg.cli.options import RegistryOption, choices, default
 from objreg.cli.progress import TRAINING, RunDisplay
+
+if TYPE_CHECKING:
+    from objreg.analysis.records import StepRecord
 
 
 def _parse_params(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
@@ -168,7 +171,7 @@ def analyze(
 
     finished = [0]
 
-    def on_step(step: int, record: dict[str, Any] | None) -> None:
+    def on_step(step: int, record: StepRecord | None) -> None:
         finished[0] = step + 1
         if display is not None:
             display.step(step, record)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
@@ -25,6 +25,9 @@ from rich.progress_bar import ProgressBar
 from rich.spinner import Spinner
 from rich.table import Table
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from objreg.analysis.records import StepRecord
 
 #: The status line that starts training (``objreg.analysis.run.analyze``).
 TRAINING = "training with probes"
@@ -36,7 +39,7 @@ def clock_text(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
-def probe_summary(record: dict[str, Any]) -> str:
+def probe_summary(record: StepRecord) -> str:
     """The downstream loss and the predicted and actual change of one probe record, one line."""
     predicted = record["predicted_delta"]
     first, second = predicted["first_order"], predicted["first_order"] + predicted["second_order"]
@@ -45,7 +48,7 @@ def probe_summary(record: dict[str, Any]) -> str:
             f"{second:+.4g} (with second order)")
 
 
-def alignment_summary(record: dict[str, Any]) -> str:
+def alignment_summary(record: StepRecord) -> str:
     """Each objective's dot and cosine with ∇D at one probe, one line."""
     return "; ".join(f"{name} dot {a['dot']:+.4g} cosine {a['cosine']:+.3f}" for name, a in record["alignment"].items())
 
@@ -72,7 +75,7 @@ class RunDisplay:
         self.first_step: int | None = None
         self.done = 0  # steps finished, counted from the start of the run
         self.rate: float | None = None  # seconds per step, once the first step of this process is timed
-        self.latest: dict[str, Any] | None = None
+        self.latest: StepRecord | None = None
         self.note: str | None = None
         self._spinner = Spinner("dots")  # one for the run, so its frames advance
         self._live = Live(get_renderable=self._render, console=console, transient=True, refresh_per_second=4) \
@@ -108,7 +111,7 @@ class RunDisplay:
         if not self.live:
             self._line(message)
 
-    def step(self, step: int, record: dict[str, Any] | None) -> None:
+    def step(self, step: int, record: StepRecord | None) -> None:
         """A training step finished (``on_step``); ``record``: its probe, if it was probed."""
         if self.first_step is None:
             self.first_step = step
@@ -191,7 +194,7 @@ class RunDisplay:
         return Group(*parts)
 
     @staticmethod
-    def _latest(record: dict[str, Any]) -> RenderableType:
+    def _latest(record: StepRecord) -> RenderableType:
         grid = Table.grid(padding=(0, 2))
         grid.add_row(Text(f"probe at step {record['step']}", style="bold"), Text(probe_summary(record)))
         for name, a in record["alignment"].items():

@@ -6,14 +6,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
-import time
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from two_processes import TIMEOUT_S, assert_close_reports, free_port, run_two_processes
 
 import objreg
 from objreg.analysis.parallel import launch
@@ -29,7 +27,6 @@ TINY = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size":
 RUN = dict(model="tiny", steps=2, batch_size=5, seq_len=48, eval_size=20, head_fit_size=16, head_warmup_steps=3,
            dtype="float64", optimizer="adam", lr=1e-3, spectrum=1, attribution_top=100)
 PRETRAIN = "mlm,sop,contrastive"
-TIMEOUT_S = 240
 
 
 class _TinyModel:
@@ -176,12 +173,6 @@ def test_a_batch_smaller_than_the_processes_is_refused():
 # -- two processes ------------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _group_checks(group: Group) -> None:
     """The collectives against what they must give, in each of two processes."""
     r = group.rank
@@ -258,45 +249,6 @@ def _worker(rank: int, port: int, out_dir: str, results: str) -> None:
         dist.destroy_process_group()
 
 
-def run_two_processes(target, *args) -> None:
-    """Spawn two processes running ``target(rank, *args)``; fail instead of hanging."""
-    context = mp.start_processes(target, args=args, nprocs=2, join=False, start_method="spawn")
-    deadline = time.monotonic() + TIMEOUT_S
-    try:
-        while not context.join(timeout=5):
-            if time.monotonic() > deadline:
-                pytest.fail(f"two-process run still going after {TIMEOUT_S} s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.terminate()
-
-
-def _leaves(value, path=""):
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from _leaves(item, f"{path}.{key}")
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            yield from _leaves(item, f"{path}[{i}]")
-    else:
-        yield path, value
-
-
-def assert_close_reports(one: dict, two: dict, rtol: float = 1e-6, atol: float = 1e-12) -> None:
-    """Every field of the steps and the summary: numbers to ``rtol`` of their own size (``atol``
-    for the fields that measure rounding itself, ~1e-16), everything else equal."""
-    left, right = dict(_leaves({"steps": one["steps"], "summary": one["summary"]})), dict(
-        _leaves({"steps": two["steps"], "summary": two["summary"]}))
-    assert left.keys() == right.keys()
-    for key, a in left.items():
-        b = right[key]
-        if isinstance(a, float) or isinstance(b, float):
-            assert math.isclose(a, b, rel_tol=rtol, abs_tol=atol), (key, a, b)
-        else:
-            assert a == b, (key, a, b)
-
-
 @pytest.fixture(scope="module")
 def one_process():
     return objreg.analyze(PRETRAIN, "qa", registry=tiny_registry(), **RUN).to_dict()
@@ -305,7 +257,7 @@ def one_process():
 @pytest.fixture(scope="module")
 def two_processes(one_process, tmp_path_factory):
     out_dir, results = tmp_path_factory.mktemp("run"), tmp_path_factory.mktemp("results")
-    run_two_processes(_worker, _free_port(), str(out_dir), str(results))
+    run_two_processes(_worker, free_port(), str(out_dir), str(results))
     reports = [json.loads((results / f"rank{r}.json").read_text(encoding="utf-8")) for r in (0, 1)]
     return reports, out_dir
 

@@ -3,12 +3,17 @@ agree with an independent float64 computation, and bad arguments give one clear 
 
 from __future__ import annotations
 
+import json
+import types
+import typing
+
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import objreg
+from objreg.analysis.records import StepRecord
 from objreg.core.errors import InvalidParameterError, ProbeStateError
 
 VOCAB, WIDTH, LENGTH, BATCH = 11, 6, 5, 8
@@ -174,19 +179,55 @@ def test_records_match_a_float64_per_example_loop():
     assert record["weights"] == WEIGHTS
 
 
-def test_records_have_the_schema_of_analyze(tiny_trainer):
-    trainer = tiny_trainer()
-    analyzed = trainer.run()[0]
-    model, opt = make("sgd")
+def conforms(value, hint, path="record"):
+    """Whether ``value`` has the shape the type ``hint`` declares, recursively (TypedDicts: their
+    keys, in the declared order, each value by its own hint)."""
+    if typing.is_typeddict(hint):
+        hints = typing.get_type_hints(hint)
+        assert isinstance(value, dict), path
+        assert hint.__required_keys__ <= set(value) <= set(hints), (path, sorted(value), sorted(hints))
+        assert list(value) == [k for k in hints if k in value], (path, "key order")
+        for key, item in value.items():
+            conforms(item, hints[key], f"{path}.{key}")
+    elif typing.get_origin(hint) is dict:
+        key_type, item_type = typing.get_args(hint)
+        assert isinstance(value, dict) and all(isinstance(k, key_type) for k in value), path
+        for key, item in value.items():
+            conforms(item, item_type, f"{path}.{key}")
+    elif typing.get_origin(hint) is list:
+        assert isinstance(value, list), path
+        for i, item in enumerate(value):
+            conforms(item, typing.get_args(hint)[0], f"{path}[{i}]")
+    elif typing.get_origin(hint) in (typing.Union, types.UnionType):
+        problems = []
+        for option in typing.get_args(hint):
+            try:
+                return conforms(value, option, path)
+            except AssertionError as e:
+                problems.append(e)
+        raise AssertionError(path, problems)
+    elif hint is float:
+        assert isinstance(value, (int, float)) and not isinstance(value, bool), (path, value)
+    elif hint is type(None):
+        assert value is None, (path, value)
+    else:
+        assert isinstance(value, hint) and (hint is bool or not isinstance(value, bool)), (path, value)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_records_have_the_typed_schema_of_analyze(tiny_trainer, optimizer):
+    trainer = tiny_trainer(optimizer=optimizer, steps=2)
+    trainer.probe.engine.spectrum = 2
+    analyzed = trainer.run()
+    model, opt = make(optimizer)
     _, records = train(model, opt, 1, new_probe(model, opt))
-
-    def keys(record, depth=0):
-        return {k: keys(v, depth + 1) if isinstance(v, dict) and k not in ("alignment", "second_order", "first_order",
-                                                                              "norms", "losses", "weights") else None
-                for k, v in record.items()}
-
-    assert keys(records[0]) == keys(analyzed)
-    assert set(records[0]["alignment"]["tokens"]) == set(next(iter(analyzed["alignment"].values())))
+    for record in [*analyzed, *records]:
+        conforms(record, StepRecord)
+    assert "spectrum" in analyzed[0] and "spectrum" not in records[0]
+    for record in [*analyzed, *records]:
+        conforms(json.loads(json.dumps(record)), StepRecord)  # as steps.jsonl holds it
+    with pytest.raises(AssertionError):
+        conforms({**records[0], "alignment": {"tokens": {"dot": 1.0}}}, StepRecord)
 
 
 def test_clipped_gradients_are_split_by_what_the_optimizer_steps_on():
@@ -273,6 +314,173 @@ def test_measure_refuses_calls_out_of_order():
 
 
 
+
+# -- checkpoints and the attached probe --------------------------------------------------------------
+
+
+def step_batches(generator):
+    return {"tokens": batch(generator, VOCAB), "pairs": batch(generator, 2)}
+
+
+def backward(model, opt, batches):
+    opt.zero_grad()
+    sum(w * {"tokens": token_loss, "pairs": pair_loss}[k](model, batches[k]).mean() for k, w in WEIGHTS.items()
+        ).backward()
+
+
+def explicit_steps(model, opt, probe, generator, steps, every=2):
+    """The low-level API: measure and finish every ``every``-th step, track the others."""
+    for step in steps:
+        batches = step_batches(generator)
+        backward(model, opt, batches)
+        if step % every == 0:
+            measured = probe.measure(batches, step=step)
+            opt.step()
+            probe.finish(measured)
+        else:
+            probe.track(batches)
+            opt.step()
+
+
+def attached_steps(model, opt, probe, generator, steps):
+    """The attached probe: the loop only hands over each step's batches."""
+    for _ in steps:
+        batches = step_batches(generator)
+        backward(model, opt, batches)
+        probe.observe(batches)
+        opt.step()
+
+
+def checkpoint(*states):
+    """Through bytes, as a user's torch.save/torch.load would (weights_only: plain data and tensors)."""
+    import io
+
+    buffer = io.BytesIO()
+    torch.save(states, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
+@pytest.mark.parametrize("attached", [False, True], ids=["measure-finish", "attach"])
+def test_a_loop_checkpointed_after_step_2_resumes_to_the_uninterrupted_records(optimizer, attached):
+    run = attached_steps if attached else explicit_steps
+
+    def start(model, opt):
+        probe = new_probe(model, opt)
+        return probe.attach(opt, every=2) if attached else probe
+
+    model, opt = make(optimizer)
+    whole = start(model, opt)
+    run(model, opt, whole, torch.Generator().manual_seed(1), range(6))
+    assert [r["step"] for r in whole.records] == [0, 2, 4]
+
+    model, opt = make(optimizer)
+    first = start(model, opt)
+    generator = torch.Generator().manual_seed(1)
+    run(model, opt, first, generator, range(3))  # steps 0, 1, 2
+    saved = checkpoint(model.state_dict(), opt.state_dict(), first.state_dict(), generator.get_state())
+
+    # A fresh process: model and optimizer made anew, their state loaded, then a fresh probe's.
+    model, opt = make(optimizer)
+    model_state, opt_state, probe_state, generator_state = saved
+    model.load_state_dict(model_state)
+    opt.load_state_dict(opt_state)
+    resumed = start(model, opt)
+    resumed.load_state_dict(probe_state)
+    generator = torch.Generator()
+    generator.set_state(generator_state)
+    run(model, opt, resumed, generator, range(3, 6))
+    assert resumed.records == whole.records
+    assert resumed.report().to_dict() == whole.report().to_dict()
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_the_attached_probe_records_what_measure_and_finish_record(optimizer):
+    model, opt = make(optimizer)
+    explicit = new_probe(model, opt)
+    explicit_steps(model, opt, explicit, torch.Generator().manual_seed(1), range(5), every=2)
+    model, opt = make(optimizer)
+    seen = []
+    attached = new_probe(model, opt, steps=5).attach(opt, every=3, on_record=seen.append)
+    attached_steps(model, opt, attached, torch.Generator().manual_seed(1), range(5))
+    # every=3 with steps=5: the first, the third and the last step.
+    assert [r["step"] for r in attached.records] == [0, 3, 4] and seen == attached.records
+    assert attached.records[0] == explicit.records[0]
+    attached.detach()  # back to the low-level API
+    explicit_steps(model, opt, attached, torch.Generator().manual_seed(2), [5], every=1)
+    assert [r["step"] for r in attached.records] == [0, 3, 4, 5]
+
+
+def test_an_attached_probe_refuses_what_would_give_wrong_records():
+    model, opt = make("adam")
+    probe = new_probe(model, opt).attach(opt, every=2)
+    generator = torch.Generator().manual_seed(1)
+    batches = step_batches(generator)
+    backward(model, opt, batches)
+    with pytest.raises(ProbeStateError, match="not called on an attached probe"):
+        probe.measure(batches)
+    with pytest.raises(ProbeStateError, match="handed no batches"):
+        opt.step()
+    probe.observe(batches)
+    with pytest.raises(ProbeStateError, match="twice before optimizer.step"):
+        probe.observe(batches)
+    opt.step()
+    assert len(probe.records) == 1
+    backward(model, opt, step_batches(generator))  # step 1 is only tracked, but Adam needs it too
+    with pytest.raises(ProbeStateError, match="handed no batches"):
+        opt.step()
+    with pytest.raises(InvalidParameterError, match="the optimizer the probe was made with"):
+        new_probe(model, opt).attach(torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(ProbeStateError, match="already attached"):
+        probe.attach()
+    probe.detach()
+    with pytest.raises(ProbeStateError, match="call attach"):
+        probe.observe(batches)
+
+
+def test_sgd_between_probes_needs_no_batches():
+    model, opt = make("sgd")
+    probe = new_probe(model, opt).attach(every=2)
+    generator = torch.Generator().manual_seed(1)
+    for step in range(3):
+        batches = step_batches(generator)
+        backward(model, opt, batches)
+        if step != 1:
+            probe.observe(batches)
+        opt.step()
+    assert [r["step"] for r in probe.records] == [0, 2]
+
+
+def test_a_probe_made_after_adams_first_step_needs_the_earlier_probes_state():
+    model, opt = make("adam")
+    generator = torch.Generator().manual_seed(1)
+    backward(model, opt, step_batches(generator))
+    opt.step()
+    late = new_probe(model, opt)
+    batches = step_batches(generator)
+    backward(model, opt, batches)
+    with pytest.raises(ProbeStateError, match="load the state_dict of the probe that saw those steps"):
+        late.measure(batches)
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda s: {**s, "format": 0}, "not a TransferProbe state_dict"),
+    (lambda s: {**s, "objectives": ["tokens"]}, "probes \\['tokens', 'pairs'\\]"),
+    (lambda s: {**s, "shared": ["body.weight", "ghost.weight"]}, "no trainable parameter called: 'ghost.weight'"),
+    (lambda s: {**s, "coalitions": None}, "under SGD"),
+])
+def test_a_state_that_does_not_fit_is_refused(edit, message):
+    model, opt = make("adam")
+    probe = new_probe(model, opt)
+    explicit_steps(model, opt, probe, torch.Generator().manual_seed(1), range(1))
+    fresh = new_probe(*make("adam"))
+    with pytest.raises(InvalidParameterError, match=message):
+        fresh.load_state_dict(edit(probe.state_dict()))
+    sgd_model, sgd_opt = make("sgd")
+    with pytest.raises(InvalidParameterError, match="under Adam"):
+        new_probe(sgd_model, sgd_opt).load_state_dict(probe.state_dict())
+
 # -- data-parallel: each process its own rows, the collectives on the user's process group ---------
 
 
@@ -338,9 +546,9 @@ def _ddp_worker(rank: int, port: int, results: str) -> None:
 def test_a_ddp_loop_gives_the_one_process_records(tmp_path):
     import json
 
-    from test_distributed import _free_port, assert_close_reports, run_two_processes
+    from two_processes import assert_close_reports, free_port, run_two_processes
 
-    run_two_processes(_ddp_worker, _free_port(), str(tmp_path))
+    run_two_processes(_ddp_worker, free_port(), str(tmp_path))
     records = data_parallel_run()
     for rank in (0, 1):
         ranked = json.loads((tmp_path / f"rank{rank}.json").read_text(encoding="utf-8"))

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from objreg.analysis.math.taylor import pair_key
+from objreg.analysis.records import StepRecord
 from objreg.core.errors import InvalidParameterError
 
 #: Objectives the exact trust-region solver takes (it visits 3^K faces).
@@ -103,12 +104,12 @@ class Quadratic:
                    float(data["second_constant"]), np.array([data["cross"][n] for n in names], float), matrix)
 
 
-def _pair(record: Mapping[str, Any], table: str, a: str, b: str, order: Sequence[str]) -> float:
+def _pair(record: StepRecord, table: str, a: str, b: str, order: Sequence[str]) -> float:
     first, second = sorted((a, b), key=list(order).index)
     return float(record[table][pair_key(first, second)])
 
 
-def step_model(record: Mapping[str, Any], optimizer: str, lr: float, names: Sequence[str]) -> Quadratic:
+def step_model(record: StepRecord, optimizer: str, lr: float, names: Sequence[str]) -> Quadratic:
     """The quadratic model of one probed step's change of ``D`` in the weights (module docstring)."""
     k = len(names)
     if optimizer == "sgd":
@@ -139,7 +140,7 @@ def step_model(record: Mapping[str, Any], optimizer: str, lr: float, names: Sequ
     return Quadratic(tuple(names), first_constant, first, second_constant, cross, matrix)
 
 
-def run_model(records: Sequence[Mapping[str, Any]], optimizer: str, lr: float, names: Sequence[str]) -> Quadratic:
+def run_model(records: Sequence[StepRecord], optimizer: str, lr: float, names: Sequence[str]) -> Quadratic:
     """The sum of the probed steps' models: the counterfactual of a constant weight vector."""
     total = Quadratic.zero(names)
     for record in records:
@@ -147,7 +148,7 @@ def run_model(records: Sequence[Mapping[str, Any]], optimizer: str, lr: float, n
     return total
 
 
-def used_improvement(records: Sequence[Mapping[str, Any]], optimizer: str, lr: float,
+def used_improvement(records: Sequence[StepRecord], optimizer: str, lr: float,
                      names: Sequence[str]) -> dict[str, float]:
     """The model's predicted improvement with the weights each probed step actually used."""
     totals = {"first_order": 0.0, "first_plus_second_order": 0.0}
@@ -221,7 +222,7 @@ TRUST_RULE = ("weights ≥ the lower bound (0 by default) and ≤ the upper boun
               "the mean weights used, and each within radius × that total of its mean weight used")
 
 
-def counterfactual(records: Sequence[Mapping[str, Any]], names: Sequence[str], optimizer: str, lr: float, *,
+def counterfactual(records: Sequence[StepRecord], names: Sequence[str], optimizer: str, lr: float, *,
                    radius: float, low: float = 0.0, high: float | None = None) -> dict[str, Any]:
     """The report's ``summary.counterfactual``: the run's quadratic model in the weights, the
     improvement it predicts with the weights used, and the best constant weights in the trust

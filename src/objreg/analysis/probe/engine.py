@@ -66,6 +66,7 @@ from objreg.analysis.math.taylor import (
     weighted_sum,
 )
 from objreg.analysis.probe.attribution import ExampleScores
+from objreg.analysis.records import Spectrum, StepRecord
 from objreg.core.handles import Objective
 from objreg.core.types import CorruptedBatch, TokenBatch
 
@@ -74,7 +75,7 @@ from objreg.core.types import CorruptedBatch, TokenBatch
 class Pending:
     """A probe measured before the step, waiting for the step to be taken."""
 
-    record: dict[str, Any]
+    record: StepRecord  # without the keys finish() adds
     before: Params  # the shared parameters before the step (copies: the optimizer updates in place)
     downstream_before: float
     downstream_grad: Params
@@ -168,7 +169,7 @@ class Probe:
             part_products = dict(zip(parts, products[len(names):]))
         downstream_norm = float(flat_norm(downstream_grad))
 
-        record: dict[str, Any] = {
+        record: StepRecord = {  # type: ignore[typeddict-item]  # finish() adds the rest
             "step": step,
             "weights": dict(weights),
             "losses": dict(losses),
@@ -205,7 +206,7 @@ class Probe:
         return Pending(record, before, downstream_before, downstream_grad, parts, first_by_part,
                        quadratic_by_pair(part_names, quadratic), split.attribution)
 
-    def finish(self, pending: Pending) -> dict[str, Any]:
+    def finish(self, pending: Pending) -> StepRecord:
         """The record, completed with what the step did: ``Δθ``, the new ``D``, the prediction's
         errors and the Taylor-regime diagnostic."""
         before = pending.before
@@ -270,7 +271,7 @@ class Probe:
         return dots_np, self_np, scores
 
     def _spectrum(self, curvature: Curvature, shared: Params, downstream_grad: Params,
-                  gradients: dict[str, Params]) -> dict[str, Any]:
+                  gradients: dict[str, Params]) -> Spectrum:
         """The top of ``H_D``'s spectrum and each gradient's cosines with its eigenvectors."""
         before = curvature.matvecs
 

@@ -23,6 +23,7 @@ from transformers import TrainerCallback
 from objreg.analysis.probe.tensorboard import TensorBoardScalars
 from objreg.analysis.probe.transfer_probe import LossFn, Measurement, TransferProbe
 from objreg.analysis.probe.writer import RunWriter
+from objreg.analysis.records import StepRecord
 from objreg.core.errors import InvalidParameterError, ProbeStateError
 
 
@@ -67,7 +68,7 @@ class ProbeCallback(TrainerCallback):
         self.downstream_name = downstream_name
         self.writer = RunWriter(self.out_dir) if self.out_dir is not None else None
         self.scalars = TensorBoardScalars(self.out_dir / "tensorboard") if tensorboard else None
-        self.records: list[dict[str, Any]] = []
+        self.records: list[StepRecord] = []
         self.probe: TransferProbe | None = None
         self._inputs: Any = None
         self._pending: Measurement | None = None

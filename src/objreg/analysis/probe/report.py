@@ -12,6 +12,7 @@ from typing import Any
 
 from objreg.analysis.math.stats import autocorrelated_mean_ci95, correlation
 from objreg.analysis.math.taylor import REGIME_RULE, inside_regime, pair_key, relative_error
+from objreg.analysis.records import StepRecord
 
 #: The summed relative errors are reported only where the actual improvement is at least this
 #: share of ``Σ_t |∇D·Δθ_t|``.
@@ -26,7 +27,7 @@ class AlignmentReport:
     pretrain: list[str]
     downstream: str
     config: dict[str, Any]
-    steps: list[dict[str, Any]] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -44,7 +45,7 @@ class AlignmentReport:
 
 def summarise(
     pretrain: list[str],
-    steps: list[dict[str, Any]],
+    steps: list[StepRecord],
     *,
     weights_by_step: list[dict[str, float]] | None = None,
     update_rule: str = "",

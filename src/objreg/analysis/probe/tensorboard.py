@@ -11,12 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from objreg.analysis.records import StepRecord
 from objreg.core.errors import InvalidParameterError
 
 ALIGNMENT_FIELDS = ("dot", "cosine", "update_cosine", "conflict_fraction", "grad_norm")
 
 
-def record_scalars(record: dict[str, Any]) -> dict[str, float]:
+def record_scalars(record: StepRecord) -> dict[str, float]:
     """``tag → value`` for one ``steps[]`` record (fields that are None are left out)."""
     scalars: dict[str, Any] = {
         "downstream/loss": record["downstream_loss"],
@@ -52,7 +53,7 @@ class TensorBoardScalars:
             ) from None
         self.writer = SummaryWriter(str(log_dir))
 
-    def add(self, record: dict[str, Any]) -> None:
+    def add(self, record: StepRecord) -> None:
         for tag, value in record_scalars(record).items():
             self.writer.add_scalar(tag, value, record["step"])
         self.writer.flush()

@@ -15,13 +15,19 @@ state, and differentiates copies of the parameters (``torch.func.functional_call
 Under Adam the split of a step needs the moments each coalition of objectives would have built
 from the first step (:mod:`objreg.analysis.math.shapley`): create the probe before the optimizer's
 first step, and call :meth:`TransferProbe.track` on every step you do not measure.
+
+:meth:`TransferProbe.attach` does all of that by itself: it hooks the optimizer's step, so the
+loop only hands the probe each step's batches (:meth:`TransferProbe.observe`) before
+``optimizer.step()``, and measure, track and finish cannot be forgotten or called out of order.
+:meth:`TransferProbe.state_dict` and :meth:`TransferProbe.load_state_dict` checkpoint and resume
+a probed loop beside the model's and the optimizer's own state.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -43,11 +49,16 @@ from objreg.analysis.probe.arguments import (
 )
 from objreg.analysis.probe.engine import Pending, Probe
 from objreg.analysis.probe.report import AlignmentReport, summarise
+from objreg.analysis.records import StepRecord
 from objreg.core.errors import InvalidParameterError, ProbeStateError
 from objreg.core.handles import Objective, Task
 
 #: A per-sample loss: ``fn(model, batch) -> [B]`` (the model's parameters are swapped for the probe's).
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
+#: Called by an attached probe with each record it finishes.
+RecordCallback = Callable[[StepRecord], None]
+#: Bumped when :meth:`TransferProbe.state_dict` changes shape (older states are refused).
+STATE_FORMAT = 1
 PER_SAMPLE_METHODS = ("auto", "ghost", "jvp", "double_backward", "loop")
 HVP_METHODS = ("auto", "forward_over_reverse", "double_backward")
 
@@ -58,6 +69,14 @@ class Measurement:
 
     pending: Pending
     finished: bool = False
+
+
+@dataclass
+class Observed:
+    """What :meth:`TransferProbe.observe` was handed for the coming step of an attached probe."""
+
+    batches: Mapping[str, Any]
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 class TransferProbe:
@@ -126,14 +145,22 @@ class TransferProbe:
         self._narrow = shared is None  # the default: narrowed to what some objective reaches, on first use
         settings = adam_settings(optimizer, self.shared_parameters)  # an unsupported optimizer fails here
         self.coalitions = None
+        # Under Adam a probe made after the optimizer's first step needs the state_dict of the
+        # probe that saw those steps (checked at the first measure or track).
+        self._needs_state = False
         if settings is not None:
-            if any(optimizer.state.get(p) for p in self.shared_parameters.values()):
-                raise ProbeStateError("create the TransferProbe before the optimizer's first step: under Adam the "
-                                      "split of a step needs every step's gradients from the first")
+            self._needs_state = any(optimizer.state.get(p) for p in self.shared_parameters.values())
             self.coalitions = CoalitionMoments(players(list(losses), settings), seed=seed)
-        self.records: list[dict[str, Any]] = []
+        self.records: list[StepRecord] = []
         self._tracked_at: int | None = None
         self._next_step = 0
+        # attach(): the optimizer's hooks, the steps they have seen, and the coming step's batches.
+        self._hooks: list[Any] = []
+        self._every = 1
+        self._on_record: RecordCallback | None = None
+        self._steps_seen = 0
+        self._observed: Observed | None = None
+        self._attached_measurement: Measurement | None = None
 
     @property
     def shared_parameters(self) -> dict[str, nn.Parameter]:
@@ -144,8 +171,14 @@ class TransferProbe:
               gradients: Mapping[str, Params] | None = None) -> None:
         """Under Adam, take this step's gradients into the coalition moments (call it between the
         backward and ``optimizer.step()`` on every step you do not :meth:`measure`); nothing under SGD."""
+        self._refuse_if_attached("track")
+        self._track_checked(batches, weights, gradients)
+
+    def _track_checked(self, batches: Mapping[str, Any] | None, weights: Mapping[str, float] | None,
+                       gradients: Mapping[str, Params] | None) -> None:
         if self.coalitions is None:
             return
+        self._refuse_without_state()
         with self._quiet():
             self._track(batches, self._weights_of(weights), gradients)
 
@@ -162,6 +195,14 @@ class TransferProbe:
                 loss, where the loop has them (default: the probe computes them in ``eval()`` mode).
             tokens: The uncorrupted token batches of objreg objectives (example attribution).
         """
+        self._refuse_if_attached("measure")
+        return self._measure(batches, step=step, weights=weights, gradients=gradients, losses=losses, tokens=tokens)
+
+    def _measure(self, batches: Mapping[str, Any], *, step: int | None = None,
+                 weights: Mapping[str, float] | None = None, gradients: Mapping[str, Params] | None = None,
+                 losses: Mapping[str, float] | None = None, tokens: Mapping[str, Any] | None = None) -> Measurement:
+        if self.coalitions is not None:
+            self._refuse_without_state()
         weights = self._weights_of(weights)
         check_batches("batches", batches, self.engine.objectives)
         step = self._next_step if step is None else step
@@ -178,9 +219,13 @@ class TransferProbe:
         self._next_step = step + 1
         return Measurement(pending)
 
-    def finish(self, measurement: Measurement) -> dict[str, Any]:
+    def finish(self, measurement: Measurement) -> StepRecord:
         """After ``optimizer.step()``: the step's record (``objreg analyze``'s ``steps[]`` schema),
         also appended to :attr:`records`."""
+        self._refuse_if_attached("finish")
+        return self._finish(measurement)
+
+    def _finish(self, measurement: Measurement) -> StepRecord:
         if not isinstance(measurement, Measurement) or measurement.finished:
             raise ProbeStateError("finish() takes the Measurement of one measure() call, once, after optimizer.step()")
         measurement.finished = True
@@ -188,6 +233,167 @@ class TransferProbe:
             record = self.engine.finish(measurement.pending)
         self.records.append(record)
         return record
+
+    # -- attached to the optimizer -----------------------------------------------------------------
+
+    def attach(self, optimizer: torch.optim.Optimizer | None = None, *, every: int = 1,
+               on_record: RecordCallback | None = None) -> TransferProbe:
+        """Hook the optimizer's step, so the probe measures every ``every``-th step (and the first;
+        the last too when ``steps`` was given) and tracks the others by itself; the loop calls
+        :meth:`observe` with each step's batches before ``optimizer.step()``. ``on_record`` is
+        called with each finished record (write it, log it). Returns the probe.
+
+        Args:
+            optimizer: The probe's optimizer (optional: the probe already holds it; a different
+                one is refused).
+            every: Measure every this many optimizer steps.
+            on_record: Called with each record as it is finished.
+
+        Raises:
+            InvalidParameterError: another optimizer, a bad ``every``, or an uncallable ``on_record``.
+            ProbeStateError: the probe is already attached.
+        """
+        if optimizer is not None:
+            while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+                optimizer = optimizer.optimizer
+            if optimizer is not self.optimizer:
+                raise InvalidParameterError("attach() takes the optimizer the probe was made with (or none)")
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise InvalidParameterError(f"every must be a positive integer, got {every!r}")
+        if on_record is not None and not callable(on_record):
+            raise InvalidParameterError(f"on_record must be callable, got {type(on_record).__name__}")
+        if self._hooks:
+            raise ProbeStateError("the probe is already attached; detach() it first")
+        self._every, self._on_record = every, on_record
+        self._hooks = [self.optimizer.register_step_pre_hook(self._before_step),
+                       self.optimizer.register_step_post_hook(self._after_step)]
+        return self
+
+    def detach(self) -> None:
+        """Remove the optimizer's hooks (a step's batches handed over but not stepped are dropped)."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks, self._observed, self._attached_measurement = [], None, None
+
+    def observe(self, batches: Mapping[str, Any], *, weights: Mapping[str, float] | None = None,
+                gradients: Mapping[str, Params] | None = None, losses: Mapping[str, float] | None = None,
+                tokens: Mapping[str, Any] | None = None) -> None:
+        """Hand an attached probe the coming step's batches (after the backward, before
+        ``optimizer.step()``); the other arguments are :meth:`measure`'s.
+
+        Raises:
+            ProbeStateError: the probe is not attached, or this step's batches were already handed over.
+            InvalidParameterError: batches that do not name every objective.
+        """
+        if not self._hooks:
+            raise ProbeStateError("observe() feeds an attached probe: call attach() first (or use measure/finish)")
+        if self._observed is not None:
+            raise ProbeStateError("observe() was called twice before optimizer.step(): hand over each step's "
+                                  "batches once (gradient accumulation over several micro-batches is not supported)")
+        check_batches("batches", batches, self.engine.objectives)
+        options = {"weights": weights, "gradients": gradients, "losses": losses, "tokens": tokens}
+        self._observed = Observed(batches, {k: v for k, v in options.items() if v is not None})
+
+    def _due(self, step: int) -> bool:
+        return step % self._every == 0 or (self.engine.steps > 0 and step == self.engine.steps - 1)
+
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        observed, self._observed = self._observed, None
+        step = self._steps_seen
+        if not self._due(step) and self.coalitions is None:
+            return  # plain SGD between probes: nothing to keep
+        if observed is None:
+            raise ProbeStateError(f"optimizer step {step}: the attached probe was handed no batches; call "
+                                  f"probe.observe(batches) after the backward and before optimizer.step()")
+        if self._due(step):
+            self._attached_measurement = self._measure(observed.batches, step=step, **observed.options)
+        else:
+            self._track_checked(observed.batches, observed.options.get("weights"), observed.options.get("gradients"))
+
+    def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._steps_seen += 1
+        measurement, self._attached_measurement = self._attached_measurement, None
+        if measurement is not None:
+            record = self._finish(measurement)
+            if self._on_record is not None:
+                self._on_record(record)
+
+    def _refuse_if_attached(self, call: str) -> None:
+        if self._hooks:
+            raise ProbeStateError(f"{call}() is not called on an attached probe: it measures, tracks and finishes "
+                                  f"by itself; hand it each step's batches with observe() (or detach() it)")
+
+    def _refuse_without_state(self) -> None:
+        if self._needs_state:
+            raise ProbeStateError("create the TransferProbe before the optimizer's first step (under Adam the split "
+                                  "of a step needs every step's gradients from the first), or load the state_dict "
+                                  "of the probe that saw those steps")
+
+    # -- checkpoints -------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the probe keeps across steps, as tensors and plain data (``torch.save`` it
+        beside the model's and the optimizer's state; it loads with ``weights_only=True``): the
+        records, the measured parameters' names, the Adam coalition moments, the example scores,
+        the methods chosen and the step counters."""
+        engine = self.engine
+        return {
+            "format": STATE_FORMAT,
+            "objectives": list(engine.objectives),
+            "shared": list(engine.shared),
+            "records": list(self.records),
+            "next_step": self._next_step,
+            "steps_seen": self._steps_seen,
+            "tracked_at": self._tracked_at,
+            "coalitions": self.coalitions.state_dict() if self.coalitions is not None else None,
+            "attribution": engine.attribution.state_dict(),
+            "hvp_method": engine.hvp_method,
+            "update_rule": engine.update_rule,
+            "methods_used": sorted(engine.methods_used),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from the :meth:`state_dict` of a probe made with the same objectives and
+        optimizer kind (load the model's and the optimizer's state too).
+
+        Raises:
+            InvalidParameterError: a state of another format, other objectives, parameters this
+                model lacks, or another optimizer kind (Adam's moments with SGD or back).
+            ProbeStateError: a step's measurement is in flight.
+        """
+        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
+            found = state.get("format") if isinstance(state, Mapping) else type(state).__name__
+            raise InvalidParameterError(f"not a TransferProbe state_dict of format {STATE_FORMAT} (got {found!r})")
+        if self._observed is not None or self._attached_measurement is not None:
+            raise ProbeStateError("load_state_dict() between observe() and optimizer.step(): load it before the step")
+        objectives = list(self.engine.objectives)
+        if list(state["objectives"]) != objectives:
+            raise InvalidParameterError(f"the state is of a probe of objectives {list(state['objectives'])}, this one "
+                                        f"probes {objectives}")
+        trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
+        missing = [n for n in state["shared"] if n not in trainable]
+        if missing or not state["shared"]:
+            raise InvalidParameterError(f"the state measures {len(missing)} parameters this model has no trainable "
+                                        f"parameter called: {', '.join(map(repr, missing[:5]))}")
+        if (state["coalitions"] is None) != (self.coalitions is None):
+            kind = "Adam" if state["coalitions"] is not None else "SGD"
+            raise InvalidParameterError(f"the state is of a probe under {kind}; this probe's optimizer is "
+                                        f"{type(self.optimizer).__name__}")
+        if self.coalitions is not None:
+            try:
+                self.coalitions.load_state_dict(state["coalitions"])
+            except (KeyError, ValueError) as e:
+                raise InvalidParameterError(f"the state's Adam coalition moments do not fit this probe: {e}") from None
+        engine = self.engine
+        engine.shared = self.downstream.shared = tuple(state["shared"])
+        self._narrow = False
+        self.records = list(state["records"])
+        self._next_step, self._steps_seen = int(state["next_step"]), int(state["steps_seen"])
+        self._tracked_at = None if state["tracked_at"] is None else int(state["tracked_at"])
+        engine.attribution.load_state_dict(state["attribution"])
+        engine.hvp_method, engine.update_rule = state["hvp_method"], state["update_rule"]
+        engine.methods_used = set(state["methods_used"])
+        self._needs_state = False
 
     def report(self, downstream: str = "downstream", config: Mapping[str, Any] | None = None) -> AlignmentReport:
         """:attr:`records` as an ``objreg.AlignmentReport`` (its summary as ``objreg analyze`` makes

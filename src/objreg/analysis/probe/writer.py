@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from objreg.analysis.probe.report import AlignmentReport, report_csv
+from objreg.analysis.records import StepRecord
 from objreg.core.errors import DataError
 from objreg.toolkit.atomic import atomic_file
 
@@ -43,11 +44,11 @@ class RunWriter:
         with open(self.steps_path, "w", encoding="utf-8"):
             pass
 
-    def rewrite_steps(self, steps: list[dict[str, Any]]) -> None:
+    def rewrite_steps(self, steps: list[StepRecord]) -> None:
         """Replace ``steps.jsonl`` with ``steps`` (atomically): a resumed run's finished probes."""
         write_atomic(self.steps_path, "".join(json.dumps(step, allow_nan=False) + "\n" for step in steps))
 
-    def append_step(self, step: dict[str, Any]) -> None:
+    def append_step(self, step: StepRecord) -> None:
         with open(self.steps_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(step, allow_nan=False) + "\n")
             f.flush()

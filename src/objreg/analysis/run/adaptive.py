@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from objreg.analysis.math.mixture import Quadratic, maximise, step_model, trust_box
+from objreg.analysis.records import StepRecord
 from objreg.core.errors import InvalidParameterError
 
 
@@ -87,7 +88,7 @@ class Rule:
         self.model: Quadratic | None = None  # the smoothed per-step model
         self.probes = 0
 
-    def update(self, record: Mapping[str, Any]) -> dict[str, float]:
+    def update(self, record: StepRecord) -> dict[str, float]:
         """Take a finished probe record; the weights for the steps until the next probe."""
         latest = step_model(record, self.optimizer, self.lr, self.names)
         self.model = latest if self.model is None else (

@@ -20,6 +20,7 @@ from objreg.analysis.parallel.group import Group
 from objreg.analysis.parallel.launch import from_environment
 from objreg.analysis.probe.report import AlignmentReport, summarise
 from objreg.analysis.probe.writer import RunWriter
+from objreg.analysis.records import StepRecord
 from objreg.analysis.run.config import AnalysisConfig
 from objreg.analysis.run.failures import resource_errors
 from objreg.analysis.run.fingerprint import (
@@ -135,11 +136,10 @@ def _run_claimed(
     """:func:`analyze` once its settings are checked and the processes are connected. Every
     process runs this; the main one alone touches ``out_dir``, and an error it meets there is
     raised on every process (:meth:`Group.on_main`), so none is left waiting."""
-    records: list[dict[str, Any]] = []
     state: dict[str, Any] = {}
     if resume is not None:
         # Every process reads the checkpoint (the directory must be shared); before anything heavy.
-        state, records = group.agree(lambda: load_checkpoint(Path(resume)))
+        state, finished = group.agree(lambda: load_checkpoint(Path(resume)))
     writing = out_dir is not None
     # Made first, so an unwritable directory fails before anything is loaded; None off the main process.
     writer = group.on_main(lambda: make_writer(Path(out_dir))) if writing else None
@@ -150,21 +150,19 @@ def _run_claimed(
         check_same_config(Path(resume), report_config)
         restore(trainer, state, Path(resume))
         # Lines past the checkpoint belong to the step in flight when the run stopped: drop them.
-        group.on_main(lambda: writer.rewrite_steps(records))
+        group.on_main(lambda: writer.rewrite_steps(finished))
         status(f"resuming at step {trainer.next_step} of {config.steps}")
     elif writing:
         group.on_main(lambda: (write_fingerprint(Path(out_dir), config, report_config, inputs, registry),
                                writer.write_config(report_config), writer.start_steps()))
 
-    def record_step(step: int, record: dict[str, Any] | None) -> None:
-        if record is not None:
-            records.append(record)
+    def record_step(step: int, record: StepRecord | None) -> None:
         if writing:
 
             def write() -> None:
                 if record is not None:
                     writer.append_step(record)
-                save_checkpoint(Path(out_dir), trainer.state_dict(), records)
+                save_checkpoint(Path(out_dir), trainer.state_dict())
 
             group.on_main(write)
         if on_step is not None:
@@ -172,7 +170,7 @@ def _run_claimed(
 
     status("training with probes")
     trainer.run(record_step)
-    report = build_report(config, report_config, trainer, records)
+    report = build_report(config, report_config, trainer, trainer.probe.records)
     if writing:
         status("writing the report")
         group.on_main(lambda: (writer.write_report(report), remove_checkpoint(Path(out_dir))))
@@ -180,7 +178,7 @@ def _run_claimed(
 
 
 def build_report(
-    config: AnalysisConfig, report_config: dict[str, Any], trainer: Trainer, records: list[dict[str, Any]]
+    config: AnalysisConfig, report_config: dict[str, Any], trainer: Trainer, records: list[StepRecord]
 ) -> AlignmentReport:
     """The report of a finished run."""
     probe = trainer.probe.engine

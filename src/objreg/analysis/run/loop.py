@@ -15,9 +15,10 @@ Under Adam every step, probed or not, also advances the coalition moments the at
 the step needs (:mod:`objreg.analysis.math.shapley`): each coalition of objectives keeps the Adam
 moments its own gradients would have built along the actual trajectory.
 
-The trainer's whole state (:meth:`Trainer.state_dict`) is the model, the optimizer, the coalition
-moments, the data and corruption generators, the global generator dropout draws from, the step to
-run next, and what the probe keeps across steps; all checkpointable as they are.
+The trainer's whole state (:meth:`Trainer.state_dict`) is the model, the optimizer, the data and
+corruption generators, the global generator dropout draws from, the step to run next, and the
+probe's own :meth:`~objreg.analysis.probe.transfer_probe.TransferProbe.state_dict` (its records,
+the coalition moments, the example scores); all checkpointable as they are.
 
 Several processes (the downstream set's :class:`~objreg.analysis.parallel.group.Group`) run the same
 trajectory as one: every process draws and corrupts the same whole batches from the same
@@ -38,6 +39,7 @@ from objreg.analysis.math.gradients import accumulate, check_finite, mean_loss_g
 from objreg.analysis.math.optimizers import make_optimizer
 from objreg.analysis.math.shapley import CoalitionMoments
 from objreg.analysis.probe.transfer_probe import TransferProbe
+from objreg.analysis.records import StepRecord
 from objreg.analysis.run.adaptive import Rule
 from objreg.analysis.run.schedules import Schedule, weights_at
 from objreg.core.handles import Objective
@@ -45,7 +47,7 @@ from objreg.core.types import CorruptedBatch, TokenBatch
 from objreg.toolkit.tokenizer import TokenizedCorpus
 
 #: Called after every training step with the step index and its probe record (None if unprobed).
-StepCallback = Callable[[int, "dict[str, Any] | None"], None]
+StepCallback = Callable[[int, "StepRecord | None"], None]
 
 
 class Trainer:
@@ -130,7 +132,7 @@ class Trainer:
     def is_probed(self, step: int) -> bool:
         return step % self.probe_every == 0 or step == self.steps - 1
 
-    def run(self, on_step: StepCallback | None = None) -> list[dict[str, Any]]:
+    def run(self, on_step: StepCallback | None = None) -> list[StepRecord]:
         """Train from :attr:`next_step` to the end; the probe records in order."""
         records = []
         while self.next_step < self.steps:
@@ -143,7 +145,7 @@ class Trainer:
                 on_step(step, record)
         return records
 
-    def step(self, step: int, probe: bool) -> dict[str, Any] | None:
+    def step(self, step: int, probe: bool) -> StepRecord | None:
         """One update on the weighted mix; returns the probe record when ``probe``."""
         tokens, batches = self.next_batches()
         weights = self.weights_by_step[step] if step < len(self.weights_by_step) else self.weights_at(step)
@@ -209,11 +211,7 @@ class Trainer:
             "corrupt_generator": self.corrupt_generator.get_state(),
             # Dropout, where a model has it, draws from the global generator.
             "global_generator": torch.get_rng_state(),
-            "attribution": self.probe.engine.attribution.state_dict(),
-            "coalitions": self.coalitions.state_dict() if self.coalitions is not None else None,
-            "hvp_method": self.probe.engine.hvp_method,
-            "update_rule": self.probe.engine.update_rule,
-            "methods_used": sorted(self.probe.engine.methods_used),
+            "probe": self.probe.state_dict(),
             "adaptive": ({"rule": self.adaptive.state_dict(), "weights_by_step": self.weights_by_step}
                          if self.adaptive is not None else None),
         }
@@ -225,12 +223,7 @@ class Trainer:
         self.data_generator.set_state(state["data_generator"])
         self.corrupt_generator.set_state(state["corrupt_generator"])
         torch.set_rng_state(state["global_generator"])
-        self.probe.engine.attribution.load_state_dict(state["attribution"])
-        if self.coalitions is not None:
-            self.coalitions.load_state_dict(state["coalitions"])
-        self.probe.engine.hvp_method = state["hvp_method"]
-        self.probe.engine.update_rule = state["update_rule"]
-        self.probe.engine.methods_used = set(state["methods_used"])
+        self.probe.load_state_dict(state["probe"])
         self.next_step = int(state["next_step"])
         if self.adaptive is not None:
             self.adaptive.load_state_dict(state["adaptive"]["rule"])

@@ -2,7 +2,7 @@
 
 ``checkpoint.pt`` in the run directory holds the trainer's state (:meth:`Trainer.state_dict`:
 model, optimizer, data and corruption generators, the global CPU generator dropout draws from,
-what the probe keeps, the step to run next) and the probe records so far. It is rewritten after
+the step to run next, and the probe's own ``state_dict``, which holds the records so far). It is rewritten after
 every finished step through a synced temporary file and an atomic rename, so it is either the
 previous step's or this one's, never half written: a killed run loses at most the step in flight.
 It carries its own SHA-256 (:mod:`objreg.analysis.run.checksum`), verified before anything in it is
@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from objreg.analysis.records import StepRecord
 from objreg.analysis.run.checksum import ChecksumError, read_sealed, write_sealed
 from objreg.analysis.run.config import AnalysisConfig
 from objreg.analysis.run.fingerprint import check_config_unchanged
@@ -28,9 +29,9 @@ from objreg.analysis.run.loop import Trainer
 from objreg.core.errors import DataError, InvalidParameterError
 
 CHECKPOINT = "checkpoint.pt"
-#: 3: sealed with a checksum, and holding the Adam attribution's coalition moments (older formats
-#: are not resumed).
-FORMAT = 3
+#: 4: sealed with a checksum; the probe's records and moments in the probe's own state_dict
+#: (older formats are not resumed).
+FORMAT = 4
 
 
 def resumed_config(run_dir: Path, given: list[str]) -> AnalysisConfig:
@@ -73,10 +74,10 @@ def restore(trainer: Trainer, state: dict[str, Any], run_dir: Path) -> None:
                         f"config.json ({type(e).__name__})") from None
 
 
-def save_checkpoint(out_dir: Path, trainer_state: dict[str, Any], records: list[dict[str, Any]]) -> None:
+def save_checkpoint(out_dir: Path, trainer_state: dict[str, Any]) -> None:
     """Write ``checkpoint.pt`` in ``out_dir`` atomically, sealed with its checksum."""
     buffer = io.BytesIO()
-    torch.save({"format": FORMAT, "trainer": trainer_state, "records": records}, buffer)
+    torch.save({"format": FORMAT, "trainer": trainer_state}, buffer)
     write_sealed(Path(out_dir) / CHECKPOINT, buffer.getvalue())
 
 
@@ -86,7 +87,7 @@ def _require_checkpoint(out_dir: Path) -> None:
                         f"start it again")
 
 
-def load_checkpoint(out_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+def load_checkpoint(out_dir: Path) -> tuple[dict[str, Any], list[StepRecord]]:
     """The trainer state and the probe records of ``out_dir``'s checkpoint.
 
     Raises:
@@ -104,9 +105,12 @@ def load_checkpoint(out_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]
         data = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many types for a foreign payload
         raise DataError(f"cannot resume {str(out_dir)!r}: {CHECKPOINT} is unreadable ({type(e).__name__})") from None
-    if not isinstance(data, dict) or data.get("format") != FORMAT or not {"trainer", "records"} <= set(data):
+    trainer = data.get("trainer") if isinstance(data, dict) else None
+    probe = trainer.get("probe") if isinstance(trainer, dict) else None
+    records = probe.get("records") if isinstance(probe, dict) else None
+    if data.get("format") != FORMAT or not isinstance(records, list):
         raise DataError(f"cannot resume {str(out_dir)!r}: {CHECKPOINT} is not an objreg checkpoint of format {FORMAT}")
-    return data["trainer"], data["records"]
+    return data["trainer"], records
 
 
 def remove_checkpoint(out_dir: Path) -> None:

@@ -1,0 +1,99 @@
+"""The probe record, typed once: what ``TransferProbe.finish`` returns, one ``steps[]`` entry of
+``objreg analyze``'s report, one line of ``steps.jsonl``.
+
+Records stay plain dicts (they are JSON as they are, and users index them); these TypedDicts say
+which keys each level has and what they hold, and every module that builds or reads a record
+names its type. docs/analysis.md explains what each number means. The schema sits at the root of
+:mod:`objreg.analysis` because every room speaks it: the probe writes it, the math (the mixture's
+counterfactual) and the run read it.
+"""
+
+# No `from __future__ import annotations`: TypedDict must see NotRequired itself to know which
+# keys are optional.
+import sys
+from typing import TypedDict
+
+if sys.version_info >= (3, 11):
+    from typing import NotRequired
+else:  # pragma: no cover - Python 3.10
+    from typing_extensions import NotRequired
+
+#: Objective name → value (weights, losses, the per-part first-order terms, …).
+ByName = dict[str, float]
+
+
+class Alignment(TypedDict):
+    """One objective's gradient against ``∇D`` at a probe (``alignment.<k>``)."""
+
+    dot: float  # mean over examples of ⟨∇ℓ_i, ∇D⟩ = ⟨g_k, ∇D⟩
+    cosine: float
+    ci95: list[float]  # Student-t interval of the dot over examples
+    ci95_bootstrap: list[float]
+    cosine_ci95: list[float]
+    conflict_fraction: float  # share of examples with ⟨∇ℓ_i, ∇D⟩ < 0
+    grad_norm: float  # ‖g_k‖
+    update_cosine: float  # cosine of the objective's part of the step with −∇D
+
+
+class Prediction(TypedDict):
+    """The Taylor prediction of ``D``'s change over the step (``predicted_delta``)."""
+
+    first_order: float
+    second_order: float
+
+
+class FirstAndSecond(TypedDict):
+    first_order: float | None
+    first_plus_second_order: float | None
+
+
+class Taylor(TypedDict):
+    """The prediction's errors and the Taylor-regime diagnostic (``taylor``)."""
+
+    error: FirstAndSecond
+    scaled_error: FirstAndSecond
+    rounding_floor: float
+    second_to_first: float | None
+    second_order_helps: bool
+    remainder_ratio: float | None
+    inside_regime: bool
+
+
+class Update(TypedDict):
+    """The step the optimizer took, split into parts (``update``)."""
+
+    norm: float
+    norms: ByName
+    conditioning: float | None
+    decomposition_residual: float
+    attribution: str  # "exact" (SGD), "shapley" (Adam), …
+    first_order: ByName  # each part's ∇D·d_c
+    second_order: ByName  # each pair's ½ d_iᵀ H_D d_j (both orders summed off the diagonal)
+
+
+class Spectrum(TypedDict):
+    """The top of ``H_D``'s spectrum (``spectrum``, on the first and last step with ``--spectrum``)."""
+
+    eigenvalues: list[float]
+    alignment: dict[str, list[float]]
+    downstream_alignment: list[float]
+    matvecs: int
+
+
+class StepRecord(TypedDict):
+    """One probe step, in the order its keys are written."""
+
+    step: int
+    weights: ByName
+    losses: ByName
+    downstream_loss: float
+    downstream_grad_norm: float
+    alignment: dict[str, Alignment]
+    second_order: ByName  # S_ij = g_iᵀ H_D g_j by pair "i,j"
+    second_order_asymmetry: float
+    spectrum: NotRequired[Spectrum]
+    predicted_delta: Prediction
+    downstream_loss_after: float
+    actual_delta: float
+    taylor: Taylor
+    update: Update
