@@ -10,8 +10,9 @@ TensorBoard scalars under DIR/tensorboard. Without ``--model`` a small BERT is b
 
 The data, the objectives' corruption and the downstream head are objreg's (the same setup as
 ``objreg analyze --model MODEL_DIR``, so the two runs can be compared record for record); the
-loop, its optimizer step and the probe calls are the part you would write around your own
-model: backward, ``probe.measure``, ``optimizer.step()``, ``probe.finish``.
+loop and the probe are the part you would write around your own model: the probe is attached to
+the optimizer (it measures as the optimizer steps), and the loop hands it each step's batches
+with ``probe.observe`` between the backward and ``optimizer.step()``.
 """
 
 from __future__ import annotations
@@ -20,8 +21,6 @@ import argparse
 from pathlib import Path
 
 import objreg
-from objreg.analysis.probe.tensorboard import TensorBoardScalars
-from objreg.analysis.probe.writer import RunWriter
 from objreg.analysis.run.prepare import prepare
 
 #: Small enough for seconds on a CPU.
@@ -68,9 +67,16 @@ def main(argv: list[str] | None = None) -> objreg.AlignmentReport:
     evaluation = setup.probe.downstream
     probe = objreg.TransferProbe(model, objectives, evaluation.task, optimizer, eval_batches=evaluation.batch,
                                  weights=weights, shared=list(setup.shared), seed=args.seed, steps=args.steps)
-    writer = RunWriter(args.out)
+    writer = objreg.RunWriter(args.out)
     writer.start_steps()
-    scalars = TensorBoardScalars(args.out / "tensorboard") if args.tensorboard else None
+    scalars = objreg.TensorBoardScalars(args.out / "tensorboard") if args.tensorboard else None
+
+    def keep(record: dict) -> None:  # each finished record, as it comes
+        writer.append_step(record)
+        if scalars is not None:
+            scalars.add(record)
+
+    probe.attach(optimizer, every=1, on_record=keep)
 
     for step in range(args.steps):
         _, batches = setup.next_batches()  # one corrupted batch per objective
@@ -80,12 +86,9 @@ def main(argv: list[str] | None = None) -> objreg.AlignmentReport:
                                                      objective.attention_mask(batches[name])).mean()
                    for name, objective in objectives.items())
         loss.backward()
-        measured = probe.measure(batches, step=step)  # after the backward, before the step
-        optimizer.step()
-        record = probe.finish(measured)  # reads Δθ and evaluates D again
-        writer.append_step(record)
-        if scalars is not None:
-            scalars.add(record)
+        probe.observe(batches)  # after the backward, before the step
+        optimizer.step()  # the probe measures before it and reads Δθ and D again after it
+        record = probe.records[-1]
         print(f"step {step}: loss {loss.item():.4f}, predicted {record['predicted_delta']['first_order']:+.3e}, "
               f"actual {record['actual_delta']:+.3e}")
 
