@@ -17,9 +17,6 @@ torch.set_num_threads(1)
 settings.register_profile("objreg", derandomize=True, database=None)
 settings.load_profile("objreg")
 
-#: The real data shipped beside the checkout; tests that read it skip where it is absent.
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
 _TEXTS = [
     "The committee met on Tuesday. It approved the budget for the new library. Members argued about the roof.",
     "Rivers carry sediment to the sea. Deltas form where the current slows. Some deltas grow every year.",
@@ -33,10 +30,12 @@ _TEXTS = [
 @pytest.fixture(scope="session")
 def shared_file():
     """``shared_file("squad_v1.1/dev-v1.1.half-a.json")``: the path of a file of the shared real
-    data, or a skip where that data is absent (as on a machine without ../shared)."""
+    data where the experiments find it (:func:`objreg.experiments._support.shared_data`:
+    ``$OBJREG_SHARED_DATA``, else ``shared/data`` beside the checkout), or a skip where it is absent."""
+    from objreg.experiments._support import shared_data  # the one locator (it loads the run's modules)
 
     def find(relative: str) -> Path:
-        path = SHARED_DATA / relative
+        path = shared_data() / relative
         if not path.is_file():
             pytest.skip(f"{path} is absent")
         return path

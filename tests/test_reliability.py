@@ -35,7 +35,6 @@ from objreg.cli import make_cli
 SMALL = dict(steps=4, batch_size=4, seq_len=48, eval_size=8, head_fit_size=16, head_warmup_steps=5)
 CLI_SMALL = ["--batch-size", "4", "--seq-len", "48", "--eval-size", "8", "--head-fit-size", "16",
              "--head-warmup-steps", "5"]
-WIKITEXT = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "wikitext-2" / "valid.txt"
 TEXT = "The committee met on Tuesday. It approved the budget for the new library. Members argued about the roof."
 
 
@@ -183,13 +182,13 @@ def test_1_resume_refuses_other_plugin_versions(tmp_path):
 # -- 2. same seed, same numbers, on any machine -----------------------------------------------------
 
 
-@pytest.mark.skipif(not WIKITEXT.is_file(), reason="the shared WikiText-2 data is absent")
-def test_2_a_user_corpus_gives_the_same_tokenizer_with_every_empty_cache(tmp_path):
+def test_2_a_user_corpus_gives_the_same_tokenizer_with_every_empty_cache(tmp_path, shared_file):
+    wikitext = shared_file("wikitext-2/valid.txt")
     registry = objreg.Registry.load(load_entrypoints=False)
     vocabularies = []
     for i in range(3):
         cache = tmp_path / f"cache{i}"
-        corpus = registry.load_corpus(str(WIKITEXT), cache)
+        corpus = registry.load_corpus(str(wikitext), cache)
         vocabularies.append(registry.load_tokenizer("default", corpus, cache).backend.get_vocab())
     assert vocabularies[0] == vocabularies[1] == vocabularies[2]
 

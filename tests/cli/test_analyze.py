@@ -94,6 +94,8 @@ def test_schedule_spectrum_and_optimizer_reach_the_report(run):
         (["--pretrain", "mlm", "--schedule", "sop=cosine"], "schedule given for 'sop', which is not a selected"),
         (["--pretrain", "mlm", "--spectrum", "-1"], "spectrum must be an integer ≥ 0"),
         (["--pretrain", "mlm", "--hvp-method", "fd"], "hvp_method must be one of"),
+        (["--resume", "run", "--steps", "3", "--pretrain", "mlm"],
+         "--resume takes every setting from the run's config.json; drop --steps, --pretrain"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_1(run, args, message):

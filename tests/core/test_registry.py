@@ -441,6 +441,18 @@ def test_check_params_rejects_a_bad_combination_before_any_corrupt():
     assert log == [("a", "check", {"low": 2, "high": 7})]
 
 
+@pytest.mark.parametrize("limit", [0, -3, 2.5, True, "10"])
+def test_the_task_handle_refuses_a_bad_limit_before_the_plugin_runs(limit):
+    # A third-party task whose hook never looks at its limit gets the check from the handle.
+    log: list = []
+    task = objreg.Registry(manager(t=Task("t", log))).get_task("t")
+    with pytest.raises(objreg.InvalidParameterError, match=r"task 't': limit must be an integer of at least 1, got "):
+        task.task_data(None, [], None, 16, limit)
+    assert log == []
+    task.task_data(None, [], None, 16, 1)
+    assert log == [("t", "task_data")]
+
+
 # -- get / get_task errors ------------------------------------------------------------------------
 
 
@@ -459,6 +471,12 @@ def test_builtins(builtins):
     for name in OBJECTIVES + TASKS:
         assert builtins.origin(name) == "objreg (built-in)"
         assert builtins.info(name).name == name
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_every_builtin_task_gets_the_limit_check_naming_it(builtins, name):
+    with pytest.raises(InvalidParameterError, match=rf"^task '{name}': limit must be an integer of at least 1, got 0$"):
+        builtins.get_task(name).task_data(None, [["One."], ["Two."]], None, 64, 0)
 
 
 def test_unknown_objective_suggests_and_lists(builtins):

@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import math
 import re
+from pathlib import Path
 
 import pytest
 
 import objreg
-from objreg.experiments import base
+from objreg.experiments import _support, base
 
 
 @pytest.mark.parametrize(
@@ -220,3 +221,20 @@ def test_combine_parts_needs_every_part():
     assert combine_parts(_seeds([1.0, 1.1, 0.9], [-0.5, -0.6, -0.4]), base.Setting(), parts).verdict == "refuted"
     result = combine_parts(_seeds([1.0, 1.1, 0.9], [-0.5, 0.6, 0.1]), base.Setting(), parts)
     assert result.verdict == "inconclusive" and result.figures["parts"]["a"]["mean"] == pytest.approx(0.2 / 3)
+
+
+def test_shared_data_is_the_environment_variable_else_shared_data_beside_the_checkout(monkeypatch, tmp_path):
+    monkeypatch.setenv("OBJREG_SHARED_DATA", str(tmp_path))
+    assert _support.shared_data() == tmp_path
+    monkeypatch.delenv("OBJREG_SHARED_DATA")
+    checkout = Path(objreg.__file__).resolve().parents[2]  # src/objreg/__init__.py
+    assert _support.shared_data() == checkout.parent / "shared" / "data"
+
+
+def test_the_tests_find_the_shared_data_where_the_experiments_do(shared_file, monkeypatch, tmp_path):
+    (tmp_path / "glue").mkdir()
+    (tmp_path / "glue" / "dev.tsv").write_text("sentence\tlabel\n")
+    monkeypatch.setenv("OBJREG_SHARED_DATA", str(tmp_path))
+    assert shared_file("glue/dev.tsv") == tmp_path / "glue" / "dev.tsv"
+    with pytest.raises(pytest.skip.Exception, match="absent"):
+        shared_file("glue/missing.tsv")

@@ -138,12 +138,11 @@ def analyze(
     if objective_params:
         settings["objective_params"] = objective_params
     if resume is not None:
+        from objreg.analysis.run.resume import refuse_settings_beside_resume  # the run's modules, as resuming loads
+
         given = [f"--{k.replace('_', '-')}" for k in settings] + ["--param"] * bool(params)
         given += [o for o, v in (("--pretrain", pretrain), ("--downstream", downstream), ("--out", out_dir)) if v]
-        if given:
-            raise objreg.InvalidParameterError(
-                f"--resume takes every setting from DIR/config.json; drop {', '.join(given)}"
-            )
+        refuse_settings_beside_resume(given, "--resume")
         settings = {"resume": resume}
         names, out_dir = None, resume
     elif not pretrain:

@@ -198,7 +198,10 @@ class Task(_Handle):
     def task_data(
         self, source: str | None, documents: Sequence[Sequence[str]], tokenizer: Tokenizer, seq_len: int, limit: int
     ) -> TaskData:
-        """The evaluation set and the task's heads, sized from it."""
+        """The evaluation set and the task's heads, sized from it; ``limit`` (at most that many
+        rows) is checked here, so no task plugin needs to."""
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidParameterError(f"task {self.name!r}: limit must be an integer of at least 1, got {limit!r}")
         result = self._hooks["objreg_task_data"](
             source=source, documents=documents, tokenizer=tokenizer, seq_len=seq_len, limit=limit, params=self.params
         )

@@ -21,6 +21,7 @@ from objreg import Objective, Registry, TokenizedCorpus, cache_dir
 from objreg.analysis.run.prepare import build_model
 from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, verdict_from_interval
 from objreg.toolkit.losses import gather_positions
+from objreg.toolkit.randomness import stream
 
 
 def shared_data() -> Path:
@@ -101,8 +102,8 @@ def train(
     trained with one seed see the same rows in the same order. With ``measure``, calls
     ``measure(model)`` in eval mode after each step numbered (from 1) in ``measure_after``.
     Returns the loss of each step."""
-    data = torch.Generator().manual_seed(seed * 7919 + 1)
-    corruption = torch.Generator().manual_seed(seed * 7919 + 2)
+    data = stream(seed, "data")
+    corruption = stream(seed, "corruption")
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     model.train()
     losses = []
@@ -134,7 +135,7 @@ def loss_summary(losses: list[float], window: int = 10) -> dict:
 def heldout_rows(corpus: TokenizedCorpus, rows: int, seed: int, min_sentences: int = 1):
     """``rows`` rows of ``corpus`` drawn by a generator of their own (``seed``), so every model of
     one seed is measured on the same rows."""
-    return corpus.sample(rows, torch.Generator().manual_seed(seed * 7919 + 3), min_sentences=min_sentences,
+    return corpus.sample(rows, stream(seed, "heldout_rows"), min_sentences=min_sentences,
                          what="the held-out evaluation")
 
 

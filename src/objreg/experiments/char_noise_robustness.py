@@ -49,6 +49,7 @@ from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
 from objreg.experiments.sst2_probe import probe_correct, sentence_features, sst2
 from objreg.toolkit.noise import char_noise, noisy_corpus
+from objreg.toolkit.randomness import stream
 
 NAME = "char-noise-robustness"
 CLAIM = ("Pre-training on character-noised text makes a model robust to misspelled text that the tokenizer fragments "
@@ -92,7 +93,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     text = text or _support.default_text(config.seq_len)
     texts, labels = data or sst2()
     registry, tokenizer = text.registry, text.train.tokenizer
-    noise = torch.Generator().manual_seed(setting.seed * 7919 + 6)
+    noise = stream(setting.seed, "misspellings")
     misspelled = char_noise(texts, NOISE, noise)
     corpora = {"clean": text.train,
                "char_noise": TokenizedCorpus(tokenizer, noisy_corpus(text.train.corpus, NOISE, noise), config.seq_len)}

@@ -53,6 +53,7 @@ from objreg import CorruptedBatch, Objective
 from objreg.analysis.parallel.devices import resolve_device
 from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
+from objreg.toolkit.randomness import stream
 
 NAME = "consistency-collapse"
 CLAIM = ("In siamese consistency learning the stop-gradient prevents collapse: without it the output collapses (the "
@@ -134,8 +135,8 @@ def train(siamese: Siamese, objective: Objective, text: _support.DefaultText, co
           stop_gradient: bool, device) -> list[float]:
     """``config.steps`` SGD steps of the SimSiam loss; rows and views from generators seeded by
     ``seed`` only, so both arms see the same views in the same order."""
-    data = torch.Generator().manual_seed(seed * 7919 + 1)
-    views = torch.Generator().manual_seed(seed * 7919 + 2)
+    data = stream(seed, "data")
+    views = stream(seed, "corruption")
     # SimSiam's optimizer: SGD, momentum 0.9, weight decay 1e-4.
     optimizer = torch.optim.SGD(siamese.parameters(), lr=config.lr, momentum=0.9, weight_decay=1e-4)
     siamese.train()
@@ -171,8 +172,8 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     setting.status("loading the default corpus")
     text = text or _support.default_text(config.seq_len)
     objective = text.registry.get("mlm", vocab=text.train.vocab, consistency_weight=1.0)
-    rows = text.heldout.sample(config.eval_rows, torch.Generator().manual_seed(setting.seed * 7919 + 3))
-    held_out, _ = two_views(objective, rows, torch.Generator().manual_seed(setting.seed * 7919 + 4), device)
+    rows = text.heldout.sample(config.eval_rows, stream(setting.seed, "heldout_rows"))
+    held_out, _ = two_views(objective, rows, stream(setting.seed, "heldout_corruption"), device)
     figures: dict = {"normalised_std": {}, "training_loss": {}}
     curves: dict = {}
     for heads, batch_norm in HEADS.items():
@@ -180,7 +181,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
         for arm in ARMS:
             model = _support.mlm_model(text.registry, objective, setting.seed, model_config)
             width = model.backbone.hidden_size
-            siamese = Siamese(model, width, torch.Generator().manual_seed(setting.seed * 7919 + 5), batch_norm)
+            siamese = Siamese(model, width, stream(setting.seed, "new_weights"), batch_norm)
             siamese.to(device).eval()
             initial = normalised_std(representation(siamese, objective, held_out))
             setting.status(f"training {heads}, {arm} for {config.steps} steps")

@@ -31,13 +31,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
 from objreg.analysis.math.stats import bootstrap_ci95
 from objreg.analysis.parallel.devices import resolve_device
 from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
 from objreg.experiments.replication import combine_parts
+from objreg.toolkit.randomness import stream
 
 NAME = "entropy-masking"
 CLAIM = ("Masking the tokens the model finds most surprising gives each step a larger learning signal (higher "
@@ -81,7 +81,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     vocab = text.train.vocab
     uniform = text.registry.get("mlm", vocab=vocab)
     rows = _support.heldout_rows(text.heldout, config.rows, setting.seed)
-    batch = uniform.corrupt(rows, torch.Generator().manual_seed(setting.seed * 7919 + 4))
+    batch = uniform.corrupt(rows, stream(setting.seed, "heldout_corruption"))
     losses, heldout = {}, {}
     for policy in ("uniform", "entropy"):
         setting.status(f"training with {policy} masking ({config.steps} steps)")

@@ -46,6 +46,7 @@ from objreg.experiments import _support
 from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, ExperimentResult, Setting, save_figure
 from objreg.experiments.replication import combine_parts
 from objreg.toolkit import losses, seq2seq
+from objreg.toolkit.randomness import stream
 
 NAME = "fim-attention"
 CLAIM = ("Training with the fill-in-the-middle transformation on half of the data leaves the left-to-right loss "
@@ -118,8 +119,8 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     plain = objectives["left_to_right"]
     infill = text.registry.get("fim", vocab=vocab, fim_rate=1.0, fim_spm_rate=0.0)
     rows = _support.heldout_rows(text.heldout, config.rows, setting.seed)
-    plain_batch = plain.corrupt(rows, torch.Generator().manual_seed(setting.seed * 7919 + 4))
-    infill_batch = infill.corrupt(rows, torch.Generator().manual_seed(setting.seed * 7919 + 5))
+    plain_batch = plain.corrupt(rows, stream(setting.seed, "heldout_corruption"))
+    infill_batch = infill.corrupt(rows, stream(setting.seed, "second_heldout_corruption"))
     middle = middle_positions(infill_batch, seq2seq.named_id(vocab, "[FIM_MIDDLE]", "fim"))
     l2r, infilling, training = {}, {}, {}
     for name, objective in objectives.items():

@@ -55,6 +55,7 @@ from objreg.analysis.parallel.devices import resolve_device
 from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
 from objreg.toolkit.losses import gather_positions
+from objreg.toolkit.randomness import stream
 from objreg.toolkit.replacement import ordinary_ids
 
 NAME = "hard-negatives"
@@ -109,10 +110,10 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     figures["training_loss"]["reference_mlm"] = _support.loss_summary(losses)
 
     rtd = registry.get("rtd", vocab=vocab)
-    rows = text.heldout.sample(config.eval_rows, torch.Generator().manual_seed(setting.seed * 7919 + 3))
-    positions_batch = rtd.corrupt(rows, torch.Generator().manual_seed(setting.seed * 7919 + 4)).to(device)
+    rows = text.heldout.sample(config.eval_rows, stream(setting.seed, "heldout_rows"))
+    positions_batch = rtd.corrupt(rows, stream(setting.seed, "heldout_corruption")).to(device)
     sets, accuracy = replaced_sets(reference, mlm, positions_batch, vocab,
-                                   torch.Generator().manual_seed(setting.seed * 7919 + 5))
+                                   stream(setting.seed, "replacements"))
     figures["reference_mlm_top1_accuracy"] = accuracy
 
     for arm, params in ARMS.items():

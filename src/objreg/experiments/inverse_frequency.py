@@ -38,6 +38,7 @@ from objreg.analysis.math.stats import bootstrap_ci95
 from objreg.analysis.parallel.devices import resolve_device
 from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
+from objreg.toolkit.randomness import stream
 
 NAME = "inverse-frequency"
 CLAIM = ("Masking tokens with weights that fall with their frequency makes rare tokens a larger share of the "
@@ -89,7 +90,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     rare = rare_types(vocab.token_counts, config.frequent_mass)
     objectives = {p: text.registry.get("mlm", vocab=vocab, masking_policy=p) for p in POLICIES}
     rows = _support.heldout_rows(text.heldout, config.rows, setting.seed)
-    shared = objectives["uniform"].corrupt(rows, torch.Generator().manual_seed(setting.seed * 7919 + 4))
+    shared = objectives["uniform"].corrupt(rows, stream(setting.seed, "heldout_corruption"))
     row_of = _row_index(shared)
     nll, share, losses = {}, {}, {}
     for policy, objective in objectives.items():
@@ -99,7 +100,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
                                         batch_size=config.batch_size, lr=config.lr, seed=setting.seed, device=device)
         log_probs, targets = _support.masked_log_probs(model, objective, shared, device)
         nll[policy] = (-log_probs.gather(1, targets[:, None])[:, 0]).numpy()
-        own = objective.corrupt(rows, torch.Generator().manual_seed(setting.seed * 7919 + 5))
+        own = objective.corrupt(rows, stream(setting.seed, "second_heldout_corruption"))
         own_log_probs, own_targets = _support.masked_log_probs(model, objective, own, device)
         own_nll = -own_log_probs.gather(1, own_targets[:, None])[:, 0]
         share[policy] = float(own_nll[rare[own_targets]].sum() / own_nll.sum())

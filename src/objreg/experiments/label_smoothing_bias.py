@@ -37,6 +37,7 @@ from objreg.analysis.parallel.devices import resolve_device
 from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure
 from objreg.experiments.replication import combine_equivalence
+from objreg.toolkit.randomness import stream
 
 NAME = "label-smoothing-bias"
 CLAIM = ("A model trained with label smoothing epsilon predicts (1-epsilon) p + epsilon/V, so its average "
@@ -83,7 +84,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     plain = text.registry.get("mlm", vocab=vocab)
     smoothed = text.registry.get("mlm", vocab=vocab, label_smoothing=config.epsilon)
     rows = _support.heldout_rows(text.heldout, config.rows, setting.seed)
-    batch = plain.corrupt(rows, torch.Generator().manual_seed(setting.seed * 7919 + 4))
+    batch = plain.corrupt(rows, stream(setting.seed, "heldout_corruption"))
     sums, losses = {}, {}
     for name, objective in (("plain", plain), ("smoothed", smoothed)):
         setting.status(f"training the {name} twin ({config.steps} steps)")

@@ -57,6 +57,7 @@ from objreg.experiments import _support
 from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, ExperimentResult, Setting, save_figure
 from objreg.experiments.replication import combine_parts
 from objreg.toolkit import lengths, selection
+from objreg.toolkit.randomness import stream
 
 NAME = "span-length-qa"
 CLAIM = ("Span masking whose span lengths match the downstream answer lengths (real SQuAD answers) aligns better "
@@ -218,7 +219,7 @@ def paired_alignment(model: torch.nn.Module, downstream: Downstream, objectives:
     model.eval()
     downstream_grad = downstream_gradient(model, downstream)
     downstream_norm = float(flat_norm(downstream_grad))
-    data = torch.Generator().manual_seed(seed * 7919 + 11)
+    data = stream(seed, "paired_rows")
     out = {name: np.zeros((batches, 4)) for name in objectives}
     for b in range(batches):
         rows = corpus.sample(batch_size, data)

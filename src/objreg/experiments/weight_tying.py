@@ -57,6 +57,7 @@ from objreg.experiments.base import (
 )
 from objreg.experiments.replication import combine_parts
 from objreg.toolkit.losses import gather_positions
+from objreg.toolkit.randomness import stream
 from objreg.toolkit.replacement import ordinary_ids
 
 NAME = "weight-tying"
@@ -105,14 +106,14 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     setting.status("loading the default corpus")
     text = text or _support.default_text(config.seq_len)
     mlm = text.registry.get("mlm", vocab=text.train.vocab)
-    tokens = text.heldout.sample(config.rows, torch.Generator().manual_seed(setting.seed * 7919 + 3))
-    batch = mlm.corrupt(tokens, torch.Generator().manual_seed(setting.seed * 7919 + 4)).to(device)
+    tokens = text.heldout.sample(config.rows, stream(setting.seed, "heldout_rows"))
+    batch = mlm.corrupt(tokens, stream(setting.seed, "heldout_corruption")).to(device)
     figures: dict = {}
     cosines: dict = {}
     for tying in TYINGS:
         model = _support.mlm_model(text.registry, mlm, setting.seed, model_config)
         if tying == "untied":
-            _support.untie_lm_head(model, torch.Generator().manual_seed(setting.seed * 7919 + 5))
+            _support.untie_lm_head(model, stream(setting.seed, "new_weights"))
         model.to(device)
         figures[tying] = {}
         for stage in STAGES:
@@ -122,7 +123,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
                                         batch_size=config.batch_size, lr=config.lr, seed=setting.seed, device=device)
                 figures[tying]["training_loss"] = _support.loss_summary(losses)
             setting.status(f"measuring the {tying} model ({stage})")
-            random = torch.Generator().manual_seed(setting.seed * 7919 + 6)
+            random = stream(setting.seed, "random_tokens")
             measured = gradient_cosines(model, mlm, batch, config.random_tokens, random)
             figures[tying][stage] = summarise(measured)
             cosines[(tying, stage)] = measured

@@ -1,8 +1,65 @@
-"""Random numbers for ``objreg_corrupt``, the only hook allowed randomness."""
+"""Random numbers for ``objreg_corrupt``, the only hook allowed randomness, and the named
+streams the analysis and the experiments seed their generators from.
+
+One run seed feeds several independent streams (training rows, their corruption, a held-out
+batch…), so that drawing more from one never shifts another. Each stream is a name in
+:data:`STREAMS`; :func:`stream` gives its generator, seeded ``seed * 7919 + number`` (7919, a prime above every
+number below, keeps the streams of different seeds apart):
+
+====================================  ======  ==============================================================
+name                                  number  what it feeds
+====================================  ======  ==============================================================
+``data``                              1       training rows (the analyzer's loop, experiments' training loops)
+``corruption``                        2       the corruption of training rows (SimSiam's two views too)
+``heldout_rows``                      3       the held-out rows an experiment measures every model on
+``char_noise``                        3       ``objreg analyze --char-noise`` on the pre-training text
+``heldout_corruption``                4       the corruption of those held-out rows
+``second_heldout_corruption``         5       a second objective's corruption of the same held-out rows
+``replacements``                      5       hard negatives' replacement tokens
+``new_weights``                       5       weights an experiment adds to a model (an untied LM head, a projector)
+``permutations``                      5       the Shapley split's sampled permutations of many objectives
+``misspellings``                      6       character noise of the noise-robustness experiment
+``random_tokens``                     6       tokens drawn at random to compare gradients with
+``paired_rows``                       11      the rows every condition of the span-length experiment shares
+====================================  ======  ==============================================================
+
+Names sharing a number are never drawn together in one run: each reads right where it is used,
+and the numbers are those the recorded results were computed with.
+"""
 
 from __future__ import annotations
 
 import torch
+
+from objreg.core.errors import InvalidParameterError
+
+#: Stream name → its number (the table above).
+STREAMS: dict[str, int] = {
+    "data": 1,
+    "corruption": 2,
+    "heldout_rows": 3,
+    "char_noise": 3,
+    "heldout_corruption": 4,
+    "second_heldout_corruption": 5,
+    "replacements": 5,
+    "new_weights": 5,
+    "permutations": 5,
+    "misspellings": 6,
+    "random_tokens": 6,
+    "paired_rows": 11,
+}
+
+
+def stream_seed(seed: int, name: str) -> int:
+    """The seed of stream ``name`` of run seed ``seed``: ``seed * 7919 + STREAMS[name]``."""
+    if name not in STREAMS:
+        raise InvalidParameterError(f"unknown random stream {name!r}; the streams are {', '.join(STREAMS)}")
+    return seed * 7919 + STREAMS[name]
+
+
+def stream(seed: int, name: str) -> torch.Generator:
+    """A fresh CPU generator for stream ``name`` of run seed ``seed`` (:func:`stream_seed`)."""
+    return torch.Generator().manual_seed(stream_seed(seed, name))
 
 
 def uniform(shape: tuple[int, ...], generator: torch.Generator, device: torch.device | str | None = None) -> torch.Tensor:

@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import objreg
+from objreg.analysis.math.curvature import HVP_METHODS
+from objreg.analysis.math.per_sample import METHODS as PER_SAMPLE_METHODS
 from objreg.analysis.records import StepRecord
 from objreg.core.errors import InvalidParameterError, ProbeStateError
 
@@ -177,6 +179,28 @@ def test_records_match_a_float64_per_example_loop():
     assert record["actual_delta"] == pytest.approx(float(downstream().detach()) - d_before, rel=1e-9, abs=1e-15)
     assert record["update"]["decomposition_residual"] < 1e-12
     assert record["weights"] == WEIGHTS
+
+
+def one_record(**options):
+    model, opt = make("sgd")
+    return train(model, opt, 1, new_probe(model, opt, **options))[1][0]
+
+
+@pytest.mark.parametrize("method", [m for m in PER_SAMPLE_METHODS if m != "loop"])
+def test_every_per_sample_method_gives_the_loops_records(method):
+    # Every method objreg analyze offers (vmap too) is one the probe takes, with the same numbers.
+    reference, record = one_record(per_sample_method="loop"), one_record(per_sample_method=method)
+    for k in WEIGHTS:
+        for key in ("dot", "cosine", "conflict_fraction"):
+            assert record["alignment"][k][key] == pytest.approx(reference["alignment"][k][key], rel=1e-9), (k, key)
+    assert record["update"]["first_order"] == pytest.approx(reference["update"]["first_order"], rel=1e-9)
+
+
+@pytest.mark.parametrize("method", [m for m in HVP_METHODS if m != "double_backward"])
+def test_every_hvp_method_gives_the_double_backward_records(method):
+    reference, record = one_record(hvp_method="double_backward"), one_record(hvp_method=method)
+    assert record["second_order"] == pytest.approx(reference["second_order"], rel=1e-9)
+    assert record["predicted_delta"] == pytest.approx(reference["predicted_delta"], rel=1e-9)
 
 
 def conforms(value, hint, path="record"):

@@ -68,6 +68,12 @@ def test_resume_refuses_a_finished_run_and_other_settings(uninterrupted, tmp_pat
         objreg.analyze(resume=whole_dir, steps=3)
 
 
+def test_resume_with_other_settings_names_them_as_keyword_arguments(tmp_path):
+    with pytest.raises(objreg.InvalidParameterError,
+                       match=r"^resume takes every setting from the run's config.json; drop pretrain, out_dir, steps$"):
+        objreg.analyze(pretrain="mlm", resume=tmp_path, out_dir=tmp_path / "elsewhere", steps=3)
+
+
 def test_resume_without_a_usable_checkpoint_is_one_clear_error(tmp_path):
     with pytest.raises(objreg.DataError, match="no config.json"):
         objreg.analyze(resume=tmp_path)

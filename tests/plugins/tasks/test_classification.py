@@ -341,13 +341,13 @@ def test_builtin_set_is_deterministic_and_seeded(task, tokenizer, documents):
     assert first_texts == [tokenizer.decode(tokenizer.encode_with_offsets(d[0])[0]) for d in documents]
 
 
-def test_builtin_set_needs_documents(tokenizer):
+def test_builtin_set_needs_documents(task, tokenizer):
     with pytest.raises(objreg.DataError, match=r"too few held-out documents .*\(1 documents"):
         cls.objreg_task_data(None, [["One sentence.", "Two sentences."]], tokenizer, 64, 10, PARAMS)
     with pytest.raises(objreg.DataError, match=r"too few held-out documents"):
         cls.objreg_task_data(None, [["One."], ["Two."]], tokenizer, 64, 10, PARAMS)
-    with pytest.raises(objreg.InvalidParameterError, match="limit must be at least 1"):
-        cls.objreg_task_data(None, [["One."], ["Two."]], tokenizer, 64, 0, PARAMS)
+    with pytest.raises(objreg.InvalidParameterError, match="task 'classification': limit must be an integer of at"):
+        task.task_data(None, [["One."], ["Two."]], tokenizer, 64, 0)
 
 
 # -- attention mask and loss ---------------------------------------------------------------------

@@ -169,7 +169,7 @@ def test_windows_with_repeated_sentences_are_skipped(tokenizer):
     )
 
 
-def test_limit_and_errors(documents, tokenizer):
+def test_limit_and_errors(task, documents, tokenizer):
     assert build(documents, tokenizer, limit=2).batch_size == 2
     with pytest.raises(
         objreg.DataError, match=r"held-out corpus has no window of 3 consecutive sentences .*lower num_sentences"
@@ -177,8 +177,8 @@ def test_limit_and_errors(documents, tokenizer):
         build([["One.", "Two."], ["Three."]], tokenizer)
     with pytest.raises(objreg.InvalidParameterError, match=r"seq_len 6 is too short for windows of 3 sentences"):
         build(documents, tokenizer, seq_len=6)
-    with pytest.raises(objreg.InvalidParameterError, match="limit must be at least 1"):
-        build(documents, tokenizer, limit=0)
+    with pytest.raises(objreg.InvalidParameterError, match="task 'ordering': limit must be an integer of at least 1"):
+        task.task_data(None, documents, tokenizer, 96, 0)
 
 
 def test_text_file_as_source(tmp_path, tokenizer, texts):

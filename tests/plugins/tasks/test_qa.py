@@ -225,15 +225,15 @@ def test_cloze_synthetic_set_with_trimmed_windows():
     assert answers[80:] == third[:20]
 
 
-def test_cloze_limit_and_errors(tokenizer, documents):
+def test_cloze_limit_and_errors(task, tokenizer, documents):
     batch = qa.objreg_task_data(None, documents, tokenizer, 64, 3, PARAMS)
     assert batch.batch_size == 3
     with pytest.raises(objreg.DataError, match="too few held-out documents.*--downstream-data"):
         qa.objreg_task_data(None, [], tokenizer, 64, 10, PARAMS)
     with pytest.raises(objreg.DataError, match="too few held-out documents"):
         qa.objreg_task_data(None, [["It is on the way."]], tokenizer, 64, 10, PARAMS)
-    with pytest.raises(objreg.InvalidParameterError, match="limit"):
-        qa.objreg_task_data(None, documents, tokenizer, 64, 0, PARAMS)
+    with pytest.raises(objreg.InvalidParameterError, match="task 'qa': limit must be an integer of at least 1"):
+        task.task_data(None, documents, tokenizer, 64, 0)
 
 
 # -- SQuAD files -------------------------------------------------------------------------------------

@@ -35,7 +35,14 @@ def hvp_double_backward(loss: Callable[[Params], torch.Tensor], shared: Params, 
     return {n: torch.zeros_like(t) if h is None else h for (n, t), h in zip(params.items(), products)}
 
 
-HVP_METHODS = ("auto", "forward_over_reverse", "double_backward")
+#: Every Hessian-vector product method with one line saying what it does: the one list that
+#: validation, the probe, ``objreg analyze --help`` and docs/cli.md read.
+HVP_METHODS: dict[str, str] = {
+    "auto": "double_backward first on the CPU, forward_over_reverse first elsewhere, the other one where the "
+            "model lacks the first one's derivatives",
+    "forward_over_reverse": "jvp of grad, no second graph",
+    "double_backward": "differentiate the gradient graph again",
+}
 
 
 class Curvature:

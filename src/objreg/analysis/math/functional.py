@@ -147,10 +147,11 @@ class ObjectiveFunction:
     def mean(self, shared: Params) -> torch.Tensor:
         return self(shared).mean()
 
-    def example_loss(self, shared: Params, example: CorruptedBatch, mask: torch.Tensor) -> torch.Tensor:
-        """Loss of one example given without its batch dimension (for ``vmap``)."""
+    def example_loss(self, shared: Params, example: CorruptedBatch, mask: torch.Tensor | None) -> torch.Tensor:
+        """Loss of one example given without its batch dimension (for ``vmap``; a plain loss
+        function has no mask)."""
         batch = tree_map(lambda t: t.unsqueeze(0), example)
-        return self.losses(shared, batch, mask.unsqueeze(0))[0]
+        return self.losses(shared, batch, None if mask is None else mask.unsqueeze(0))[0]
 
     def chunks(self, size: int) -> Iterator[ObjectiveFunction]:
         """The same function over consecutive slices of the batch (to bound memory)."""

@@ -30,7 +30,17 @@ from objreg.analysis.math.functional import ObjectiveFunction, Params, requiring
 from objreg.analysis.math.ghost import dots_ghost, dots_ghost_many
 from objreg.core.errors import InvalidParameterError
 
-METHODS = ("auto", "jvp", "ghost", "double_backward", "vmap", "loop")
+#: Every per-sample method with one line saying what it does: the one list that validation, the
+#: probe, ``objreg analyze --help`` and docs/cli.md read.
+METHODS: dict[str, str] = {
+    "auto": "the first of ghost, jvp, double_backward and loop that the model supports, ghost skipped for "
+            "batch-coupled objectives",
+    "ghost": "one forward and one input-gradient backward pass, no per-example weight gradient",
+    "jvp": "one forward-mode pass",
+    "double_backward": "two reverse passes",
+    "vmap": "per-example gradients with vmap(grad), a reference whose memory grows with the batch",
+    "loop": "one backward pass per example, the reference",
+}
 
 
 def dots_jvp(fn: ObjectiveFunction, shared: Params, direction: Params) -> torch.Tensor:
@@ -73,7 +83,7 @@ def per_sample_grads(fn: ObjectiveFunction, shared: Params, chunk_size: int | No
     """
     if fn.objective.info.batch_coupled:
         return jacrev(fn, chunk_size=chunk_size)(shared)
-    per_example = vmap(grad(fn.example_loss), in_dims=(None, 0, 0), chunk_size=chunk_size)
+    per_example = vmap(grad(fn.example_loss), in_dims=(None, 0, None if fn.mask is None else 0), chunk_size=chunk_size)
     return per_example(shared, fn.batch, fn.mask)
 
 

@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from objreg.analysis.math.functional import Params
+from objreg.toolkit.randomness import stream
 
 MAX_EXACT_PLAYERS = 4
 SAMPLED_PERMUTATIONS = 8
@@ -102,7 +103,7 @@ class CoalitionMoments:
             self.coefficients = exact_coefficients(n)
         else:
             self.exact = False
-            generator = torch.Generator().manual_seed(seed * 7919 + 5)
+            generator = stream(seed, "permutations")
             self.coefficients = permutation_coefficients(n, sampled_permutations(n, SAMPLED_PERMUTATIONS, generator))
         self.full = 2**n - 1
         self.tracked = [mask for mask in self.coefficients if mask != self.full]

@@ -33,9 +33,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from objreg.analysis.math.curvature import HVP_METHODS
 from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import ObjectiveFunction, Params, named_shared, requiring_grad
 from objreg.analysis.math.optimizers import adam_settings, advance, players, stepped
+from objreg.analysis.math.per_sample import METHODS as PER_SAMPLE_METHODS
 from objreg.analysis.math.shapley import CoalitionMoments
 from objreg.analysis.probe.arguments import (
     Quiet,
@@ -59,8 +61,6 @@ LossFn = Callable[[nn.Module, Any], torch.Tensor]
 RecordCallback = Callable[[StepRecord], None]
 #: Bumped when :meth:`TransferProbe.state_dict` changes shape (older states are refused).
 STATE_FORMAT = 1
-PER_SAMPLE_METHODS = ("auto", "ghost", "jvp", "double_backward", "loop")
-HVP_METHODS = ("auto", "forward_over_reverse", "double_backward")
 
 
 @dataclass
@@ -96,8 +96,10 @@ class TransferProbe:
         shared: The parameters measured on: a list of names, or a filter ``(name, parameter) ->
             bool``. Default: every trainable parameter both ``D`` and some objective reach.
         per_sample_method: ``auto`` (as ``objreg analyze``: ghost, then jvp, double backward,
-            the per-example loop), or one of them.
-        hvp_method: ``auto``, ``forward_over_reverse`` or ``double_backward``.
+            the per-example loop), or one of them, or ``vmap``
+            (:data:`objreg.analysis.math.per_sample.METHODS`).
+        hvp_method: ``auto``, ``forward_over_reverse`` or ``double_backward``
+            (:data:`objreg.analysis.math.curvature.HVP_METHODS`).
         eval_dtype: The dtype ``D`` itself is evaluated in (a copy of the model); None: the model's.
         seed: Seeds the bootstrap intervals (and the spectrum's start).
         steps: The run's length; with ``spectrum``, the top of ``H_D``'s spectrum is taken on

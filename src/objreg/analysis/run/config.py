@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from objreg.analysis.math.curvature import HVP_METHODS
+from objreg.analysis.math.per_sample import METHODS as PER_SAMPLE_METHODS
 from objreg.analysis.parallel.devices import resolve_device
 from objreg.analysis.run.adaptive import check_options
 from objreg.analysis.run.schedules import parse_schedules
@@ -21,7 +23,8 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 #: Every setting with a fixed set of values: each accepted value, in order, with one line saying
 #: what it does. Validation (:class:`AnalysisConfig`), ``objreg analyze --help`` and docs/cli.md
-#: read them from here; tests/test_docs.py checks that the three agree.
+#: read them from here; tests/test_docs.py checks that the three agree. The per-sample and HVP
+#: methods are those of the math that takes them.
 CHOICES: dict[str, dict[str, str]] = {
     "optimizer": {
         "sgd": "plain SGD, the Taylor terms use the gradients directly",
@@ -38,21 +41,8 @@ CHOICES: dict[str, dict[str, str]] = {
         "cuda": "the current CUDA device",
         "cuda:N": "CUDA device N",
     },
-    "per_sample_method": {
-        "auto": "the first of ghost, jvp, double_backward and loop that the model supports, ghost skipped for "
-                "batch-coupled objectives",
-        "ghost": "one forward and one input-gradient backward pass, no per-example weight gradient",
-        "jvp": "one forward-mode pass",
-        "double_backward": "two reverse passes",
-        "vmap": "per-example gradients with vmap(grad), a reference whose memory grows with the batch",
-        "loop": "one backward pass per example, the reference",
-    },
-    "hvp_method": {
-        "auto": "double_backward first on the CPU, forward_over_reverse first elsewhere, the other one where the "
-                "model lacks the first one's derivatives",
-        "forward_over_reverse": "jvp of grad, no second graph",
-        "double_backward": "differentiate the gradient graph again",
-    },
+    "per_sample_method": PER_SAMPLE_METHODS,
+    "hvp_method": HVP_METHODS,
 }
 
 

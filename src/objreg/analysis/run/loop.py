@@ -44,6 +44,7 @@ from objreg.analysis.run.adaptive import Rule
 from objreg.analysis.run.schedules import Schedule, weights_at
 from objreg.core.handles import Objective
 from objreg.core.types import CorruptedBatch, TokenBatch
+from objreg.toolkit.randomness import stream
 from objreg.toolkit.tokenizer import TokenizedCorpus
 
 #: Called after every training step with the step index and its probe record (None if unprobed).
@@ -98,8 +99,8 @@ class Trainer:
         # The processes sharing the work are those sharing the downstream set.
         self.group = downstream.group
         # Separate streams, so probing or an objective's own draws never shift another's data.
-        self.data_generator = torch.Generator().manual_seed(seed * 7919 + 1)
-        self.corrupt_generator = torch.Generator().manual_seed(seed * 7919 + 2)
+        self.data_generator = stream(seed, "data")
+        self.corrupt_generator = stream(seed, "corruption")
         # Backbone plus the pre-training heads. The downstream head is not trained: it defines D.
         heads = {spec.name for o in self.objectives.values() for spec in o.info.heads}
         prefixes = (SHARED_PREFIX, *(f"heads.{h}." for h in heads))

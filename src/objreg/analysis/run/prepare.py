@@ -37,6 +37,7 @@ from objreg.core.handles import Task
 from objreg.core.registry import Registry, merge_heads
 from objreg.core.types import CorruptedBatch, HeadSpec, Vocabulary
 from objreg.toolkit.noise import noisy_corpus
+from objreg.toolkit.randomness import stream
 from objreg.toolkit.tokenizer import TokenizedCorpus, Tokenizer
 
 
@@ -71,7 +72,7 @@ def prepare(
     pretrain_corpus, heldout = corpus.split()
     if config.char_noise > 0:
         # Pre-training text only (the held-out set defines D), from its own seeded stream.
-        noise = torch.Generator().manual_seed(config.seed * 7919 + 3)
+        noise = stream(config.seed, "char_noise")
         pretrain_corpus = noisy_corpus(pretrain_corpus, config.char_noise, noise)
     tokenized = TokenizedCorpus(tokenizer, pretrain_corpus, config.seq_len)
     # The corpus vocabulary carries token counts (the inverse_frequency masking policy).

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,18 @@ CHECKPOINT = "checkpoint.pt"
 FORMAT = 4
 
 
+def refuse_settings_beside_resume(given: Sequence[str], resume: str = "resume") -> None:
+    """The one error for run settings passed beside a resume (they would change the run).
+    ``given`` names them as the caller was given them, and ``resume`` the resume itself: keyword
+    arguments for :func:`objreg.analyze`, ``--flags`` and ``--resume`` for the command line.
+
+    Raises:
+        InvalidParameterError: ``given`` is not empty.
+    """
+    if given:
+        raise InvalidParameterError(f"{resume} takes every setting from the run's config.json; drop {', '.join(given)}")
+
+
 def resumed_config(run_dir: Path, given: list[str]) -> AnalysisConfig:
     """The settings of the interrupted run in ``run_dir``. ``given``: the names of other run
     settings the caller passed with it (refused: they would change the run).
@@ -42,8 +55,7 @@ def resumed_config(run_dir: Path, given: list[str]) -> AnalysisConfig:
         InvalidParameterError: ``given`` is not empty, or the run already finished.
         DataError: no readable objreg run config in ``run_dir``.
     """
-    if given:
-        raise InvalidParameterError(f"resume takes its settings from the run's config.json; drop {', '.join(given)}")
+    refuse_settings_beside_resume(given)
     if (run_dir / "report.json").is_file():
         raise InvalidParameterError(f"the run in {str(run_dir)!r} already finished (it has report.json): nothing to resume")
     try:

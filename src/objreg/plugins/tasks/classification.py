@@ -242,8 +242,6 @@ def objreg_task_data(
     limit: int,
     params: Mapping[str, Any],
 ) -> objreg.TaskData:
-    if limit < 1:
-        raise objreg.InvalidParameterError(f"classification: limit must be at least 1, got {limit}")
     if source is None:
         return builtin_task_data(documents, tokenizer, seq_len, limit, params["seed"])
     return file_task_data(source, tokenizer, seq_len, limit, params)

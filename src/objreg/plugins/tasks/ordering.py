@@ -206,8 +206,6 @@ def objreg_task_data(
     limit: int,
     params: Mapping[str, Any],
 ) -> objreg.TaskData:
-    if limit < 1:
-        raise objreg.InvalidParameterError(f"ordering: limit must be at least 1, got {limit}")
     if source is None:
         return ordering_task_data(documents, "the held-out corpus", tokenizer, seq_len, limit, params)
     documents = read_documents(source, "ordering data")

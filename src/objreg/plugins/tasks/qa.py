@@ -335,8 +335,6 @@ def objreg_task_data(
     limit: int,
     params: Mapping[str, Any],
 ) -> objreg.CorruptedBatch:
-    if limit < 1:
-        raise objreg.InvalidParameterError(f"qa: limit must be at least 1, got {limit}")
     if source is None:
         return cloze_task_data(documents, tokenizer, seq_len, limit, params)
     return squad_task_data(source, tokenizer, seq_len, limit, params)

@@ -271,8 +271,6 @@ def objreg_task_data(
     limit: int,
     params: Mapping[str, Any],
 ) -> objreg.TaskData:
-    if limit < 1:
-        raise objreg.InvalidParameterError(f"token_classification: limit must be at least 1, got {limit}")
     if source is None:
         return builtin_task_data(documents, tokenizer, seq_len, limit, params["label_all_tokens"])
     return file_task_data(source, tokenizer, seq_len, limit, params)
