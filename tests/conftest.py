@@ -8,6 +8,7 @@ import pytest
 import torch
 from hypothesis import settings
 
+import objreg
 from objreg.toolkit.wordpiece import train_wordpiece
 
 torch.set_num_threads(1)
@@ -42,6 +43,12 @@ def shared_file():
         return path
 
     return find
+
+
+@pytest.fixture(scope="session")
+def registry() -> objreg.Registry:
+    """The built-in plugins only (no installed entry points); no test changes it, so one serves all."""
+    return objreg.Registry.load(load_entrypoints=False)
 
 
 @pytest.fixture(scope="session")
