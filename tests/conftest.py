@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
+import codecs
+import os
+import subprocess
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import settings
 
+import objreg
 from objreg.toolkit.wordpiece import train_wordpiece
 
 torch.set_num_threads(1)
 
 # The property tests draw the same examples on every run and machine (a seed from each test's
-# name; no example database replayed): a pass or a failure is the code's, never the draw's.
-settings.register_profile("objreg", derandomize=True, database=None)
+# name; no example database replayed) and time none (no deadline): a pass or a failure is the
+# code's, never the draw's or a loaded machine's.
+settings.register_profile("objreg", derandomize=True, database=None, deadline=None)
 settings.load_profile("objreg")
+
+#: Seconds after which a child process that has not got where a test waits for it is taken to hang.
+#: Only a hang meets it: the waits wake on the child's own output, never on a clock.
+HANG_S = 1800
 
 _TEXTS = [
     "The committee met on Tuesday. It approved the budget for the new library. Members argued about the roof.",
@@ -41,6 +52,49 @@ def shared_file():
         return path
 
     return find
+
+
+@pytest.fixture(scope="session")
+def registry() -> objreg.Registry:
+    """The built-in plugins only (no installed entry points); no test changes it, so one serves all."""
+    return objreg.Registry.load(load_entrypoints=False)
+
+
+@pytest.fixture(scope="session")
+def stderr_until():
+    """``stderr_until(process, done, what)``: read the stderr of ``process`` (a ``Popen`` with
+    ``stderr=PIPE``) line by line as the child writes it, until ``done(line)`` holds; returns all the
+    text read (``communicate()`` gets the rest). A loaded machine only makes the wait longer. The
+    test fails, with what the child wrote, if the child exits before ``what`` or is still short of
+    it after ``HANG_S`` seconds (a hang: the child is killed)."""
+
+    def read(process: subprocess.Popen, done: Callable[[str], object], what: str) -> str:
+        hung = threading.Event()
+
+        def kill() -> None:
+            hung.set()
+            process.kill()
+
+        watchdog = threading.Timer(HANG_S, kill)
+        watchdog.daemon = True
+        watchdog.start()
+        # os.read on the descriptor, not the text wrapper: nothing read ahead is hidden from communicate().
+        decoder, text, start = codecs.getincrementaldecoder("utf-8")("replace"), "", 0
+        try:
+            while chunk := os.read(process.stderr.fileno(), 65536):  # blocks until the child writes or exits
+                text += decoder.decode(chunk)
+                while (end := text.find("\n", start)) >= 0:
+                    if done(text[start:end + 1]):
+                        return text
+                    start = end + 1
+        finally:
+            watchdog.cancel()
+        process.wait()
+        if hung.is_set():
+            pytest.fail(f"hung: {what} not reached in {HANG_S} s, so the child was killed; its stderr:\n{text}")
+        pytest.fail(f"the child exited with {process.returncode} before {what}; its stderr:\n{text}")
+
+    return read
 
 
 @pytest.fixture(scope="session")

@@ -36,7 +36,7 @@ def plugin_dir(tmp_path_factory) -> Path:
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation", "--no-index",
          "--quiet", "--target", str(target), str(source)],
-        check=True, capture_output=True, timeout=300,
+        check=True, capture_output=True, timeout=1800,  # bounds a hang only
     )
     return target
 
@@ -55,7 +55,7 @@ def run_objreg(*args: str, path: list[Path]) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("OBJREG_LOAD_PLUGINS", "OBJREG_RAISE_ERRORS")}
     env["PYTHONPATH"] = os.pathsep.join([*map(str, path), *filter(None, [os.environ.get("PYTHONPATH")])])
     return subprocess.run(
-        [sys.executable, "-m", "objreg", *args], capture_output=True, text=True, env=env, timeout=120
+        [sys.executable, "-m", "objreg", *args], capture_output=True, text=True, env=env, timeout=1800
     )
 
 

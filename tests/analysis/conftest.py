@@ -16,11 +16,6 @@ TINY = {"hidden_size": 16, "num_layers": 2, "num_heads": 2, "intermediate_size":
 SEQ_LEN = 40
 
 
-@pytest.fixture(scope="session")
-def registry():
-    return objreg.Registry.load(load_entrypoints=False)
-
-
 @pytest.fixture
 def build(registry, tokenizer, texts):
     """``build(name, attention="math")`` → ``(function, shared params)`` for objective ``name``

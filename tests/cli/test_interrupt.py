@@ -10,7 +10,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 from click.testing import CliRunner
@@ -134,28 +133,22 @@ def test_the_handlers_are_put_back_after_the_run():
 
 
 @pytest.mark.e2e
-def test_ctrl_c_in_a_real_process_then_the_printed_command_resumes_it(whole, tmp_path):
+def test_ctrl_c_in_a_real_process_then_the_printed_command_resumes_it(whole, tmp_path, stderr_until):
     # What a user does: Ctrl-C (SIGINT) a running `objreg analyze --out DIR` (stderr is no terminal
     # here, so progress comes as one line per probe), then run the command it printed.
     out = tmp_path / "run"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     process = subprocess.Popen([sys.executable, "-m", "objreg", "analyze", *SMALL, "--out", str(out)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)
-    lines = []
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        line = process.stderr.readline()
-        lines.append(line)
-        if re.match(r"\[\d+:\d\d:\d\d\] step 1/4 ", line):
-            process.send_signal(signal.SIGINT)
-            break
-    stdout, rest = process.communicate(timeout=300)
-    stderr = "".join(lines) + rest
+    read = stderr_until(process, lambda line: re.match(r"\[\d+:\d\d:\d\d\] step 1/4 ", line), "step 1/4")
+    process.send_signal(signal.SIGINT)
+    stdout, rest = process.communicate(timeout=1800)  # bounds a hang only
+    stderr = read + rest
     assert process.returncode == 130, stderr
     assert stdout == ""
     command = resume_command(stderr)
     resumed = subprocess.run([sys.executable, "-m", "objreg", *command[1:]], capture_output=True, text=True,
-                             env=env, cwd=tmp_path, timeout=300)
+                             env=env, cwd=tmp_path, timeout=1800)  # bounds a hang only
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming at step" in resumed.stderr
     assert_same_run(out, whole)

@@ -90,9 +90,9 @@ def test_redirected_output_matches_the_json_report(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "COLUMNS": "80"}
     command = [sys.executable, "-m", "objreg", "analyze", *SMALL]
     with open(tmp_path / "log.txt", "w") as log:
-        done = subprocess.run(command, stdout=log, stderr=subprocess.PIPE, text=True, env=env, timeout=300)
+        done = subprocess.run(command, stdout=log, stderr=subprocess.PIPE, text=True, env=env, timeout=1800)
     assert done.returncode == 0, done.stderr
-    as_json = subprocess.run([*command, "--json"], capture_output=True, text=True, env=env, timeout=300)
+    as_json = subprocess.run([*command, "--json"], capture_output=True, text=True, env=env, timeout=1800)
     assert as_json.returncode == 0, as_json.stderr
     assert as_json.stderr == ""
     assert_every_number_in_full((tmp_path / "log.txt").read_text(), json.loads(as_json.stdout))

@@ -14,11 +14,6 @@ from objreg.core import handles
 from objreg.core.model import ObjregModel, architecture_of
 
 
-@pytest.fixture(scope="module")
-def registry() -> objreg.Registry:
-    return objreg.Registry.load(load_entrypoints=False)
-
-
 def test_a_decoder_tokenizer_makes_the_task_causal(registry, tokenizer):
     documents = [objreg.toolkit.tokenizer.split_sentences(
         "The committee met on Tuesday in Paris. It approved the budget for 2024. Rivers carry sediment to the sea.")] * 4

@@ -9,11 +9,6 @@ from objreg.experiments import _support
 
 
 @pytest.fixture(scope="session")
-def registry():
-    return objreg.Registry.load(load_entrypoints=False)
-
-
-@pytest.fixture(scope="session")
 def tiny_text(registry, tokenizer, texts):
     """The six test texts three times over, rows of 32 tokens; every third document held out."""
     corpus = objreg.Corpus("tiny", tuple(tuple(objreg.split_sentences(t)) for t in texts * 3))

@@ -14,11 +14,6 @@ from objreg.experiments.base import Setting
 from objreg.testing import TINY_MODEL
 
 
-@pytest.fixture(scope="module")
-def registry():
-    return objreg.Registry.load(load_entrypoints=False)
-
-
 @pytest.mark.e2e
 def test_tiny_run_is_reproducible(registry, tokenizer, texts, tmp_path):
     corpus = objreg.Corpus("tiny", tuple(tuple(objreg.split_sentences(t)) for t in texts * 6))

@@ -22,11 +22,6 @@ TINY_MODEL = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_
 
 
 @pytest.fixture(scope="module")
-def registry():
-    return objreg.Registry.load(load_entrypoints=False)
-
-
-@pytest.fixture(scope="module")
 def text(registry, tokenizer, texts):
     documents = tuple(tuple(split_sentences(t)) for t in texts)
     corpus = Corpus("test", documents)

@@ -13,11 +13,6 @@ from objreg.experiments import sst2_probe as probe
 from objreg.testing import TINY_MODEL
 
 
-@pytest.fixture(scope="module")
-def registry():
-    return objreg.Registry.load(load_entrypoints=False)
-
-
 def test_probe_predicts_like_scikit_learn():
     sklearn = pytest.importorskip("sklearn.linear_model")
     g = torch.Generator().manual_seed(0)

@@ -33,8 +33,3 @@ def zipf_batch(B: int, T: int, seed: int = 0) -> objreg.TokenBatch:
 def zipf():
     """A 25-token vocabulary (5 specials, 20 ordinary ids in Zipf order) and ``zipf.batch(B, T, seed)``."""
     return SimpleNamespace(vocab=VOCAB, ranks=RANKS, special=SPECIAL, batch=zipf_batch)
-
-
-@pytest.fixture(scope="module")
-def registry():
-    return objreg.Registry.load(load_entrypoints=False)

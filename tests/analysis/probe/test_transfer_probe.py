@@ -554,7 +554,7 @@ def _ddp_worker(rank: int, port: int, results: str) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=120))
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=1800))  # bounds a hang only
     try:
         records = data_parallel_run(rank, 2)
         with open(os.path.join(results, f"rank{rank}.json"), "w", encoding="utf-8") as f:

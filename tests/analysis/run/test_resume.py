@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -93,16 +92,13 @@ def _cli(*args, **kwargs):
 
 
 @pytest.mark.e2e
-def test_kill_9_then_resume_matches_an_uninterrupted_run(tmp_path):
+def test_kill_9_then_resume_matches_an_uninterrupted_run(tmp_path, stderr_until):
     killed, whole = tmp_path / "killed", tmp_path / "whole"
     process = _cli("--pretrain", "mlm", *CLI_SMALL, "--out", str(killed))
     reference = _cli("--pretrain", "mlm", *CLI_SMALL, "--out", str(whole))
-    deadline = time.monotonic() + 60
     steps = killed / "steps.jsonl"
-    while not (steps.exists() and len(steps.read_text().splitlines()) >= 2):
-        assert process.poll() is None, process.communicate()[1]
-        assert time.monotonic() < deadline, "the run did not reach two steps in 60 s"
-        time.sleep(0.02)
+    # The run reports each probed step on stderr once its line of steps.jsonl is written.
+    stderr_until(process, lambda _: steps.exists() and len(steps.read_text().splitlines()) >= 2, "two steps")
     os.kill(process.pid, signal.SIGKILL)
     process.communicate()
     assert process.returncode == -signal.SIGKILL

@@ -57,14 +57,14 @@ def test_the_holder_is_named_by_the_first_line_of_the_lock_file(tmp_path, conten
     run = tmp_path / "run"
     run.mkdir()
     code = textwrap.dedent(f"""
-        import fcntl, os, sys, time
+        import fcntl, os, sys
         fd = os.open({str(run / LOCK_FILE)!r}, os.O_RDWR | os.O_CREAT)
         fcntl.flock(fd, fcntl.LOCK_EX)
         os.pwrite(fd, {content!r}, 0)
         print("locked", flush=True)
-        time.sleep(60)
+        sys.stdin.read()  # holds the lock until the test kills it (or ends: end of input)
     """)
-    holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(objreg.InvalidParameterError) as caught:

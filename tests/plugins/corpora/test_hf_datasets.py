@@ -11,11 +11,6 @@ from objreg.plugins.corpora import hf_datasets
 datasets = pytest.importorskip("datasets")
 
 
-@pytest.fixture(scope="module")
-def registry() -> objreg.Registry:
-    return objreg.Registry.load(load_entrypoints=False)
-
-
 def test_saved_dataset_directory_is_a_corpus(tmp_path, registry):
     texts = ["First document. It has two sentences.", "", " = Heading = ", "Second document here."]
     datasets.Dataset.from_dict({"text": texts, "id": [1, 2, 3, 4]}).save_to_disk(str(tmp_path / "saved"))

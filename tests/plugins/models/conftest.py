@@ -25,11 +25,6 @@ BERT_VOCAB = 30522
 
 
 @pytest.fixture(scope="session")
-def registry() -> objreg.Registry:
-    return objreg.Registry.load(load_entrypoints=False)
-
-
-@pytest.fixture(scope="session")
 def texts() -> list[str]:
     return list(TEXTS)
 

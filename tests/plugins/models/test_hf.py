@@ -28,11 +28,6 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def registry() -> objreg.Registry:
-    return objreg.Registry.load(load_entrypoints=False)
-
-
-@pytest.fixture(scope="module")
 def tokenizer(registry) -> objreg.Tokenizer:
     return registry.load_tokenizer(MODEL_DIR, objreg.Corpus("unused", ()), objreg.cache_dir())
 

@@ -20,11 +20,6 @@ MASK = VOCAB.mask_id
 ONLY = {"mask": 0.0, "mask_random": 0.0, "permute_sentences": 0.0, "rotate": 0.0, "insert": 0.0}
 
 
-@pytest.fixture(scope="module")
-def registry():
-    return objreg.Registry.load(load_entrypoints=False)
-
-
 def document_batch(B: int, sentences: int, words: tuple[int, int] = (3, 6), seed: int = 0) -> objreg.TokenBatch:
     """Rows ``[CLS] s_0 … s_k [SEP]`` of ``sentences`` sentences of random words of 1–3 tokens,
     with word and sentence ids, right-padded."""

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import types
-
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import objreg
 from objreg import IGNORE_INDEX
@@ -24,11 +21,6 @@ def objective(tokenizer):
 @pytest.fixture
 def batch(tokenizer, texts):
     return tokenizer.batch_from_texts(texts)
-
-
-def stand_in_model(vocab_size: int, dtype: torch.dtype = torch.float64):
-    torch.manual_seed(0)
-    return types.SimpleNamespace(heads=nn.ModuleDict({"lm": nn.Linear(H, vocab_size)}).to(dtype))
 
 
 def hand_batch(ids, is_padding, document_ids) -> objreg.TokenBatch:
@@ -74,9 +66,9 @@ def test_packed_documents_do_not_predict_or_see_each_other():
     assert mask.dtype == torch.bool and mask.shape == (1, 6, 6)
 
 
-def test_loss_equals_a_per_example_loop(objective, batch, generator, tokenizer):
+def test_loss_equals_a_per_example_loop(objective, batch, generator, tokenizer, stand_in_model):
     cb = objective.corrupt(batch, generator)
-    model = stand_in_model(tokenizer.vocab.size)
+    model = stand_in_model("lm", H, tokenizer.vocab.size)
     hidden = torch.randn(*cb.input_ids.shape, H, dtype=torch.float64, generator=generator)
     loss = objective.loss(objreg.ModelOutputs(hidden, model), cb)
     expected = torch.stack([
@@ -87,10 +79,10 @@ def test_loss_equals_a_per_example_loop(objective, batch, generator, tokenizer):
     torch.testing.assert_close(loss, expected)
 
 
-def test_row_without_labels_has_zero_loss(tokenizer):
+def test_row_without_labels_has_zero_loss(tokenizer, stand_in_model):
     batch = hand_batch([[10, 11, 12], [10, 0, 0]], [[False] * 3, [False, True, True]], [[0, 0, 0], [1, -1, -1]])
     cb = clm.objreg_corrupt(batch=batch)
-    model = stand_in_model(tokenizer.vocab.size)
+    model = stand_in_model("lm", H, tokenizer.vocab.size)
     loss = clm.objreg_loss(outputs=objreg.ModelOutputs(torch.randn(2, 3, H, dtype=torch.float64), model), batch=cb)
     assert torch.isfinite(loss).all() and loss[1] == 0
 
@@ -104,7 +96,7 @@ def test_corrupt_uses_no_randomness(objective, batch):
     assert all(torch.equal(a, b) for a, b in zip(first[:5], second[:5]))
 
 
-def test_registry_handle_runs_end_to_end(objective, batch, generator, tokenizer):
+def test_registry_handle_runs_end_to_end(objective, batch, generator, tokenizer, stand_in_model):
     assert objective.info.attention == "causal"
     cb = objective.corrupt(batch, generator)
     mask = objective.attention_mask(cb)
@@ -112,5 +104,5 @@ def test_registry_handle_runs_end_to_end(objective, batch, generator, tokenizer)
     assert mask.shape == (B, T, T) and mask.dtype == torch.bool
     assert not mask.triu(diagonal=1).any()
     hidden = torch.randn(B, T, H, dtype=torch.float64)
-    loss = objective.loss(objreg.ModelOutputs(hidden, stand_in_model(tokenizer.vocab.size)), cb)
+    loss = objective.loss(objreg.ModelOutputs(hidden, stand_in_model("lm", H, tokenizer.vocab.size)), cb)
     assert loss.shape == (B,) and torch.isfinite(loss).all()

@@ -42,11 +42,6 @@ class FirstTokenProjection(nn.Module):
         return self.linear(hidden[:, 0])
 
 
-@pytest.fixture(scope="module")
-def registry():
-    return objreg.Registry.load(load_entrypoints=False)
-
-
 @pytest.fixture
 def batch(tokenizer):
     return tokenizer.batch_from_texts(TEXTS).select(torch.tensor(ROWS))

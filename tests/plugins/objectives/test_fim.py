@@ -20,27 +20,6 @@ VOCAB = objreg.Vocabulary(size=200, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask
                           named_ids=NAMED)
 
 
-@pytest.fixture(scope="module")
-def registry():
-    return objreg.Registry.load(load_entrypoints=False)
-
-
-def synthetic_batch(lengths: list[int], T: int | None = None, seed: int = 0) -> objreg.TokenBatch:
-    """Rows ``[CLS] x_1 … x_n [SEP]`` + padding, ``n = lengths[b]``."""
-    g = torch.Generator().manual_seed(seed)
-    B, T = len(lengths), T or max(lengths) + 2
-    n = torch.tensor(lengths)[:, None]
-    index = torch.arange(T)[None, :]
-    ids = torch.randint(30, 200, (B, T), generator=g)
-    ids = torch.where(index == 0, VOCAB.cls_id, torch.where(index == n + 1, VOCAB.sep_id, ids))
-    is_padding = index > n + 1
-    ids = torch.where(is_padding, VOCAB.pad_id, ids)
-    is_special = (index == 0) | (index == n + 1) | is_padding
-    rows = torch.arange(B)[:, None].expand(B, T)
-    return objreg.TokenBatch(ids, is_padding, is_special, torch.where(is_special, -1, index),
-                             torch.where(is_special, -1, 0), torch.where(is_padding, -1, rows))
-
-
 def corrupt(registry, batch, seed=0, **params):
     return registry.get("fim", vocab=VOCAB, **params).corrupt(batch, torch.Generator().manual_seed(seed))
 
@@ -66,25 +45,25 @@ def test_defaults_and_attention(registry):
     assert info.attention == "custom"  # a permuted causal mask: none of AttentionMask's patterns
 
 
-def test_the_mask_is_a_dense_tensor(registry):
+def test_the_mask_is_a_dense_tensor(registry, synthetic_batch):
     objective = registry.get("fim", vocab=VOCAB, fim_rate=1.0)
-    cb = objective.corrupt(synthetic_batch([5, 9], seed=1), torch.Generator().manual_seed(0))
+    cb = objective.corrupt(synthetic_batch(VOCAB, [5, 9], seed=1), torch.Generator().manual_seed(0))
     described = objective.attention(cb)
     assert isinstance(described, torch.Tensor) and described.dtype == torch.bool
     assert described.shape == (2, cb.input_ids.shape[1], cb.input_ids.shape[1])
 
 
-def test_fim_and_spm_rates(registry):
+def test_fim_and_spm_rates(registry, synthetic_batch):
     N = 4000
-    mode = corrupt(registry, synthetic_batch([10] * N, seed=1)).extras["fim_mode"]
+    mode = corrupt(registry, synthetic_batch(VOCAB, [10] * N, seed=1)).extras["fim_mode"]
     for count, p in ((int((mode > 0).sum()), 0.5), (int((mode == 2).sum()), 0.25)):
         assert abs(count - N * p) <= 4 * math.sqrt(N * p * (1 - p))
-    assert not bool(corrupt(registry, synthetic_batch([10] * 50), fim_rate=0.0).extras["fim_mode"].any())
+    assert not bool(corrupt(registry, synthetic_batch(VOCAB, [10] * 50), fim_rate=0.0).extras["fim_mode"].any())
 
 
-def test_layout_positions_and_labels_match_the_written_out_sequence(registry):
+def test_layout_positions_and_labels_match_the_written_out_sequence(registry, synthetic_batch):
     lengths = [0, 1, 2, 5, 12, 30, 30, 17] * 25
-    batch = synthetic_batch(lengths, seed=2)
+    batch = synthetic_batch(VOCAB, lengths, seed=2)
     cb = corrupt(registry, batch, fim_rate=0.8)
     seen_modes = set()
     for b, n in enumerate(lengths):
@@ -106,10 +85,10 @@ def test_layout_positions_and_labels_match_the_written_out_sequence(registry):
     assert seen_modes == {0, 1, 2}
 
 
-def test_psm_mask_in_original_order(registry):
+def test_psm_mask_in_original_order(registry, synthetic_batch):
     """Left causal; middle sees all of left and right and the earlier middle; right sees left and
     the earlier right, never the middle."""
-    batch = synthetic_batch([20] * 60, seed=3)
+    batch = synthetic_batch(VOCAB, [20] * 60, seed=3)
     objective = registry.get("fim", vocab=VOCAB, fim_rate=1.0, fim_spm_rate=0.0)
     cb = objective.corrupt(batch, torch.Generator().manual_seed(4))
     mask = objective.attention_mask(cb)
@@ -130,9 +109,9 @@ def test_psm_mask_in_original_order(registry):
 
 
 @pytest.mark.parametrize("spm_rate", [0.0, 0.5, 1.0])
-def test_connections_equal_the_causal_count_for_random_splits(registry, spm_rate):
+def test_connections_equal_the_causal_count_for_random_splits(registry, spm_rate, synthetic_batch):
     lengths = [0, 1, 2, 3, 4, 7, 15] * 60
-    batch = synthetic_batch(lengths, seed=5)
+    batch = synthetic_batch(VOCAB, lengths, seed=5)
     objective = registry.get("fim", vocab=VOCAB, fim_rate=1.0, fim_spm_rate=spm_rate)
     cb = objective.corrupt(batch, torch.Generator().manual_seed(6))
     n = (~cb.is_padding).sum(dim=1)
@@ -143,8 +122,8 @@ def test_connections_equal_the_causal_count_for_random_splits(registry, spm_rate
     assert bool((empty["prefix"] & empty["middle"] & (text > 0)).any())
 
 
-def test_empty_text_still_gets_its_markers(registry):
-    cb = corrupt(registry, synthetic_batch([0, 0]), fim_rate=1.0)
+def test_empty_text_still_gets_its_markers(registry, synthetic_batch):
+    cb = corrupt(registry, synthetic_batch(VOCAB, [0, 0]), fim_rate=1.0)
     assert cb.input_ids.tolist() == [[VOCAB.cls_id, PRE, MID, SUF, VOCAB.sep_id]] * 2
 
 
@@ -172,9 +151,9 @@ def test_the_mask_and_positions_reproduce_the_reordered_sequence(registry, token
     assert torch.allclose(got[real], expected[real], atol=1e-10)
 
 
-def test_loss_is_the_mean_next_token_nll(registry):
+def test_loss_is_the_mean_next_token_nll(registry, synthetic_batch):
     objective = registry.get("fim", vocab=VOCAB, fim_rate=1.0)
-    cb = objective.corrupt(synthetic_batch([9, 4], seed=8), torch.Generator().manual_seed(9))
+    cb = objective.corrupt(synthetic_batch(VOCAB, [9, 4], seed=8), torch.Generator().manual_seed(9))
     torch.manual_seed(0)
     head = nn.Linear(4, VOCAB.size).double()
     hidden = torch.randn(*cb.input_ids.shape, 4, dtype=torch.float64)

@@ -21,12 +21,7 @@ VOCAB = objreg.Vocabulary(size=60, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_
 NORMAL = torch.arange(40, 60)
 
 
-@pytest.fixture(scope="module")
-def registry():
-    return objreg.Registry.load(load_entrypoints=False)
-
-
-def synthetic_batch(B: int, T: int, seed: int = 0) -> objreg.TokenBatch:
+def batch_with_specials_in_text(B: int, T: int, seed: int = 0) -> objreg.TokenBatch:
     """Rows ``[CLS] ... [SEP]`` + padding of random lengths; ordinary tokens with ~10% special ids
     (sentinels, ``[UNK]`` ...) mixed into the text, which must never be selected."""
     g = torch.Generator().manual_seed(seed)
@@ -46,12 +41,6 @@ def synthetic_batch(B: int, T: int, seed: int = 0) -> objreg.TokenBatch:
                              torch.where(is_padding, -1, rows))
 
 
-def stand_in_model(vocab_size: int, head: nn.Module | None = None):
-    torch.manual_seed(0)
-    head = head or nn.Linear(H, vocab_size)
-    return types.SimpleNamespace(heads=nn.ModuleDict({"lm": head.double()}))
-
-
 def within_4_sigma(count: float, n: float, p: float) -> bool:
     return abs(count - n * p) <= 4 * math.sqrt(n * p * (1 - p)) + 1e-9
 
@@ -61,7 +50,7 @@ def selected_mask(cb: objreg.CorruptedBatch) -> torch.Tensor:
 
 
 def test_selection_rate_and_never_special(registry):
-    batch = synthetic_batch(512, 64)
+    batch = batch_with_specials_in_text(512, 64)
     cb = registry.get("mlm", vocab=VOCAB).corrupt(batch, torch.Generator().manual_seed(0))
     selected = selected_mask(cb)
     maskable = ~batch.is_special
@@ -75,7 +64,7 @@ def test_selection_rate_and_never_special(registry):
 
 @pytest.mark.parametrize(("mask_replace", "random_replace"), [(0.8, 0.1), (0.5, 0.5), (0.0, 0.0), (0.0, 1.0)])
 def test_replacement_split(registry, mask_replace, random_replace):
-    batch = synthetic_batch(512, 64)
+    batch = batch_with_specials_in_text(512, 64)
     objective = registry.get("mlm", vocab=VOCAB, mask_replace_prob=mask_replace, random_replace_prob=random_replace)
     cb = objective.corrupt(batch, torch.Generator().manual_seed(1))
     selected = selected_mask(cb)
@@ -92,7 +81,7 @@ def test_replacement_split(registry, mask_replace, random_replace):
 
 
 def test_labels_and_position_lists_agree(registry):
-    batch = synthetic_batch(64, 32)
+    batch = batch_with_specials_in_text(64, 32)
     cb = registry.get("mlm", vocab=VOCAB).corrupt(batch, torch.Generator().manual_seed(2))
     selected = selected_mask(cb)
     assert torch.equal(cb.labels[selected], batch.input_ids[selected])
@@ -108,7 +97,7 @@ def test_labels_and_position_lists_agree(registry):
 
 
 def test_at_least_one_selection_per_row(registry):
-    batch = synthetic_batch(256, 32)
+    batch = batch_with_specials_in_text(256, 32)
     cb = registry.get("mlm", vocab=VOCAB, mask_prob=0.0).corrupt(batch, torch.Generator().manual_seed(3))
     selected = selected_mask(cb)
     assert (selected.sum(dim=1) == 1).all()
@@ -116,8 +105,8 @@ def test_at_least_one_selection_per_row(registry):
     assert len(set(selected.long().argmax(dim=1).tolist())) > 10  # the forced position is random
 
 
-def test_row_with_nothing_to_mask(registry):
-    batch = synthetic_batch(2, 8)
+def test_row_with_nothing_to_mask(registry, stand_in_model):
+    batch = batch_with_specials_in_text(2, 8)
     empty = torch.tensor([VOCAB.cls_id, VOCAB.sep_id] + [VOCAB.pad_id] * 6)
     padding = torch.arange(8) >= 2
     batch = batch._replace(
@@ -129,14 +118,14 @@ def test_row_with_nothing_to_mask(registry):
     cb = objective.corrupt(batch, torch.Generator().manual_seed(0))
     assert not selected_mask(cb)[1].any() and (cb.extras["masked_weights"][1] == 0).all()
     hidden = torch.randn(2, 8, H, dtype=torch.float64)
-    loss = objective.loss(objreg.ModelOutputs(hidden, stand_in_model(VOCAB.size)), cb)
+    loss = objective.loss(objreg.ModelOutputs(hidden, stand_in_model("lm", H, VOCAB.size)), cb)
     assert torch.isfinite(loss).all() and loss[1] == 0 and loss[0] > 0
 
 
-def test_loss_equals_full_logits_masked_by_labels(registry, tokenizer, texts):
+def test_loss_equals_full_logits_masked_by_labels(registry, tokenizer, texts, stand_in_model):
     objective = registry.get("mlm", vocab=tokenizer.vocab, mask_prob=0.3)
     cb = objective.corrupt(tokenizer.batch_from_texts(texts * 2), torch.Generator().manual_seed(4))
-    model = stand_in_model(tokenizer.vocab.size)
+    model = stand_in_model("lm", H, tokenizer.vocab.size)
     hidden = torch.randn(*cb.input_ids.shape, H, dtype=torch.float64)
     loss = objective.loss(objreg.ModelOutputs(hidden, model), cb)
     logits = model.heads["lm"](hidden)  # (B, T, V): every position, unlike the objective
@@ -157,24 +146,25 @@ class RecordingHead(nn.Module):
 
 
 def test_head_runs_only_on_selected_positions(registry):
-    batch = synthetic_batch(16, 64)
+    batch = batch_with_specials_in_text(16, 64)
     cb = registry.get("mlm", vocab=VOCAB).corrupt(batch, torch.Generator().manual_seed(5))
     head = RecordingHead(VOCAB.size)
+    model = types.SimpleNamespace(heads=nn.ModuleDict({"lm": head.double()}))
     registry.get("mlm", vocab=VOCAB).loss(
-        objreg.ModelOutputs(torch.randn(16, 64, H, dtype=torch.float64), stand_in_model(VOCAB.size, head)), cb
+        objreg.ModelOutputs(torch.randn(16, 64, H, dtype=torch.float64), model), cb
     )
     K = cb.extras["masked_positions"].shape[1]
     assert head.shapes == [(16, K, H)] and K < 64 // 2
 
 
 def test_same_seed_same_output_other_seed_differs(registry):
-    batch = synthetic_batch(32, 32)
+    batch = batch_with_specials_in_text(32, 32)
     objective = registry.get("mlm", vocab=VOCAB)
     a, b, c = (objective.corrupt(batch, torch.Generator().manual_seed(s)) for s in (7, 7, 8))
     assert all(torch.equal(x, y) for x, y in zip(a[:5], b[:5]))
     assert all(torch.equal(a.extras[k], b.extras[k]) for k in a.extras)
     assert not torch.equal(a.labels, c.labels)
-    assert torch.equal(batch.input_ids, synthetic_batch(32, 32).input_ids)  # input untouched
+    assert torch.equal(batch.input_ids, batch_with_specials_in_text(32, 32).input_ids)  # input untouched
 
 
 def test_parameter_validation(registry):
@@ -197,14 +187,14 @@ def test_mask_is_bidirectional_within_documents():
     assert mask.tolist() == [[d[i] == d[j] and d[j] >= 0 for j in range(6)] for i in range(6)]
 
 
-def test_registry_handle_runs_end_to_end(registry, tokenizer, texts):
+def test_registry_handle_runs_end_to_end(registry, tokenizer, texts, stand_in_model):
     objective = registry.get("mlm", vocab=tokenizer.vocab)
     cb = objective.corrupt(tokenizer.batch_from_texts(texts), torch.Generator().manual_seed(0))
     B, T = cb.input_ids.shape
     mask = objective.attention_mask(cb)
     assert mask.shape == (B, T, T) and mask.dtype == torch.bool
     loss = objective.loss(objreg.ModelOutputs(torch.randn(B, T, H, dtype=torch.float64),
-                                              stand_in_model(tokenizer.vocab.size)), cb)
+                                              stand_in_model("lm", H, tokenizer.vocab.size)), cb)
     assert loss.shape == (B,) and torch.isfinite(loss).all()
 
 
@@ -216,10 +206,10 @@ def test_keeps_the_contract_with_label_smoothing_and_consistency():
     assert "per-sample dots by jvp equal the per-example loop" in passed
 
 
-def test_label_smoothing_loss_equals_torch_cross_entropy(registry, tokenizer, texts):
+def test_label_smoothing_loss_equals_torch_cross_entropy(registry, tokenizer, texts, stand_in_model):
     objective = registry.get("mlm", vocab=tokenizer.vocab, mask_prob=0.3, label_smoothing=0.1)
     cb = objective.corrupt(tokenizer.batch_from_texts(texts * 2), torch.Generator().manual_seed(4))
-    model = stand_in_model(tokenizer.vocab.size)
+    model = stand_in_model("lm", H, tokenizer.vocab.size)
     hidden = torch.randn(*cb.input_ids.shape, H, dtype=torch.float64)
     loss = objective.loss(objreg.ModelOutputs(hidden, model), cb)
     logits = model.heads["lm"](hidden)
@@ -229,7 +219,7 @@ def test_label_smoothing_loss_equals_torch_cross_entropy(registry, tokenizer, te
 
 
 def test_consistency_adds_an_independent_second_view(registry):
-    batch = synthetic_batch(512, 64)
+    batch = batch_with_specials_in_text(512, 64)
     plain = registry.get("mlm", vocab=VOCAB).corrupt(batch, torch.Generator().manual_seed(6))
     cb = registry.get("mlm", vocab=VOCAB, consistency_weight=1.0).corrupt(batch, torch.Generator().manual_seed(6))
     assert torch.equal(cb.input_ids, plain.input_ids) and torch.equal(cb.labels, plain.labels)  # view 1 unchanged

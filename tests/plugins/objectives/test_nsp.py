@@ -3,38 +3,15 @@
 from __future__ import annotations
 
 import math
-import types
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import objreg
 from objreg import IGNORE_INDEX
 
 H = 8
-
-
-class FirstTokenClassifier(nn.Module):
-    """The documented classifier head: [B, T, H] -> [B, n] from the first token."""
-
-    def __init__(self, n: int = 2):
-        super().__init__()
-        self.linear = nn.Linear(H, n)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.linear(hidden[:, 0])
-
-
-def stand_in_model():
-    torch.manual_seed(0)
-    return types.SimpleNamespace(heads=nn.ModuleDict({"next_sentence": FirstTokenClassifier().double()}))
-
-
-@pytest.fixture(scope="module")
-def registry():
-    return objreg.Registry.load(load_entrypoints=False)
 
 
 @pytest.fixture
@@ -188,10 +165,10 @@ def test_the_two_segments_attend_to_each_other(registry, tokenizer, batch):
     assert torch.equal(mask, real[:, :, None] & real[:, None, :])
 
 
-def test_loss_equals_a_per_example_loop(registry, tokenizer, batch):
+def test_loss_equals_a_per_example_loop(registry, tokenizer, batch, stand_in_model):
     objective = registry.get("nsp", vocab=tokenizer.vocab)
     cb = objective.corrupt(batch, torch.Generator().manual_seed(2))
-    model = stand_in_model()
+    model = stand_in_model("next_sentence", H, 2, first_token=True)
     hidden = torch.randn(*cb.input_ids.shape, H, dtype=torch.float64)
     loss = objective.loss(objreg.ModelOutputs(hidden, model), cb)
     head = model.heads["next_sentence"].linear

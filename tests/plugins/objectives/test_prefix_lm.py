@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import types
 
-import pytest
 import torch
 from torch import nn
 
@@ -14,27 +13,6 @@ import objreg
 from objreg import IGNORE_INDEX
 
 VOCAB = objreg.Vocabulary(size=120, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4, special_ids=tuple(range(20)))
-
-
-@pytest.fixture(scope="module")
-def registry():
-    return objreg.Registry.load(load_entrypoints=False)
-
-
-def synthetic_batch(lengths: list[int], T: int | None = None, seed: int = 0) -> objreg.TokenBatch:
-    """Rows ``[CLS] x_1 … x_n [SEP]`` + padding, ``n = lengths[b]``."""
-    g = torch.Generator().manual_seed(seed)
-    B, T = len(lengths), T or max(lengths) + 2
-    n = torch.tensor(lengths)[:, None]
-    index = torch.arange(T)[None, :]
-    ids = torch.randint(20, 120, (B, T), generator=g)
-    ids = torch.where(index == 0, VOCAB.cls_id, torch.where(index == n + 1, VOCAB.sep_id, ids))
-    is_padding = index > n + 1
-    ids = torch.where(is_padding, VOCAB.pad_id, ids)
-    is_special = (index == 0) | (index == n + 1) | is_padding
-    rows = torch.arange(B)[:, None].expand(B, T)
-    return objreg.TokenBatch(ids, is_padding, is_special, torch.where(is_special, -1, index),
-                             torch.where(is_special, -1, 0), torch.where(is_padding, -1, rows))
 
 
 def corrupt(registry, batch, seed=0, **params):
@@ -50,9 +28,9 @@ def test_default_is_t5s_density(registry):
     assert registry.info("prefix_lm").attention == "prefix"
 
 
-def test_the_split_is_uniform_inside_each_row(registry):
+def test_the_split_is_uniform_inside_each_row(registry, synthetic_batch):
     N = 3800
-    batch = synthetic_batch([20] * N, seed=1)
+    batch = synthetic_batch(VOCAB, [20] * N, seed=1)
     cb = corrupt(registry, batch)
     k = cb.extras["prefix_length"] - 1  # text tokens in the prefix ([CLS] excluded)
     assert int(k.min()) == 1 and int(k.max()) == 19
@@ -60,8 +38,8 @@ def test_the_split_is_uniform_inside_each_row(registry):
     assert all(within_4_sigma(int(c), N, 1 / 19) for c in counts), counts.tolist()
 
 
-def test_lower_density_gives_shorter_continuations(registry):
-    batch = synthetic_batch([40] * 2000, seed=2)
+def test_lower_density_gives_shorter_continuations(registry, synthetic_batch):
+    batch = synthetic_batch(VOCAB, [40] * 2000, seed=2)
     cb = corrupt(registry, batch, noise_density=0.25)
     k = cb.extras["prefix_length"] - 1
     # k uniform in [round(0.5 * 39), 39] = [20, 39] (half to even): the continuation holds 1..20 of
@@ -71,9 +49,9 @@ def test_lower_density_gives_shorter_continuations(registry):
     assert abs(float(continuation.mean()) - 10.5) <= 4 * math.sqrt((20**2 - 1) / 12 / 2000)
 
 
-def test_tokens_stay_and_only_the_continuation_is_labelled(registry):
+def test_tokens_stay_and_only_the_continuation_is_labelled(registry, synthetic_batch):
     lengths = [0, 1, 2, 9, 30, 17]
-    batch = synthetic_batch(lengths, T=34, seed=3)
+    batch = synthetic_batch(VOCAB, lengths, T=34, seed=3)
     cb = corrupt(registry, batch)
     assert cb.input_ids.shape == (6, 32)  # width of the longest row
     T = cb.input_ids.shape[1]
@@ -86,8 +64,8 @@ def test_tokens_stay_and_only_the_continuation_is_labelled(registry):
         assert cb.labels[b].tolist() == expected, b
 
 
-def test_mask_matches_a_brute_force_loop(registry):
-    batch = synthetic_batch([12, 5, 9], seed=4)
+def test_mask_matches_a_brute_force_loop(registry, synthetic_batch):
+    batch = synthetic_batch(VOCAB, [12, 5, 9], seed=4)
     objective = registry.get("prefix_lm", vocab=VOCAB)
     cb = objective.corrupt(batch, torch.Generator().manual_seed(5))
     described = objective.attention(cb)
@@ -104,8 +82,8 @@ def test_mask_matches_a_brute_force_loop(registry):
                 assert bool(mask[b, i, j]) == (i < n and j < n and (bidirectional_prefix or causal)), (b, i, j)
 
 
-def test_loss_is_the_continuation_nll(registry):
-    batch = synthetic_batch([10, 6], seed=6)
+def test_loss_is_the_continuation_nll(registry, synthetic_batch):
+    batch = synthetic_batch(VOCAB, [10, 6], seed=6)
     objective = registry.get("prefix_lm", vocab=VOCAB)
     cb = objective.corrupt(batch, torch.Generator().manual_seed(7))
     torch.manual_seed(0)

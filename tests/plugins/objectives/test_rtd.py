@@ -19,11 +19,6 @@ from objreg.testing import TINY_MODEL
 H = 8
 
 
-@pytest.fixture(scope="module")
-def registry():
-    return objreg.Registry.load(load_entrypoints=False)
-
-
 @pytest.fixture
 def batch(tokenizer, texts):
     return tokenizer.batch_from_texts(texts)

@@ -3,38 +3,15 @@
 from __future__ import annotations
 
 import math
-import types
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import objreg
 from objreg import IGNORE_INDEX
 
 H = 8
-
-
-class FirstTokenClassifier(nn.Module):
-    """The documented classifier head: [B, T, H] -> [B, n] from the first token."""
-
-    def __init__(self, n: int = 2):
-        super().__init__()
-        self.linear = nn.Linear(H, n)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.linear(hidden[:, 0])
-
-
-def stand_in_model():
-    torch.manual_seed(0)
-    return types.SimpleNamespace(heads=nn.ModuleDict({"order": FirstTokenClassifier().double()}))
-
-
-@pytest.fixture(scope="module")
-def registry():
-    return objreg.Registry.load(load_entrypoints=False)
 
 
 @pytest.fixture
@@ -105,10 +82,10 @@ def test_packed_row_is_an_error(registry, tokenizer, batch):
         registry.get("sop", vocab=tokenizer.vocab).corrupt(batch._replace(document_ids=docs), torch.Generator())
 
 
-def test_loss_equals_a_per_example_loop(registry, tokenizer, batch):
+def test_loss_equals_a_per_example_loop(registry, tokenizer, batch, stand_in_model):
     objective = registry.get("sop", vocab=tokenizer.vocab)
     cb = objective.corrupt(batch, torch.Generator().manual_seed(2))
-    model = stand_in_model()
+    model = stand_in_model("order", H, 2, first_token=True)
     hidden = torch.randn(*cb.input_ids.shape, H, dtype=torch.float64)
     loss = objective.loss(objreg.ModelOutputs(hidden, model), cb)
     head = model.heads["order"].linear
@@ -126,7 +103,7 @@ def test_same_seed_same_output_other_seed_differs(registry, tokenizer, batch):
     assert not torch.equal(a.input_ids, c.input_ids)
 
 
-def test_registry_handle_runs_end_to_end(registry, tokenizer, batch):
+def test_registry_handle_runs_end_to_end(registry, tokenizer, batch, stand_in_model):
     objective = registry.get("sop", vocab=tokenizer.vocab)
     assert objective.info.min_sentences == 2 and objective.info.heads[0].num_outputs == 2
     cb = objective.corrupt(batch, torch.Generator().manual_seed(0))
@@ -138,5 +115,5 @@ def test_registry_handle_runs_end_to_end(registry, tokenizer, batch):
     real = ~cb.is_padding
     assert torch.equal(mask, real[:, :, None] & real[:, None, :])  # bidirectional over real tokens
     hidden = torch.randn(B, T, H, dtype=torch.float64)
-    loss = objective.loss(objreg.ModelOutputs(hidden, stand_in_model()), cb)
+    loss = objective.loss(objreg.ModelOutputs(hidden, stand_in_model("order", H, 2, first_token=True)), cb)
     assert loss.shape == (B,) and torch.isfinite(loss).all()

@@ -19,11 +19,6 @@ VOCAB = objreg.Vocabulary(size=60, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_
 GEOMETRIC = dict(zip(range(1, 11), span_lengths.geometric_lengths(0.2, 1, 10).probs.tolist()))
 
 
-@pytest.fixture(scope="module")
-def registry():
-    return objreg.Registry.load(load_entrypoints=False)
-
-
 def word_batch(B: int, T: int, seed: int = 0, piece_prob: float = 0.4) -> objreg.TokenBatch:
     """``[CLS] ... [SEP]`` rows of random lengths; a token continues the previous word with
     probability ``1 - piece_prob`` (``piece_prob=1``: one token per word). Word ids are arbitrary

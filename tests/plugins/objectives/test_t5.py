@@ -19,29 +19,6 @@ VOCAB = objreg.Vocabulary(size=200, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask
 EOS = 69
 
 
-@pytest.fixture(scope="module")
-def registry():
-    return objreg.Registry.load(load_entrypoints=False)
-
-
-def synthetic_batch(lengths: list[int], T: int | None = None, seed: int = 0) -> objreg.TokenBatch:
-    """Rows ``[CLS] x_1 … x_n [SEP]`` + padding, ``n = lengths[b]`` ordinary tokens."""
-    g = torch.Generator().manual_seed(seed)
-    B = len(lengths)
-    T = T or max(lengths) + 2
-    n = torch.tensor(lengths)[:, None]
-    index = torch.arange(T)[None, :]
-    ids = torch.randint(80, 200, (B, T), generator=g)
-    ids = torch.where(index == 0, VOCAB.cls_id, ids)
-    ids = torch.where(index == n + 1, VOCAB.sep_id, ids)
-    is_padding = index > n + 1
-    ids = torch.where(is_padding, VOCAB.pad_id, ids)
-    is_special = (index == 0) | (index == n + 1) | is_padding
-    rows = torch.arange(B)[:, None].expand(B, T)
-    return objreg.TokenBatch(ids, is_padding, is_special, torch.where(is_special, -1, index),
-                             torch.where(is_special, -1, 0), torch.where(is_padding, -1, rows))
-
-
 def split_row(cb: objreg.CorruptedBatch, b: int) -> tuple[list[int], list[int]]:
     """(source, target) token lists of row ``b``."""
     p = int(cb.extras["prefix_length"][b])
@@ -81,9 +58,9 @@ def test_defaults_are_t5s(registry):
     assert registry.info("t5").attention == "prefix"
 
 
-def test_exact_counts_sentinels_and_reconstruction_per_row(registry):
+def test_exact_counts_sentinels_and_reconstruction_per_row(registry, synthetic_batch):
     lengths = [0, 1, 2, 3, 5, 17, 40, 60, 126, 126]
-    batch = synthetic_batch(lengths, seed=1)
+    batch = synthetic_batch(VOCAB, lengths, seed=1)
     cb = corrupt(registry, batch)
     num_noise, num_spans = spans.noise_counts(torch.tensor(lengths), 0.15, 3.0)
     for b, n in enumerate(lengths):
@@ -99,8 +76,8 @@ def test_exact_counts_sentinels_and_reconstruction_per_row(registry):
         assert reconstruct(source, target) == original, b
 
 
-def test_labels_are_the_next_token_over_the_target_only(registry):
-    batch = synthetic_batch([30, 12, 50], seed=2)
+def test_labels_are_the_next_token_over_the_target_only(registry, synthetic_batch):
+    batch = synthetic_batch(VOCAB, [30, 12, 50], seed=2)
     cb = corrupt(registry, batch)
     for b in range(3):
         p = int(cb.extras["prefix_length"][b])
@@ -110,10 +87,10 @@ def test_labels_are_the_next_token_over_the_target_only(registry):
         assert cb.labels[b].tolist() == expected
 
 
-def test_a_literal_zero_id_in_the_text_is_kept(registry):
+def test_a_literal_zero_id_in_the_text_is_kept(registry, synthetic_batch):
     """Id 0 (the pad id) as real text, once as an ordinary token (a tokenizer where 0 is a word)
     and once flagged special (a literal "[PAD]" in the text): nothing is dropped or misplaced."""
-    batch = synthetic_batch([40, 40, 25], T=44, seed=3)
+    batch = synthetic_batch(VOCAB, [40, 40, 25], T=44, seed=3)
     ids, is_special = batch.input_ids.clone(), batch.is_special.clone()
     ids[0, 5:30:3] = 0  # ordinary zeros
     ids[1, 10] = 0
@@ -140,11 +117,11 @@ def test_literal_pad_text_through_the_tokenizer(registry, tokenizer):
     assert reconstruct(source, target, sentinels, eos) == batch.input_ids[0].tolist()
 
 
-def test_spans_do_not_always_end_the_row(registry):
+def test_spans_do_not_always_end_the_row(registry, synthetic_batch):
     """n = 40: 6 noise tokens in 2 spans and 34 non-noise tokens. T5 without random_roll ends
     every row with noise; here P(last token noise) = spans / (non-noise + 1) = 2/35."""
     N = 3000
-    batch = synthetic_batch([40] * N, seed=4)
+    batch = synthetic_batch(VOCAB, [40] * N, seed=4)
     cb = corrupt(registry, batch, seed=5)
     last_is_noise = 0
     first_is_noise = 0
@@ -158,8 +135,8 @@ def test_spans_do_not_always_end_the_row(registry):
         assert count < 0.2 * N
 
 
-def test_padding_rows_of_different_lengths(registry):
-    batch = synthetic_batch([3, 50, 20, 0], T=60, seed=6)
+def test_padding_rows_of_different_lengths(registry, synthetic_batch):
+    batch = synthetic_batch(VOCAB, [3, 50, 20, 0], T=60, seed=6)
     cb = corrupt(registry, batch)
     assert registry.get("t5", vocab=VOCAB).attention(cb).pattern == "prefix"
     mask = registry.get("t5", vocab=VOCAB).attention_mask(cb)
@@ -177,17 +154,17 @@ def test_padding_rows_of_different_lengths(registry):
             assert mask[b, i].tolist() == expected, (b, i)
 
 
-def test_deterministic_for_a_seed(registry):
-    batch = synthetic_batch([30, 60, 45], seed=7)
+def test_deterministic_for_a_seed(registry, synthetic_batch):
+    batch = synthetic_batch(VOCAB, [30, 60, 45], seed=7)
     a, b, c = corrupt(registry, batch, seed=1), corrupt(registry, batch, seed=1), corrupt(registry, batch, seed=2)
     assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.labels, b.labels)
     assert not torch.equal(a.input_ids, c.input_ids)
 
 
-def test_long_rows_reuse_the_sentinels_in_turn(registry):
+def test_long_rows_reuse_the_sentinels_in_turn(registry, synthetic_batch):
     few = objreg.Vocabulary(size=200, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4,
                             special_ids=tuple(range(80)), sentinel_ids=(5, 6), named_ids={"[EOS]": 69})
-    batch = synthetic_batch([126, 40], seed=8)  # 19 noise tokens in 6 spans; 6 in 2
+    batch = synthetic_batch(VOCAB, [126, 40], seed=8)  # 19 noise tokens in 6 spans; 6 in 2
     cb = corrupt(registry, batch, vocab=few)
     for b in range(2):
         source, target = split_row(cb, b)
@@ -199,11 +176,11 @@ def test_long_rows_reuse_the_sentinels_in_turn(registry):
 
 
 @pytest.mark.parametrize("T", [2048, 8192])
-def test_pretraining_lengths_cycle_the_64_sentinels_and_reconstruct(registry, T):
+def test_pretraining_lengths_cycle_the_64_sentinels_and_reconstruct(registry, T, synthetic_batch):
     """At T=2,048 and 8,192 a row has 102 and 409 spans for 64 sentinels: span k gets sentinel
     k mod 64 in source and target, every id and label is valid, and the row comes back."""
     lengths = [T - 2, T // 3]
-    batch = synthetic_batch(lengths, seed=9)
+    batch = synthetic_batch(VOCAB, lengths, seed=9)
     cb = corrupt(registry, batch)
     num_noise, num_spans = spans.noise_counts(torch.tensor(lengths), 0.15, 3.0)
     assert int(num_spans[0]) > len(SENTINELS)
@@ -220,8 +197,8 @@ def test_pretraining_lengths_cycle_the_64_sentinels_and_reconstruct(registry, T)
         assert cb.labels[b][len(source) - 1 : len(source) + len(target) - 1].tolist() == target
 
 
-def test_no_sentinels_at_all_is_a_clear_error(registry):
+def test_no_sentinels_at_all_is_a_clear_error(registry, synthetic_batch):
     none = objreg.Vocabulary(size=200, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4,
                              special_ids=tuple(range(80)))
     with pytest.raises(objreg.DataError, match=r"^t5 needs span sentinels \(<extra_id_0>.*add_tokens"):
-        corrupt(registry, synthetic_batch([126], seed=8), vocab=none)  # refused when created, before corrupting
+        corrupt(registry, synthetic_batch(VOCAB, [126], seed=8), vocab=none)  # refused when created, before corrupting

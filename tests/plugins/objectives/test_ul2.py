@@ -20,27 +20,6 @@ DEFAULT = [("R", 3, 0.15), ("R", 8, 0.15), ("X", 3, 0.5), ("X", 8, 0.5), ("X", 6
 MODE = {"R": 70, "X": 71, "S": 72}
 
 
-@pytest.fixture(scope="module")
-def registry():
-    return objreg.Registry.load(load_entrypoints=False)
-
-
-def synthetic_batch(lengths: list[int], T: int | None = None, seed: int = 0) -> objreg.TokenBatch:
-    """Rows ``[CLS] x_1 … x_n [SEP]`` + padding, ``n = lengths[b]`` ordinary tokens."""
-    g = torch.Generator().manual_seed(seed)
-    B, T = len(lengths), T or max(lengths) + 2
-    n = torch.tensor(lengths)[:, None]
-    index = torch.arange(T)[None, :]
-    ids = torch.randint(80, 200, (B, T), generator=g)
-    ids = torch.where(index == 0, VOCAB.cls_id, torch.where(index == n + 1, VOCAB.sep_id, ids))
-    is_padding = index > n + 1
-    ids = torch.where(is_padding, VOCAB.pad_id, ids)
-    is_special = (index == 0) | (index == n + 1) | is_padding
-    rows = torch.arange(B)[:, None].expand(B, T)
-    return objreg.TokenBatch(ids, is_padding, is_special, torch.where(is_special, -1, index),
-                             torch.where(is_special, -1, 0), torch.where(is_padding, -1, rows))
-
-
 def corrupt(registry, batch, seed=0, vocab=VOCAB, **params):
     return registry.get("ul2", vocab=vocab, **params).corrupt(batch, torch.Generator().manual_seed(seed))
 
@@ -76,9 +55,9 @@ def test_defaults_follow_the_survey(registry):
     assert defaults["mode_tokens"] is True
 
 
-def test_the_empirical_mix_matches_the_weights(registry):
+def test_the_empirical_mix_matches_the_weights(registry, synthetic_batch):
     N = 6000
-    batch = synthetic_batch([20] * N, seed=1)
+    batch = synthetic_batch(VOCAB, [20] * N, seed=1)
     for weights in ("0.13,0.13,0.13,0.13,0.13,0.13,0.22", "1,0,2,0,0,0,1"):
         cb = corrupt(registry, batch, weights=weights)
         counts = torch.bincount(cb.extras["denoiser"], minlength=7).tolist()
@@ -87,9 +66,9 @@ def test_the_empirical_mix_matches_the_weights(registry):
             assert abs(count - N * share) <= 4 * math.sqrt(N * share * (1 - share)) + 1e-9, counts
 
 
-def test_mode_token_and_corruption_match_each_rows_denoiser(registry):
+def test_mode_token_and_corruption_match_each_rows_denoiser(registry, synthetic_batch):
     lengths = [126, 60, 90, 126, 33] * 40
-    batch = synthetic_batch(lengths, seed=2)
+    batch = synthetic_batch(VOCAB, lengths, seed=2)
     cb = corrupt(registry, batch, seed=3)
     seen = set()
     for b, n in enumerate(lengths):
@@ -113,12 +92,12 @@ def test_mode_token_and_corruption_match_each_rows_denoiser(registry):
 
 @pytest.mark.parametrize("T", [2048, 8192])
 @pytest.mark.parametrize("denoiser", ["R:3:0.15", "X:3:0.5"])
-def test_pretraining_lengths_cycle_the_sentinels_and_reconstruct(registry, T, denoiser):
+def test_pretraining_lengths_cycle_the_sentinels_and_reconstruct(registry, T, denoiser, synthetic_batch):
     """Span denoisers at T=2,048 and 8,192 need 102 to 1,365 sentinels of 64: span k gets sentinel
     k mod 64, and each row comes back from its source and target."""
     _, mean, density = denoiser.split(":")
     lengths = [T - 2, T // 2]
-    batch = synthetic_batch(lengths, seed=6)
+    batch = synthetic_batch(VOCAB, lengths, seed=6)
     cb = corrupt(registry, batch, denoisers=denoiser, weights="1")
     noise, num_spans = spans.noise_counts(torch.tensor(lengths), float(density), float(mean))
     for b in range(2):
@@ -131,16 +110,16 @@ def test_pretraining_lengths_cycle_the_sentinels_and_reconstruct(registry, T, de
     assert int(num_spans[0]) > len(SENTINELS)
 
 
-def test_without_mode_tokens(registry):
-    batch = synthetic_batch([30] * 50, seed=4)
+def test_without_mode_tokens(registry, synthetic_batch):
+    batch = synthetic_batch(VOCAB, [30] * 50, seed=4)
     cb = corrupt(registry, batch, mode_tokens=False)
     assert not bool(torch.isin(cb.input_ids, torch.tensor([70, 71, 72])).any())
     assert bool((cb.input_ids[:, 0] == VOCAB.cls_id).all())
 
 
-def test_the_mode_token_is_in_the_bidirectional_prefix(registry):
+def test_the_mode_token_is_in_the_bidirectional_prefix(registry, synthetic_batch):
     objective = registry.get("ul2", vocab=VOCAB)
-    cb = objective.corrupt(synthetic_batch([25, 40], seed=5), torch.Generator().manual_seed(0))
+    cb = objective.corrupt(synthetic_batch(VOCAB, [25, 40], seed=5), torch.Generator().manual_seed(0))
     mask = objective.attention_mask(cb)
     for b in range(2):
         p, n = int(cb.extras["prefix_length"][b]), int((~cb.is_padding[b]).sum())
@@ -161,9 +140,9 @@ def test_bad_mixtures_are_parameter_errors(registry, params, message):
         registry.get("ul2", vocab=VOCAB, **params)
 
 
-def test_missing_mode_token_is_a_data_error(registry):
+def test_missing_mode_token_is_a_data_error(registry, synthetic_batch):
     plain = objreg.Vocabulary(size=200, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4,
                               special_ids=tuple(range(80)), sentinel_ids=SENTINELS)
     with pytest.raises(objreg.DataError, match=r"^ul2 needs \[NLU\], \[NLG\], \[S2S\], which the tokenizer lacks"):
-        corrupt(registry, synthetic_batch([30] * 8), vocab=plain)
-    corrupt(registry, synthetic_batch([30] * 8), vocab=plain, mode_tokens=False)  # fine without them
+        corrupt(registry, synthetic_batch(VOCAB, [30] * 8), vocab=plain)
+    corrupt(registry, synthetic_batch(VOCAB, [30] * 8), vocab=plain, mode_tokens=False)  # fine without them

@@ -17,11 +17,6 @@ from objreg.toolkit.wordpiece import train_wordpiece
 VOCAB = objreg.Vocabulary(size=60, pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4, special_ids=tuple(range(10)))
 
 
-@pytest.fixture(scope="module")
-def registry():
-    return objreg.Registry.load(load_entrypoints=False)
-
-
 def sentencepiece_batch(B: int, T: int, seed: int = 0) -> objreg.TokenBatch:
     """Rows built by hand the way a SentencePiece or byte-level BPE tokenizer reports them: no ``##``
     anywhere, words of one or more pieces (mean 2.5) whose word ids are arbitrary labels (not 0, 1,

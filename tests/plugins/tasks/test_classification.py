@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch import nn
 
 import objreg
 from objreg.plugins.tasks import classification as cls
@@ -371,28 +370,22 @@ def mixed_batch(mixed_data) -> objreg.CorruptedBatch:
     return mixed_data.batch
 
 
-def stand_in_model(hidden_size: int, num_outputs: int = 3) -> types.SimpleNamespace:
-    torch.manual_seed(0)
-    head = nn.Sequential(nn.Linear(hidden_size, num_outputs))
-    return types.SimpleNamespace(heads={"classification": lambda h: head(h[:, 0])}, head=head.double())
-
-
 def test_attention_mask_is_bidirectional(task, mixed_batch):
     B, T = mixed_batch.input_ids.shape
     expected = (~mixed_batch.is_padding)[:, None, :].expand(B, T, T)
     assert torch.equal(task.attention_mask(mixed_batch), expected)
 
 
-def test_loss_is_the_cross_entropy_of_the_sized_head(task, mixed_data, mixed_batch):
+def test_loss_is_the_cross_entropy_of_the_sized_head(task, mixed_data, mixed_batch, stand_in_model):
     B, T = mixed_batch.input_ids.shape
     H = 8
     assert num_classes(mixed_data) == 3
-    model = stand_in_model(H)
+    model = stand_in_model("classification", H, 3, first_token=True)
     hidden = torch.randn(B, T, H, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     loss = task.loss(objreg.ModelOutputs(hidden, model), mixed_batch)
     assert loss.shape == (B,)
     with torch.no_grad():  # the 3-way head
-        logits = hidden[:, 0] @ model.head[0].weight.T + model.head[0].bias
+        logits = hidden[:, 0] @ model.head.weight.T + model.head.bias
         expected = F.cross_entropy(logits, mixed_batch.extras["label"], reduction="none")
     torch.testing.assert_close(loss, expected, rtol=1e-12, atol=1e-12)
 
@@ -415,11 +408,11 @@ def test_sized_head_equals_the_old_masked_wide_head(task, mixed_batch):
     torch.testing.assert_close(task.loss(objreg.ModelOutputs(hidden, narrow), mixed_batch), old, rtol=1e-13, atol=1e-13)
 
 
-def test_loss_is_transform_safe(task, mixed_batch):
+def test_loss_is_transform_safe(task, mixed_batch, stand_in_model):
     """vmap(grad) with a batch of one per example and jvp agree with ordinary autograd."""
     B, T = mixed_batch.input_ids.shape
     H = 8
-    model = stand_in_model(H)
+    model = stand_in_model("classification", H, 3, first_token=True)
     hidden = torch.randn(B, T, H, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
 
     def one(h: torch.Tensor, example: objreg.CorruptedBatch) -> torch.Tensor:

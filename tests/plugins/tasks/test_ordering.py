@@ -11,7 +11,6 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import objreg
 from objreg.plugins.tasks import ordering
@@ -225,20 +224,14 @@ def test_a_built_model_has_a_k_factorial_head(task, documents, tokenizer):
     assert model.heads["ordering"].classifier.weight.shape == (24, 16)
 
 
-def stand_in_model(hidden_size: int, num_outputs: int = 6) -> types.SimpleNamespace:
-    torch.manual_seed(0)
-    head = nn.Linear(hidden_size, num_outputs).double()
-    return types.SimpleNamespace(heads={"ordering": lambda h: head(h[:, 0])}, head=head)
-
-
 def test_attention_mask_is_bidirectional(task, perm_batch):
     B, T = perm_batch.input_ids.shape
     assert torch.equal(task.attention_mask(perm_batch), (~perm_batch.is_padding)[:, None, :].expand(B, T, T))
 
 
-def test_loss_is_the_cross_entropy_over_the_permutations(task, perm_batch):
+def test_loss_is_the_cross_entropy_over_the_permutations(task, perm_batch, stand_in_model):
     B, T = perm_batch.input_ids.shape
-    model = stand_in_model(8)
+    model = stand_in_model("ordering", 8, 6, first_token=True)
     hidden = torch.randn(B, T, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     loss = task.loss(objreg.ModelOutputs(hidden, model), perm_batch)
     with torch.no_grad():
@@ -247,9 +240,9 @@ def test_loss_is_the_cross_entropy_over_the_permutations(task, perm_batch):
     torch.testing.assert_close(loss, expected, rtol=1e-12, atol=1e-12)
 
 
-def test_loss_is_transform_safe(task, perm_batch):
+def test_loss_is_transform_safe(task, perm_batch, stand_in_model):
     B, T = perm_batch.input_ids.shape
-    model = stand_in_model(8)
+    model = stand_in_model("ordering", 8, 6, first_token=True)
     hidden = torch.randn(B, T, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
 
     def one(h: torch.Tensor, example: objreg.CorruptedBatch) -> torch.Tensor:

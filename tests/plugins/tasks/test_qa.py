@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from torch import nn
 
 import objreg
 from objreg.plugins.tasks import qa
@@ -413,11 +412,6 @@ def mixed_batch(tmp_path_factory, tokenizer, documents) -> objreg.CorruptedBatch
     )
 
 
-def stand_in_model(hidden_size: int) -> types.SimpleNamespace:
-    torch.manual_seed(0)
-    return types.SimpleNamespace(heads=nn.ModuleDict({"qa": nn.Linear(hidden_size, 2)}).double())
-
-
 def reference_loss(logits: torch.Tensor, batch: objreg.CorruptedBatch) -> torch.Tensor:
     """Per-example float64 loop: cross-entropy over the allowed positions only, picked out by
     boolean indexing (which the plugin's vmap-safe loss must not use)."""
@@ -442,10 +436,10 @@ def test_attention_mask_is_bidirectional(task, mixed_batch):
     assert torch.equal(mask, expected)
 
 
-def test_loss_matches_float64_loop(task, mixed_batch):
+def test_loss_matches_float64_loop(task, mixed_batch, stand_in_model):
     B, T = mixed_batch.input_ids.shape
     H = 8
-    model = stand_in_model(H)
+    model = stand_in_model("qa", H, 2)
     hidden = torch.randn(B, T, H, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     loss = task.loss(objreg.ModelOutputs(hidden, model), mixed_batch)
     with torch.no_grad():
@@ -469,11 +463,11 @@ class _BumpedHeads:
         self.heads = {"qa": lambda h: head(h) + 50.0 * bump[..., None]}
 
 
-def test_loss_is_transform_safe(task, mixed_batch):
+def test_loss_is_transform_safe(task, mixed_batch, stand_in_model):
     """vmap(grad) with a batch of one per example and jvp agree with ordinary autograd."""
     B, T = mixed_batch.input_ids.shape
     H = 8
-    model = stand_in_model(H)
+    model = stand_in_model("qa", H, 2)
     hidden = torch.randn(B, T, H, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
 
     def one(h: torch.Tensor, example: objreg.CorruptedBatch) -> torch.Tensor:

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import objreg
 from objreg.plugins.tasks import token_classification as tc
@@ -285,12 +284,6 @@ def batch(tmp_path_factory, tokenizer) -> objreg.CorruptedBatch:
     return data.batch
 
 
-def stand_in_model(hidden_size: int, num_outputs: int = 3) -> types.SimpleNamespace:
-    torch.manual_seed(0)
-    head = nn.Linear(hidden_size, num_outputs).double()
-    return types.SimpleNamespace(heads={"token_classification": head})
-
-
 def loop_loss(logits: torch.Tensor, batch: objreg.CorruptedBatch) -> torch.Tensor:
     """Per row, the mean float64 cross-entropy over the labelled positions, found one by one."""
     out = []
@@ -310,11 +303,11 @@ def test_attention_mask_is_bidirectional(task, batch):
     assert torch.equal(task.attention_mask(batch), expected)
 
 
-def test_loss_matches_a_loop_over_labelled_positions(task, batch):
+def test_loss_matches_a_loop_over_labelled_positions(task, batch, stand_in_model):
     B, T = batch.input_ids.shape
     assert batch.is_padding.any()  # the second row is padded
     H = 8
-    model = stand_in_model(H)
+    model = stand_in_model("token_classification", H, 3)
     hidden = torch.randn(B, T, H, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     loss = task.loss(objreg.ModelOutputs(hidden, model), batch)
     with torch.no_grad():
@@ -347,10 +340,10 @@ def test_sized_head_equals_the_old_masked_wide_head(task, batch):
     torch.testing.assert_close(task.loss(objreg.ModelOutputs(hidden, narrow), batch), old, rtol=1e-13, atol=1e-13)
 
 
-def test_padding_is_excluded_by_position(task, batch):
+def test_padding_is_excluded_by_position(task, batch, stand_in_model):
     """A label written at a padding position (which a buggy collator might leave) is ignored."""
     H = 8
-    model = stand_in_model(H)
+    model = stand_in_model("token_classification", H, 3)
     B, T = batch.input_ids.shape
     hidden = torch.randn(B, T, H, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     labels = torch.where(batch.is_padding, 0, batch.labels)
@@ -360,11 +353,11 @@ def test_padding_is_excluded_by_position(task, batch):
     )
 
 
-def test_loss_is_transform_safe(task, batch):
+def test_loss_is_transform_safe(task, batch, stand_in_model):
     """vmap(grad) with a batch of one per example and jvp agree with ordinary autograd."""
     B, T = batch.input_ids.shape
     H = 8
-    model = stand_in_model(H)
+    model = stand_in_model("token_classification", H, 3)
     hidden = torch.randn(B, T, H, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
 
     def one(h: torch.Tensor, example: objreg.CorruptedBatch) -> torch.Tensor:
