@@ -194,10 +194,12 @@ class Downstream:
         """``D`` at the model's current parameters, evaluated in :attr:`evaluation_dtype`."""
         model = self.evaluation_model(model)
         shared = detached(named_shared(model, self.shared))
-        sums = [f(shared).sum() for f in self.functions(model)]
+        return self.mean([f(shared).sum() for f in self.functions(model)], like=next(iter(shared.values())))
+
+    def mean(self, sums: list[torch.Tensor], like: torch.Tensor) -> float:
+        """The mean over every process's examples from this process's per-chunk sums, added in
+        chunk order (the one-process additions, whatever the number of processes)."""
         if self.group.distributed:
-            # Every chunk's sum, back in chunk order: the same additions as in one process.
-            like = next(iter(shared.values()))
             mine = torch.stack(sums) if sums else torch.zeros(0, dtype=like.dtype, device=like.device)
             every = self.group.all_gather([mine])[0]
             world, count = self.group.world_size, len(self.chunks)
