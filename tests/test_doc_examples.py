@@ -160,7 +160,11 @@ def test_hook_example_runs(code, pieces):
         assert bool((corrupted.input_ids == vocab.mask_id).any())
     elif name == "objreg_attention_mask":
         mask = load_example(code).objreg_attention_mask(batch)
-        assert isinstance(mask, objreg.AttentionMask) and mask.pattern == "causal"
+        B, T = batch.input_ids.shape
+        assert mask.dtype == torch.bool and mask.shape == (B, T, T)
+        later = torch.ones(T, T, dtype=torch.bool).triu()  # anti-causal: no key before the query
+        real = ~batch.is_padding  # one document a row: real tokens see each other, padding nothing
+        assert torch.equal(mask, later & real[:, :, None] & real[:, None, :])
     elif name == "objreg_loss":
         labels = torch.where(batch.is_special, objreg.IGNORE_INDEX, batch.input_ids)
         corrupted = objreg.CorruptedBatch(batch.input_ids, labels, batch.is_padding,

@@ -22,7 +22,7 @@ from objreg.core.errors import InvalidParameterError, PluginError, UnknownNameEr
 from objreg.core.guard import attributed
 from objreg.core.handles import Objective, Task
 from objreg.core.heads import build_heads
-from objreg.core.hookspecs import DOWNSTREAM_HOOKS, PER_OBJECTIVE_HOOKS, PRETRAIN_HOOKS
+from objreg.core.hookspecs import CUSTOM_ATTENTION_HOOK, DOWNSTREAM_HOOKS, PER_OBJECTIVE_HOOKS, PRETRAIN_HOOKS
 from objreg.core.manager import ObjregPluginManager, get_plugin_manager
 from objreg.core.model import ObjregModel
 from objreg.core.providers import HeadKind, Provider
@@ -87,6 +87,12 @@ class Registry:
             for hook in required:
                 if hook not in implemented:
                     problems.append(f"{where}: {info.kind} objective {name!r} does not implement required hook {hook}")
+            if info.pattern == "custom" and CUSTOM_ATTENTION_HOOK not in implemented:
+                problems.append(
+                    f"{where}: {info.kind} objective {name!r} does not implement required hook {CUSTOM_ATTENTION_HOOK} "
+                    f"(it declares custom attention {info.attention!r}; the host builds only bidirectional, causal "
+                    f"and prefix masks)"
+                )
             self._infos[name] = info
             self._objective_plugins[name] = impl.plugin
 
