@@ -17,7 +17,7 @@ from objreg.core.types import CorruptedBatch, HeadSpec, ModelOutputs, ObjectiveI
 
 if TYPE_CHECKING:
     from objreg.core.model import Model
-    from objreg.toolkit.tokenizer import Tokenizer
+    from objreg.core.tokenizer import Tokenizer
 
 
 class _Handle:

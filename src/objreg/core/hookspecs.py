@@ -45,8 +45,8 @@ if TYPE_CHECKING:
     from objreg.core.masks import AttentionMask
     from objreg.core.model import Model
     from objreg.core.providers import HeadKind, Provider
+    from objreg.core.tokenizer import Tokenizer
     from objreg.core.types import CorruptedBatch, ModelOutputs, ObjectiveInfo, TaskData, TokenBatch, Vocabulary
-    from objreg.toolkit.tokenizer import Tokenizer
 
 PROJECT = "objreg"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -194,7 +194,7 @@ def objreg_task_data(
         built-in set.
     :param documents: Held-out documents (sentences) of the corpus, which the model never
         pre-trains on; a task without its own data builds its built-in set from them.
-    :param tokenizer: The tokenizer of the model under analysis.
+    :param tokenizer: The tokenizer of the model under analysis (:class:`objreg.core.tokenizer.Tokenizer`).
     :param seq_len: Longest row allowed.
     :param limit: Maximum number of examples to return.
     :param params: The task's parameters.
