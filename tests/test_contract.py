@@ -157,3 +157,34 @@ def test_a_hook_that_raises_is_reported_as_a_failed_check():
     with pytest.raises(ContractError) as error:
         check_objective_contract("raising", registry=registry_with(Raising()))
     assert "raised RuntimeError: this loss is broken" in str(error.value)
+
+
+class HostMasked(Base):
+    """Base without a mask hook: the host builds the bidirectional mask it declares."""
+
+    name = "host_masked"
+    objreg_attention_mask = None
+
+
+class WrongPrefix(Base):
+    """Declares prefix attention, and its own hook returns a bidirectional mask."""
+
+    name = "wrong_prefix"
+
+    @objreg.hookimpl
+    def objreg_objective_info(self):
+        return objreg.ObjectiveInfo(name=self.name, description="broken on purpose", attention="prefix",
+                                    heads=(objreg.HeadSpec("lm", "lm"),), params=Base().objreg_objective_info().params)
+
+
+def test_the_host_s_mask_passes_and_a_hook_that_contradicts_the_declaration_fails():
+    registry = registry_with(HostMasked(), WrongPrefix())
+    assert not registry.get("host_masked").describes_attention
+    passed = check_objective_contract("host_masked", registry=registry, quick=True)
+    assert {"a structured mask has the pattern the objective declares", "the mask never attends to padding"} <= set(passed)
+    with pytest.raises(ContractError) as error:
+        check_objective_contract("wrong_prefix", registry=registry, quick=True)
+    assert error.value.problems == [
+        "objective 'wrong_prefix' (registered at run time) failed: a structured mask has the pattern the objective "
+        "declares: ObjectiveInfo.attention is 'prefix', the mask is 'bidirectional'"
+    ]

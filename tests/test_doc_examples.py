@@ -62,7 +62,8 @@ RUN_BY = {
     "README.md: objreg experiment list": "test_readme.py::test_commands_run",
     "README.md: objreg list                       # objectives, tasks, models, corpora, and the plugin each comes "
     "from": "test_readme.py::test_commands_run",
-    "README.md: from objreg.testing import check_objective_contract": "test_readme.py::test_python_examples_run",
+    "README.md: from objreg.testing import check_objective_contract, check_task_contract":
+        "test_readme.py::test_python_examples_run",
     "docs/distributed.md: \"\"\"objreg's measurements inside DDP code of your own. Run: torchrun --nproc-per-node 2 "
     "ddp_objreg.py\"\"\"": "test_the_ddp_script_runs_under_torchrun",
     "docs/experiments.md: objreg experiment list                                   # each claim, its source and its "
@@ -160,7 +161,11 @@ def test_hook_example_runs(code, pieces):
         assert bool((corrupted.input_ids == vocab.mask_id).any())
     elif name == "objreg_attention_mask":
         mask = load_example(code).objreg_attention_mask(batch)
-        assert isinstance(mask, objreg.AttentionMask) and mask.pattern == "causal"
+        B, T = batch.input_ids.shape
+        assert mask.dtype == torch.bool and mask.shape == (B, T, T)
+        later = torch.ones(T, T, dtype=torch.bool).triu()  # anti-causal: no key before the query
+        real = ~batch.is_padding  # one document a row: real tokens see each other, padding nothing
+        assert torch.equal(mask, later & real[:, :, None] & real[:, None, :])
     elif name == "objreg_loss":
         labels = torch.where(batch.is_special, objreg.IGNORE_INDEX, batch.input_ids)
         corrupted = objreg.CorruptedBatch(batch.input_ids, labels, batch.is_padding,
@@ -284,4 +289,5 @@ def test_tutorial_contract_test_passes(tmp_path, monkeypatch):
     namespace: dict = {}
     exec(compile(code, "docs/writing-a-plugin.md (contract test)", "exec"), namespace)
     namespace["test_rlm_keeps_the_contract"]()
+    namespace["test_parity_keeps_the_contract"]()
 

@@ -56,15 +56,17 @@ def outputs_for(batch: CorruptedBatch) -> ModelOutputs:
 class Objective:
     """A complete throwaway objective; every hook it runs is appended to ``log`` as (name, hook)."""
 
-    def __init__(self, name: str, log: list, kind: str = "pretrain", params: tuple = (), info_name: str | None = None):
+    def __init__(self, name: str, log: list, kind: str = "pretrain", params: tuple = (), info_name: str | None = None,
+                 attention: str = "bidirectional"):
         self.name, self.log, self.kind, self.params = name, log, kind, params
         self.info_name = info_name or name
+        self.attention = attention
 
     @objreg.hookimpl
     def objreg_objective_info(self):
         return ObjectiveInfo(
             name=self.info_name, description=f"throwaway {self.name}", kind=self.kind, params=self.params,
-            heads=(HeadSpec("lm", "lm"),),
+            heads=(HeadSpec("lm", "lm"),), attention=self.attention,
         )
 
     @objreg.hookimpl
@@ -110,7 +112,7 @@ def problems_of(pm) -> list[str]:
 # -- validation -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("missing", ["objreg_corrupt", "objreg_attention_mask", "objreg_loss"])
+@pytest.mark.parametrize("missing", ["objreg_corrupt", "objreg_loss"])
 def test_objective_missing_a_compute_hook(missing):
     plugin_class = type("Incomplete", (Objective,), {missing: None})
     problems = problems_of(manager(partial=plugin_class("partial", [])))
@@ -118,6 +120,20 @@ def test_objective_missing_a_compute_hook(missing):
         f"plugin 'partial' (registered at run time): pretrain objective 'partial' does not implement "
         f"required hook {missing}"
     ]
+
+
+@pytest.mark.parametrize("kind", ["pretrain", "downstream"])
+def test_the_mask_hook_is_required_for_custom_attention_only(kind):
+    plugin_class = type("NoMask", (Task if kind == "downstream" else Objective,), {"objreg_attention_mask": None})
+    custom = plugin_class("custom", [])
+    custom.attention = "anti-causal"  # anything but the three patterns counts as custom
+    assert problems_of(manager(custom=custom)) == [
+        f"plugin 'custom' (registered at run time): {kind} objective 'custom' does not implement required hook "
+        f"objreg_attention_mask (it declares custom attention 'anti-causal'; the host builds only bidirectional, "
+        f"causal and prefix masks)"
+    ]
+    declared = objreg.Registry(manager(declared=plugin_class("declared", [])))  # bidirectional: accepted
+    assert declared.info("declared").attention == "bidirectional"
 
 
 def test_task_missing_task_data():
@@ -247,7 +263,7 @@ def test_several_problems_in_one_error():
             return None
 
     pm = manager(
-        partial=type("Incomplete", (Objective,), {"objreg_attention_mask": None})("partial", []),
+        partial=type("Incomplete", (Objective,), {"objreg_attention_mask": None})("partial", [], attention="custom"),
         misnamed=Objective("misnamed", [], info_name="other"),
         stray=Stray(),
     )
@@ -259,7 +275,8 @@ def test_several_problems_in_one_error():
     expected = [
         "two plugins claim the name 'fine': fine-dist 1.0 and clash-dist 1.0",
         "plugin 'partial' (registered at run time): pretrain objective 'partial' does not implement required "
-        "hook objreg_attention_mask",
+        "hook objreg_attention_mask (it declares custom attention 'custom'; the host builds only bidirectional, "
+        "causal and prefix masks)",
         "plugin 'stray' (registered at run time) implements objreg_corrupt but no objreg_objective_info, so no "
         "objective name reaches it",
     ]

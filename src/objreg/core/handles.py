@@ -17,7 +17,7 @@ from objreg.core.types import CorruptedBatch, HeadSpec, ModelOutputs, ObjectiveI
 
 if TYPE_CHECKING:
     from objreg.core.model import Model
-    from objreg.toolkit.tokenizer import Tokenizer
+    from objreg.core.tokenizer import Tokenizer
 
 
 class _Handle:
@@ -36,19 +36,50 @@ class _Handle:
     def _problem(self, hook: str, what: str) -> PluginError:
         return PluginError([f"{self.info.kind} {self.name!r} ({self.origin}) {what} from {hook}"])
 
+    @property
+    def describes_attention(self) -> bool:
+        """Whether the plugin implements ``objreg_attention_mask`` (required for ``custom``
+        attention); without it the host builds the mask its ``ObjectiveInfo.attention`` declares."""
+        impls = self._hooks["objreg_attention_mask"].get_hookimpls()
+        return any(not (impl.wrapper or impl.hookwrapper) for impl in impls)
+
     def attention(self, batch: CorruptedBatch) -> AttentionMask | torch.Tensor:
-        """The attention as the plugin describes it: an :class:`AttentionMask` or a dense bool
-        ``[B, T, T]`` tensor (checked); made causal for a task's rows built for a decoder-only
-        model (:data:`CAUSAL`)."""
+        """The attention: the plugin's (``objreg_attention_mask``: an :class:`AttentionMask` or a
+        dense bool ``[B, T, T]`` tensor, checked) or, where it implements no such hook, the
+        :class:`AttentionMask` its ``ObjectiveInfo.attention`` declares (:meth:`declared_attention`);
+        made causal for a task's rows built for a decoder-only model (:data:`CAUSAL`)."""
+        mask = self._described_attention(batch) if self.describes_attention else self.declared_attention(batch)
+        return _causal(mask) if CAUSAL in batch.extras else mask
+
+    def _described_attention(self, batch: CorruptedBatch) -> AttentionMask | torch.Tensor:
         mask = self._hooks["objreg_attention_mask"](batch=batch, params=self.params)
         B, T = batch.input_ids.shape
         structured = isinstance(mask, AttentionMask) and mask.shape == (B, T, T)
         if structured or isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and tuple(mask.shape) == (B, T, T):
-            return _causal(mask) if CAUSAL in batch.extras else mask
+            return mask
         got = f"{tuple(mask.shape)} {getattr(mask, 'dtype', mask.__class__.__name__)}" if hasattr(mask, "shape") \
             else type(mask).__name__
         raise self._problem("objreg_attention_mask",
                             f"returned {got} instead of an AttentionMask or a bool [B, T, T] = [{B}, {T}, {T}] mask")
+
+    def declared_attention(self, batch: CorruptedBatch) -> AttentionMask:
+        """The mask ``ObjectiveInfo.attention`` declares, built from ``batch``: padding keys never
+        attended, tokens only within their document (``document_ids``), and for ``prefix`` each
+        row's prefix length from ``batch.extras["prefix_length"]`` (:data:`PREFIX_LENGTH`)."""
+        pattern = self.info.pattern
+        if pattern == "bidirectional":
+            return AttentionMask.bidirectional(batch.is_padding, batch.document_ids)
+        if pattern == "causal":
+            return AttentionMask.causal(batch.is_padding, batch.document_ids)
+        where = f"{self.info.kind} {self.name!r} ({self.origin})"
+        if pattern == "prefix":
+            if PREFIX_LENGTH not in batch.extras:
+                raise PluginError([f"{where} declares prefix attention, but its batch has no extras[{PREFIX_LENGTH!r}] "
+                                   f"(each row's prefix length, [B] long) to build the mask from: put it there, or "
+                                   f"implement objreg_attention_mask"])
+            return AttentionMask.prefix(batch.is_padding, batch.extras[PREFIX_LENGTH], batch.document_ids)
+        raise PluginError([f"{where} declares custom attention ({self.info.attention!r}), which only its own "
+                           f"objreg_attention_mask can describe, and implements none"])
 
     def attention_mask(self, batch: CorruptedBatch) -> torch.Tensor:
         """The attention as a dense bool ``[B, T, T]`` mask."""
@@ -171,6 +202,10 @@ class Objective(_Handle):
             )
         return result
 
+
+#: The ``extras`` key of each row's prefix length (``[B]`` long) in the batch of an objective or
+#: task that declares ``prefix`` attention: the host builds its mask from it.
+PREFIX_LENGTH = "prefix_length"
 
 #: The ``extras`` key that marks a task's rows as built for a decoder-only model (``[B]`` bool,
 #: all True): the host then makes the task's attention causal (docs/models.md).

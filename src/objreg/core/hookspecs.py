@@ -45,20 +45,24 @@ if TYPE_CHECKING:
     from objreg.core.masks import AttentionMask
     from objreg.core.model import Model
     from objreg.core.providers import HeadKind, Provider
+    from objreg.core.tokenizer import Tokenizer
     from objreg.core.types import CorruptedBatch, ModelOutputs, ObjectiveInfo, TaskData, TokenBatch, Vocabulary
-    from objreg.toolkit.tokenizer import Tokenizer
 
 PROJECT = "objreg"
 hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 #: Hooks every pre-training objective must implement.
-PRETRAIN_HOOKS = ("objreg_corrupt", "objreg_attention_mask", "objreg_loss")
+PRETRAIN_HOOKS = ("objreg_corrupt", "objreg_loss")
 #: Hooks every downstream task must implement.
-DOWNSTREAM_HOOKS = ("objreg_task_data", "objreg_attention_mask", "objreg_loss")
+DOWNSTREAM_HOOKS = ("objreg_task_data", "objreg_loss")
+#: The hook an objective or task must implement when it declares ``custom`` attention; for the
+#: other patterns the host builds the declared mask where the plugin implements none.
+CUSTOM_ATTENTION_HOOK = "objreg_attention_mask"
 #: Hooks dispatched by objective name.
 PER_OBJECTIVE_HOOKS = (
-    "objreg_objective_info", "objreg_check_params", "objreg_prepare_batch", *PRETRAIN_HOOKS, "objreg_task_data",
+    "objreg_objective_info", "objreg_check_params", "objreg_prepare_batch", "objreg_corrupt",
+    "objreg_attention_mask", "objreg_loss", "objreg_task_data",
 )
 
 
@@ -134,7 +138,7 @@ def objreg_corrupt(
 
 @hookspec(firstresult=True)
 def objreg_attention_mask(batch: CorruptedBatch, params: Mapping[str, Any]) -> AttentionMask | torch.Tensor:
-    """The attention the backbone uses for this objective.
+    """The attention the backbone uses for this objective (required for ``custom`` attention only).
 
     :param batch: The corrupted batch.
     :param params: The objective's resolved parameters.
@@ -143,8 +147,11 @@ def objreg_attention_mask(batch: CorruptedBatch, params: Mapping[str, Any]) -> A
         for any other pattern a bool tensor ``[B, T, T]``, ``mask[b, i, j]`` True when position
         ``i`` may attend to ``j`` (helpers in :mod:`objreg.masks`).
 
-    Required, with no default: a causal objective must never silently get a bidirectional mask.
-    Pure and transform-safe.
+    Without this hook the host builds the mask ``ObjectiveInfo.attention`` declares: padding keys
+    never attended, tokens within their own document (``batch.document_ids``), and for ``prefix``
+    each row's prefix length from ``batch.extras["prefix_length"]``. Implement it for ``custom``
+    attention (required: objreg never guesses a mask) or for a finer mask of a declared pattern
+    (contrastive keeps its two views apart). Pure and transform-safe.
     """
 
 
@@ -187,7 +194,7 @@ def objreg_task_data(
         built-in set.
     :param documents: Held-out documents (sentences) of the corpus, which the model never
         pre-trains on; a task without its own data builds its built-in set from them.
-    :param tokenizer: The tokenizer of the model under analysis.
+    :param tokenizer: The tokenizer of the model under analysis (:class:`objreg.core.tokenizer.Tokenizer`).
     :param seq_len: Longest row allowed.
     :param limit: Maximum number of examples to return.
     :param params: The task's parameters.

@@ -6,11 +6,58 @@ lookups and "unknown model" errors come from one place.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import torch
+    from torch import nn
+
+    from objreg.core.model import Backbone
+    from objreg.core.tokenizer import Tokenizer
+    from objreg.core.types import Corpus, HeadSpec, Vocabulary
 
 ProviderKind = Literal["model", "corpus", "tokenizer"]
+
+
+# What the host passes a provider and what it gets back. Parameters are positional-only (the host
+# passes them by position), so a provider may name its own as it likes.
+
+
+class ModelLoader(Protocol):
+    """``load`` of a ``model`` provider: the backbone ``name``, for ``vocab``, with the user's
+    model options ``config``, every weight drawn from ``generator``."""
+
+    def __call__(
+        self, name: str, vocab: Vocabulary, config: dict[str, Any], generator: torch.Generator, /
+    ) -> Backbone: ...
+
+
+class CorpusLoader(Protocol):
+    """``load`` of a ``corpus`` provider: the corpus ``name``, caching what it builds in ``cache_dir``."""
+
+    def __call__(self, name: str, cache_dir: Path, /) -> Corpus: ...
+
+
+class TokenizerLoader(Protocol):
+    """``load`` of a ``tokenizer`` provider: the tokenizer for the model ``model`` (e.g. the
+    checkpoint's own, or one trained on ``corpus``), caching what it builds in ``cache_dir``."""
+
+    def __call__(self, model: str, corpus: Corpus, cache_dir: Path, /) -> Tokenizer: ...
+
+
+class Accepts(Protocol):
+    """``accepts`` of a provider for a family of names: whether its ``load`` handles ``name``."""
+
+    def __call__(self, name: str, /) -> bool: ...
+
+
+class HeadBuilder(Protocol):
+    """``build`` of a head kind: the head module for ``spec`` on ``backbone``."""
+
+    def __call__(self, spec: HeadSpec, backbone: Backbone, /) -> nn.Module: ...
 
 
 @dataclass(frozen=True)
@@ -22,7 +69,8 @@ class Provider:
         name: The name users give (``--model default``), or a label for a family of names that
             ``accepts`` recognises (``DIR``, ``PATH``, ``hf:NAME``).
         description: One line for ``objreg list``.
-        load: Builds the thing. Its arguments by kind:
+        load: Builds the thing. Its arguments by kind (:class:`ModelLoader`,
+            :class:`CorpusLoader`, :class:`TokenizerLoader`):
             ``model``: ``(name, vocab, config, generator) -> Backbone`` (weights drawn from
             ``generator`` only; ``config`` the user's model options);
             ``corpus``: ``(name, cache_dir) -> Corpus``;
@@ -37,8 +85,8 @@ class Provider:
     kind: ProviderKind
     name: str
     description: str
-    load: Callable[..., Any]
-    accepts: Callable[[str], bool] | None = None
+    load: ModelLoader | CorpusLoader | TokenizerLoader
+    accepts: Accepts | None = None
     fallback: bool = False
 
     def handles(self, name: str) -> bool:
@@ -54,7 +102,7 @@ class HeadKind:
     Attributes:
         name: The kind, e.g. ``lm`` or ``generator``.
         description: One line: the head's input and output shapes.
-        build: ``build(spec, backbone) -> nn.Module``: a head for ``spec`` (a
+        build: ``build(spec, backbone) -> nn.Module`` (:class:`HeadBuilder`): a head for ``spec`` (a
             :class:`objreg.HeadSpec` of this kind) on ``backbone`` (a :class:`objreg.Backbone`:
             ``hidden_size``, ``vocab_size``, ``num_layers``, ``layer_norm_eps``, its embeddings).
             The host builds it on the meta device, materialises it, calls its ``tie(backbone)``
@@ -66,5 +114,5 @@ class HeadKind:
 
     name: str
     description: str
-    build: Callable[..., Any]
+    build: HeadBuilder
     needs_outputs: bool = False

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -22,10 +22,11 @@ from objreg.core.errors import InvalidParameterError, PluginError, UnknownNameEr
 from objreg.core.guard import attributed
 from objreg.core.handles import Objective, Task
 from objreg.core.heads import build_heads
-from objreg.core.hookspecs import DOWNSTREAM_HOOKS, PER_OBJECTIVE_HOOKS, PRETRAIN_HOOKS
+from objreg.core.hookspecs import CUSTOM_ATTENTION_HOOK, DOWNSTREAM_HOOKS, PER_OBJECTIVE_HOOKS, PRETRAIN_HOOKS
 from objreg.core.manager import ObjregPluginManager, get_plugin_manager
 from objreg.core.model import ObjregModel
-from objreg.core.providers import HeadKind, Provider
+from objreg.core.providers import CorpusLoader, HeadKind, ModelLoader, Provider, TokenizerLoader
+from objreg.core.tokenizer import Tokenizer
 from objreg.core.types import Corpus, HeadSpec, ObjectiveInfo, Vocabulary
 
 #: The registration hooks and the kind of thing each registers.
@@ -47,7 +48,7 @@ class Registry:
         self._objective_plugins: dict[str, object] = {}
         self._collect_infos(problems)
         self._check_stray_hooks(problems)
-        self._registered: dict[str, list[tuple[Any, str]]] = {kind: [] for kind in _REGISTRATIONS.values()}
+        self._registered: dict[str, list[tuple[Provider | HeadKind, str]]] = {kind: [] for kind in _REGISTRATIONS.values()}
         self._collect_registrations(problems)
         if problems:
             raise PluginError(problems)
@@ -87,6 +88,12 @@ class Registry:
             for hook in required:
                 if hook not in implemented:
                     problems.append(f"{where}: {info.kind} objective {name!r} does not implement required hook {hook}")
+            if info.pattern == "custom" and CUSTOM_ATTENTION_HOOK not in implemented:
+                problems.append(
+                    f"{where}: {info.kind} objective {name!r} does not implement required hook {CUSTOM_ATTENTION_HOOK} "
+                    f"(it declares custom attention {info.attention!r}; the host builds only bidirectional, causal "
+                    f"and prefix masks)"
+                )
             self._infos[name] = info
             self._objective_plugins[name] = impl.plugin
 
@@ -116,7 +123,7 @@ class Registry:
                     problems.append(f"{origin}: {hook} raised {type(e).__name__}: {e}")
 
     def _register(self, kind: str, hook: str, origin: str, names: dict[str, str], problems: list[str],
-                  item: Any) -> None:
+                  item: Provider | HeadKind) -> None:
         """What ``register(item)`` does inside a plugin's registration hook."""
         expected = HeadKind if kind == "head" else Provider
         if not isinstance(item, expected) or (kind != "head" and item.kind != kind):
@@ -217,11 +224,13 @@ class Registry:
 
     def load_corpus(self, name: str, cache_dir: Path) -> Corpus:
         provider = self.provider("corpus", name)
-        return attributed(self.pm, f"the corpus provider {provider.name!r}", provider.load, name, cache_dir)
+        load = cast(CorpusLoader, provider.load)
+        return attributed(self.pm, f"the corpus provider {provider.name!r}", load, name, cache_dir)
 
-    def load_tokenizer(self, model: str, corpus: Corpus, cache_dir: Path) -> Any:
+    def load_tokenizer(self, model: str, corpus: Corpus, cache_dir: Path) -> Tokenizer:
         provider = self.provider("tokenizer", model)
-        return attributed(self.pm, f"the tokenizer provider {provider.name!r}", provider.load, model, corpus, cache_dir)
+        load = cast(TokenizerLoader, provider.load)
+        return attributed(self.pm, f"the tokenizer provider {provider.name!r}", load, model, corpus, cache_dir)
 
     def load_model(
         self,
@@ -240,7 +249,8 @@ class Registry:
                     f"head {spec.name!r} has unknown kind {spec.kind!r}; registered kinds: {', '.join(sorted(kinds))}"
                 )
         provider = self.provider("model", model)
-        backbone: nn.Module = attributed(self.pm, f"the model provider {provider.name!r}", provider.load, model, vocab,
+        load = cast(ModelLoader, provider.load)
+        backbone: nn.Module = attributed(self.pm, f"the model provider {provider.name!r}", load, model, vocab,
                                          dict(config or {}), generator)
         return ObjregModel(backbone, attributed(self.pm, "the build of a head kind", build_heads, heads, backbone,
                                                 kinds, generator))

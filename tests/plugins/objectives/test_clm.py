@@ -51,13 +51,13 @@ def test_end_of_text_equal_to_pad_stays_in_the_loss():
     assert cb.labels.tolist() == [[11, 12, 2, IGNORE_INDEX, IGNORE_INDEX, IGNORE_INDEX]]
 
 
-def test_packed_documents_do_not_predict_or_see_each_other():
+def test_packed_documents_do_not_predict_or_see_each_other(objective):
     batch = hand_batch([[10, 11, 12, 13, 14, 0]], [[False] * 5 + [True]], [[0, 0, 0, 1, 1, -1]])
     cb = clm.objreg_corrupt(batch=batch)
     # Token 12 ends document 0: it does not predict 13, the first token of document 1.
     assert cb.labels.tolist() == [[11, 12, IGNORE_INDEX, 14, IGNORE_INDEX, IGNORE_INDEX]]
     assert cb.position_ids[0, :5].tolist() == [0, 1, 2, 0, 1]
-    described = clm.objreg_attention_mask(batch=cb)
+    described = objective.attention(cb)  # the host's, from the declared causal pattern
     assert isinstance(described, objreg.AttentionMask) and described.pattern == "causal"
     mask = described.dense()
     docs = [0, 0, 0, 1, 1, -1]

@@ -12,7 +12,6 @@ from torch import nn
 
 import objreg
 from objreg import IGNORE_INDEX
-from objreg.plugins.objectives import mlm
 from objreg.testing import check_objective_contract
 
 H = 8
@@ -177,10 +176,10 @@ def test_parameter_validation(registry):
             registry.get("mlm", vocab=VOCAB, mask_prob=bad)
 
 
-def test_mask_is_bidirectional_within_documents():
+def test_mask_is_bidirectional_within_documents(registry):
     docs = torch.tensor([[0, 0, 0, 1, 1, -1]])
     cb = objreg.CorruptedBatch(docs.clamp(min=0), docs, docs < 0, docs, docs, {})
-    described = mlm.objreg_attention_mask(batch=cb)
+    described = registry.get("mlm", vocab=VOCAB).attention(cb)  # the host's, from the declaration
     assert isinstance(described, objreg.AttentionMask) and described.pattern == "bidirectional"
     mask = described.dense()[0]
     d = docs[0].tolist()

@@ -123,11 +123,6 @@ def objreg_corrupt(
 
 
 @objreg.hookimpl
-def objreg_attention_mask(batch: objreg.CorruptedBatch) -> objreg.AttentionMask:
-    return seq2seq.attention(batch)  # bidirectional over the source, causal over the target
-
-
-@objreg.hookimpl
 def objreg_loss(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> torch.Tensor:
     return seq2seq.seq2seq_loss(outputs, batch)  # (B,)
 

@@ -63,11 +63,6 @@ def objreg_corrupt(batch: objreg.TokenBatch) -> objreg.CorruptedBatch:
 
 
 @objreg.hookimpl
-def objreg_attention_mask(batch: objreg.CorruptedBatch) -> objreg.AttentionMask:
-    return objreg.AttentionMask.causal(batch.is_padding, batch.document_ids)  # causal within each document
-
-
-@objreg.hookimpl
 def objreg_loss(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> torch.Tensor:
     logits = outputs.model.heads["lm"](outputs.hidden)  # (B, T, V)
     nll, labelled = losses.token_nll(logits, batch.labels)  # (B, T), (B, T)

@@ -86,11 +86,6 @@ def objreg_corrupt(
 
 
 @objreg.hookimpl
-def objreg_attention_mask(batch: objreg.CorruptedBatch) -> objreg.AttentionMask:
-    return objreg.AttentionMask.bidirectional(batch.is_padding, batch.document_ids)
-
-
-@objreg.hookimpl
 def objreg_loss(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> torch.Tensor:
     logits = outputs.model.heads["next_sentence"](outputs.hidden)  # (B, 2), from the first token
     return losses.class_nll(logits, batch.extras["next_sentence_label"])  # (B,)

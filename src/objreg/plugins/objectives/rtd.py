@@ -151,11 +151,6 @@ def objreg_corrupt(
 
 
 @objreg.hookimpl
-def objreg_attention_mask(batch: objreg.CorruptedBatch) -> objreg.AttentionMask:
-    return objreg.AttentionMask.bidirectional(batch.is_padding, batch.document_ids)
-
-
-@objreg.hookimpl
 def objreg_loss(
     outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch, params: Mapping[str, Any], mask: torch.Tensor,
     vocab: objreg.Vocabulary,

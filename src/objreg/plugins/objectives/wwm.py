@@ -78,11 +78,6 @@ def objreg_prepare_batch(
 
 
 @objreg.hookimpl
-def objreg_attention_mask(batch: objreg.CorruptedBatch) -> objreg.AttentionMask:
-    return masked_lm.attention(batch)  # bidirectional within each document
-
-
-@objreg.hookimpl
 def objreg_loss(
     outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch, params: Mapping[str, Any], mask: torch.Tensor
 ) -> torch.Tensor:
