@@ -80,6 +80,18 @@ class Spectrum(TypedDict):
     matvecs: int
 
 
+class DownstreamFit(TypedDict):
+    """One solve of a re-fitted downstream head (``downstream_fit.before`` / ``.after``)."""
+
+    fit_loss: float  # the fit set's mean loss at h*(θ), without the penalty
+    gradient_norm: float  # ‖∇_h F‖ where the solve stopped
+
+
+class FitBeforeAfter(TypedDict):
+    before: DownstreamFit
+    after: DownstreamFit
+
+
 class StepRecord(TypedDict):
     """One probe step, in the order its keys are written."""
 
@@ -94,6 +106,7 @@ class StepRecord(TypedDict):
     spectrum: NotRequired[Spectrum]
     predicted_delta: Prediction
     downstream_loss_after: float
+    downstream_fit: NotRequired[FitBeforeAfter]  # with a re-fitted head (downstream_head="refit")
     actual_delta: float
     taylor: Taylor
     update: Update

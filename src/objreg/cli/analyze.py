@@ -92,8 +92,11 @@ def _parse_params(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
               help=f"Probe alignment every N steps, and always the first and the last {default('probe_every')}.")
 @click.option("--eval-size", type=int, default=None,
               help=f"Downstream examples whose loss is D {default('eval_size')}.")
+@click.option("--downstream-head", default=None, metavar="HOW",
+              help=choices("downstream_head", "What D's downstream head is"))
 @click.option("--head-warmup-steps", type=int, default=None,
-              help=f"Linear-probe steps fitting the downstream head first, 0 for none {default('head_warmup_steps')}.")
+              help=f"With --downstream-head frozen: linear-probe steps fitting the head first, 0 for none "
+                   f"{default('head_warmup_steps')}.")
 @click.option("--head-fit-size", type=int, default=None,
               help=f"Examples that fit the downstream head, apart from the evaluation set {default('head_fit_size')}.")
 @click.option("--per-sample-method", default=None, metavar="METHOD",

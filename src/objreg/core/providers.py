@@ -110,9 +110,14 @@ class HeadKind:
             initialises every Parameter the head does not share with the backbone from the run's
             generator.
         needs_outputs: The spec must give ``num_outputs >= 1`` (classifiers, projections).
+        linear: Names (inside the head module) of the parameters the head's output is affine in,
+            the others held fixed: what a re-fitted downstream head solves for (its fit is then
+            convex for a convex loss). ``None``: the head cannot be re-fitted (``objreg analyze
+            --downstream-head refit`` refuses it as a downstream head).
     """
 
     name: str
     description: str
     build: HeadBuilder
     needs_outputs: bool = False
+    linear: tuple[str, ...] | None = None

@@ -22,17 +22,21 @@ def objreg_register_heads(register: Callable[[objreg.HeadKind], None]) -> None:
     register(objreg.HeadKind(
         "classifier", "tanh pooler on the first token, then a linear layer: [B, T, H] -> [B, num_outputs]",
         lambda spec, backbone: ClassifierHead(backbone.hidden_size, spec.num_outputs), needs_outputs=True,
+        linear=("classifier.weight", "classifier.bias"),  # the pooler stays as drawn
     ))
     register(objreg.HeadKind(
         "span", "start and end logits per token (extractive QA): [B, T, H] -> [B, T, 2]", _span,
+        linear=("weight", "bias"),
     ))
     register(objreg.HeadKind(
         "token_classifier", "a linear layer per token: [..., H] -> [..., num_outputs]",
         lambda spec, backbone: nn.Linear(backbone.hidden_size, spec.num_outputs), needs_outputs=True,
+        linear=("weight", "bias"),
     ))
     register(objreg.HeadKind(
         "projection", "a linear map of the first token (pooled embedding): [B, T, H] -> [B, num_outputs]",
         lambda spec, backbone: FirstTokenProjection(backbone.hidden_size, spec.num_outputs), needs_outputs=True,
+        linear=("proj.weight", "proj.bias"),
     ))
 
 

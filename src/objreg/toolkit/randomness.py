@@ -21,6 +21,7 @@ name                                  number  what it feeds
 ``misspellings``                      6       character noise of the noise-robustness experiment
 ``random_tokens``                     6       tokens drawn at random to compare gradients with
 ``paired_rows``                       11      the rows every condition of the span-length experiment shares
+``downstream_head``                   12      the downstream task's head under ``--downstream-head refit``
 ====================================  ======  ==============================================================
 
 Names sharing a number are never drawn together in one run: each reads right where it is used,
@@ -47,6 +48,7 @@ STREAMS: dict[str, int] = {
     "misspellings": 6,
     "random_tokens": 6,
     "paired_rows": 11,
+    "downstream_head": 12,
 }
 
 

@@ -40,6 +40,7 @@ from objreg.analysis.math.curvature import Curvature
 from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import CallableLoss, ObjectiveFunction, Params, named_shared
 from objreg.analysis.parallel.group import Group
+from objreg.analysis.records import DownstreamFit
 from objreg.core.errors import InvalidParameterError
 from objreg.core.handles import Task
 from objreg.core.types import ModelOutputs
@@ -104,24 +105,23 @@ class HeadProblem:
 
     def __init__(self, model: nn.Module, task: Task | CallableLoss, chunks: Sequence[Any], head: Sequence[str]):
         self.head = tuple(head)
-        fixed = {n: t.detach() for n, t in [*model.named_parameters(), *model.named_buffers()] if n not in self.head}
         self.calls: list[Callable[[Params], torch.Tensor]] = []
         with torch.no_grad():
             for chunk in chunks:
                 if isinstance(task, Task):
                     mask = task.attention_mask(chunk)
                     hidden = model.encode(chunk.input_ids, mask, chunk.position_ids).detach()
-                    module = _HeadLoss(model, task)
+                    module: nn.Module = _HeadLoss(model, task)
                     args: tuple[Any, ...] = (hidden, chunk, mask)
                 else:
                     module, args = _Whole(model, task), (chunk,)
-                prefix = {f"model.{n}": t for n, t in fixed.items()}
-                self.calls.append(self._call(module, prefix, args))
+                self.calls.append(self._call(module, args))
 
     @staticmethod
-    def _call(module: nn.Module, fixed: Params, args: tuple[Any, ...]) -> Callable[[Params], torch.Tensor]:
+    def _call(module: nn.Module, args: tuple[Any, ...]) -> Callable[[Params], torch.Tensor]:
+        # Only the head is swapped: every other parameter stays the model's own, held fixed.
         def losses(head: Params) -> torch.Tensor:
-            return functional_call(module, {**fixed, **{f"model.{n}": t for n, t in head.items()}}, args)
+            return functional_call(module, {f"model.{n}": t for n, t in head.items()}, args)
 
         return losses
 
@@ -220,44 +220,90 @@ class Directional:
         return jvp(self.function, (params,), (tangent,))[1]
 
 
+class _Encode(nn.Module):
+    """The backbone's pass alone (an objreg model's ``encode``), for ``functional_call`` over θ."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.encode(input_ids, mask, position_ids)
+
+
+class FeatureChunk:
+    """One fit chunk of an objreg task, split at the head: ``φ(θ)`` (the backbone's hidden states)
+    and ``f(φ, h)`` (the chunk's share of ``D_F``: its summed loss over ``rows``, the fit set's
+    examples), so every derivative in the head and the
+    features is taken on the head alone and the backbone is passed through only to move
+    directions between ``θ`` and ``φ`` (:meth:`RefitCurvature._feature_products`)."""
+
+    def __init__(self, model: nn.Module, task: Task, chunk: Any, rows: int):
+        mask = task.attention_mask(chunk)
+        self.rows = rows
+        self._encode, self._loss = _Encode(model), _HeadLoss(model, task)
+        self._args, self._chunk, self._mask = (chunk.input_ids, mask, chunk.position_ids), chunk, mask
+
+    def features(self, shared: Params) -> torch.Tensor:
+        return functional_call(self._encode, {f"model.{n}": t for n, t in shared.items()}, self._args)
+
+    def moved(self, shared: Params, directions: list[Params]) -> list[torch.Tensor]:
+        """``φ' w`` for each direction (forward mode, the directions batched)."""
+        stacked = {n: torch.stack([d[n] for d in directions]) for n in shared}
+        tangents = torch.func.vmap(lambda d: jvp(self.features, (shared,), (d,))[1])(stacked)
+        return list(tangents.unbind(0))
+
+    def pull(self, shared: Params, cotangents: list[torch.Tensor]) -> dict[int, Params]:
+        """``φ'ᵀ c`` for each cotangent (one backbone pass, the cotangents batched), by position."""
+        _, pull = torch.func.vjp(self.features, shared)
+        pulled = torch.func.vmap(pull)(torch.stack(cotangents))[0]
+        return {k: {n: t[k] for n, t in pulled.items()} for k in range(len(cotangents))}
+
+    def loss(self, features: torch.Tensor, head: Params) -> torch.Tensor:
+        return functional_call(self._loss, {f"model.{n}": t for n, t in head.items()},
+                               (features, self._chunk, self._mask)).sum() / self.rows
+
+
 class RefitCurvature:
     """``∇D*`` and ``∇²D* w`` at a point, for the probe (module docstring).
 
     Args:
-        fit, evaluation: The fit and evaluation sets' local chunks as joint functions of the
-            backbone's shared parameters and the head's (ObjectiveFunction over both).
+        fit: The fit set's local chunks: :class:`FeatureChunk` s (an objreg task), or joint
+            functions of the backbone's shared parameters and the head's (a plain loss function).
+        evaluation: The evaluation set's local chunks as joint functions (ObjectiveFunction over both).
         shared: The backbone's shared parameters at the point (the run's dtype).
         head: ``h*`` at the point, in the run's dtype.
         hessian: ``A = ∂²_hh F`` at ``h*`` (float64, flattened head).
         sizes: The fit and evaluation sets' examples (every process's).
-        method: The Hessian-vector product method (:class:`Curvature`'s).
+        method: The Hessian-vector product method of the evaluation set and of the joint path.
     """
 
-    def __init__(self, fit: list[ObjectiveFunction], evaluation: list[ObjectiveFunction], shared: Params,
-                 head: Params, hessian: torch.Tensor, sizes: tuple[int, int], method: str = "auto",
-                 group: Group | None = None):
+    def __init__(self, fit: list[Any], evaluation: list[ObjectiveFunction], shared: Params, head: Params,
+                 hessian: torch.Tensor, sizes: tuple[int, int], method: str = "auto", group: Group | None = None,
+                 max_directions: int = 4):
         self.fit, self.evaluation = fit, evaluation
         self.shared, self.head, self.hessian = shared, head, hessian
         self.fit_rows, self.eval_rows = sizes
         self.method = method
         self.group = group if group is not None else Group()
         self.point = {**shared, **head}
+        self.max_directions = max_directions
         self.matvecs = 0
 
-    def _curvature(self, functions: list[Any], rows: int) -> Curvature:
-        curvature = Curvature(functions, self.point, self.method, total=rows, group=self.group)
-        return curvature
-
     def _run(self, functions: list[Any], rows: int, directions: list[Params]) -> tuple[Params, list[Params]]:
-        curvature = self._curvature(functions, rows)
+        curvature = Curvature(functions, self.point, self.method, total=rows, group=self.group)
         result = curvature.gradient_and_products(directions)
         self.method = curvature.method
         return result
 
+    def _zeros(self, like: Params) -> Params:
+        return {n: torch.zeros_like(t) for n, t in like.items()}
+
     def _lift(self, theta: Params, head: Params | None = None) -> Params:
-        return {**theta, **(head if head is not None else {n: torch.zeros_like(t) for n, t in self.head.items()})}
+        return {**theta, **(head if head is not None else self._zeros(self.head))}
 
     def _solve(self, columns: list[Params]) -> list[Params]:
+        """``A⁻¹`` of each head-sized column (summed over the processes beforehand)."""
         if not columns:
             return []
         stacked = torch.stack([_flat(c, list(self.head)) for c in columns], dim=1)
@@ -267,15 +313,30 @@ class RefitCurvature:
 
     def gradient_and_products(self, directions: list[Params]) -> tuple[Params, list[Params]]:
         """``∇D*`` and ``[∇²D* w for w in directions]`` (on the backbone's shared parameters)."""
+        if self.fit and isinstance(self.fit[0], FeatureChunk):
+            result = self._feature_products(directions)
+        else:
+            result = self._joint_products(directions)
+        self.matvecs += len(directions)
+        return result
+
+    def matvec(self, direction: Params) -> Params:
+        """``∇²D* w`` for one direction."""
+        return self.gradient_and_products([direction])[1][0]
+
+    # -- a plain loss function: every derivative of F through the whole model ---------------------
+
+    def _joint_products(self, directions: list[Params]) -> tuple[Params, list[Params]]:
         thetas, heads = list(self.shared), list(self.head)
         # J w = −A⁻¹ ∂²_hθ F w for every direction.
-        _, mixed = self._run(self.fit, self.fit_rows, [self._lift(w) for w in directions])
+        _, mixed = self._run(self.fit, self.fit_rows, [self._lift(w) for w in directions]) if directions else (
+            None, [])
         lifts = self._solve([{n: -m[n] for n in heads} for m in mixed])
         lifted = [self._lift(w, j) for w, j in zip(directions, lifts)]
         # ∂D_E and ∂²D_E along the lifted directions; v = A⁻¹ ∂_h D_E.
         gradient_e, products_e = self._run(self.evaluation, self.eval_rows, lifted)
         (v,) = self._solve([{n: gradient_e[n] for n in heads}])
-        tangent = self._lift({n: torch.zeros_like(t) for n, t in self.shared.items()}, v)
+        tangent = self._lift(self._zeros(self.shared), v)
         # G = ⟨∂_h F, v⟩: its gradient's θ-part is ∂²_θh F v, its products the third derivative.
         directional = [Directional(f, tangent) for f in self.fit]
         gradient_g, products_g = self._run(directional, self.fit_rows, lifted)
@@ -283,15 +344,95 @@ class RefitCurvature:
         # ∇²D* w = [∇²Φ w̃]_θ + Jᵀ[∇²Φ w̃]_h, Jᵀ y = −∂²_θh F A⁻¹ y.
         phi = [{n: pe[n] - pg[n] for n in self.point} for pe, pg in zip(products_e, products_g)]
         back = self._solve([{n: p[n] for n in heads} for p in phi])
-        _, transposed = self._run(self.fit, self.fit_rows, [self._lift({n: torch.zeros_like(t) for n, t in
-                                                                        self.shared.items()}, b) for b in back])
-        products = [{n: p[n] - t[n] for n in thetas} for p, t in zip(phi, transposed)]
-        self.matvecs += len(directions)
-        return gradient, products
+        _, transposed = self._run(self.fit, self.fit_rows, [self._lift(self._zeros(self.shared), b) for b in back]) \
+            if back else (None, [])
+        return gradient, [{n: p[n] - t[n] for n in thetas} for p, t in zip(phi, transposed)]
 
-    def matvec(self, direction: Params) -> Params:
-        """``∇²D* w`` for one direction."""
-        return self.gradient_and_products([direction])[1][0]
+    # -- an objreg task: derivatives of F on the head, the backbone only moves directions -----------
+
+    def _feature_products(self, directions: list[Params]) -> tuple[Params, list[Params]]:
+        """The same quantities as :meth:`_joint_products`, with ``F = f(φ(θ), h)`` split at the
+        head: the backbone is passed through over the fit set to take the curvature of
+        ``⟨c, φ(θ)⟩`` (:class:`Curvature`), to move the directions into feature space (``φ' w``,
+        forward mode) and to pull cotangents back (``φ'ᵀ c``); everything else is taken on the
+        head and the features (:class:`_HeadSide`)."""
+        thetas, heads = list(self.shared), list(self.head)
+        gradient_e, _ = self._run(self.evaluation, self.eval_rows, [])
+        (v,) = self._solve([{n: gradient_e[n] for n in heads}])
+        with torch.no_grad():
+            sides = [_HeadSide(chunk, chunk.features(self.shared), self.head, v) for chunk in self.fit]
+        # ∂²_θh F v = φ'ᵀ c with c = ∂_φ g, and the curvature of ⟨c, φ(θ)⟩: the backbone's part of G's.
+        backbone = Curvature([_Pulled(side.chunk, side.cotangent()) for side in sides], self.shared, self.method,
+                             total=1, group=self.group)
+        pulled_c, curved = backbone.gradient_and_products(directions)
+        self.method = backbone.method
+        gradient = {n: gradient_e[n] - pulled_c[n] for n in thetas}
+        if not directions:
+            return gradient, []
+        moved = [side.chunk.moved(self.shared, directions) for side in sides]  # φ' w, chunk by chunk
+        sums = [self.group.all_reduce_sum(_sum_params([side.mixed(m[k]) for side, m in zip(sides, moved)], self.head))
+                for k in range(len(directions))]
+        lifts = self._solve([{n: -m[n] for n in heads} for m in sums])  # J w = −A⁻¹ ∂²_hθ F w
+        _, products_e = self._run(self.evaluation, self.eval_rows, [self._lift(w, j) for w, j in zip(directions, lifts)])
+        thirds = [[side.third(m[k], jw) for k, jw in enumerate(lifts)] for side, m in zip(sides, moved)]
+        head_g = [self.group.all_reduce_sum(_sum_params([t[k][1] for t in thirds], self.head))
+                  for k in range(len(directions))]
+        back = self._solve([{n: pe[n] - hg[n] for n in heads} for pe, hg in zip(products_e, head_g)])  # A⁻¹[∇²Φw̃]_h
+        pulled = _sum_params([side.chunk.pull(self.shared, [t[k][0] + side.back(z) for k, z in enumerate(back)])
+                              for side, t in zip(sides, thirds)], {k: None for k in range(len(directions))})
+        pulled = self.group.all_reduce_sum(pulled)
+        return gradient, [{n: pe[n] - c[n] - pulled[k][n] for n in thetas}
+                          for k, (pe, c) in enumerate(zip(products_e, curved))]
+
+
+class _Pulled:
+    """``θ ↦ ⟨c, φ(θ)⟩`` for one fit chunk and a fixed cotangent ``c``, as a one-example loss for
+    :class:`Curvature` (its gradient is ``φ'ᵀ c``)."""
+
+    batch_size = 1
+
+    def __init__(self, chunk: FeatureChunk, cotangent: torch.Tensor):
+        self.chunk, self.cotangent = chunk, cotangent
+
+    def __call__(self, shared: Params) -> torch.Tensor:
+        return (self.cotangent * self.chunk.features(shared)).sum().reshape(1)
+
+
+class _HeadSide:
+    """One fit chunk's derivatives on the head and the features, at ``(φ, h*)`` (all cheap: no
+    backbone pass). ``g(φ, h) = ⟨∂_h f(φ, h), v⟩``."""
+
+    def __init__(self, chunk: FeatureChunk, features: torch.Tensor, head: Params, v: Params):
+        self.chunk, self.phi, self.head, self.v = chunk, features, head, v
+
+    def _g(self, phi: torch.Tensor, head: Params) -> torch.Tensor:
+        return jvp(lambda h: self.chunk.loss(phi, h), (head,), (self.v,))[1]
+
+    def cotangent(self) -> torch.Tensor:
+        """``∂_φ g``: pulled back through the backbone it is ``∂²_θh F v``."""
+        return torch.func.grad(self._g, argnums=0)(self.phi, self.head)
+
+    def mixed(self, moved: torch.Tensor) -> Params:
+        """``∂²_hθ F w = d/ds ∂_h f(φ + s φ'w, h)`` (``moved``: ``φ' w``)."""
+        return jvp(lambda phi: torch.func.grad(lambda h: self.chunk.loss(phi, h))(self.head), (self.phi,), (moved,))[1]
+
+    def third(self, moved: torch.Tensor, jw: Params) -> tuple[torch.Tensor, Params]:
+        """``d/ds ∇_(φ,h) g`` along ``(φ'w, J w)``: a cotangent for the backbone and the head part
+        of ``G``'s curvature along the lifted direction (the third derivative of ``f``)."""
+        return jvp(torch.func.grad(self._g, argnums=(0, 1)), (self.phi, self.head), (moved, jw))[1]
+
+    def back(self, z: Params) -> torch.Tensor:
+        """``∂²_φh f z``: pulled back through the backbone it is ``∂²_θh F z`` (for ``Jᵀ``)."""
+        return jvp(lambda h: torch.func.grad(self.chunk.loss, argnums=0)(self.phi, h), (self.head,), (z,))[1]
+
+
+def _sum_params(parts: list[Any], like: dict[Any, Any]) -> Any:
+    """The sum of ``parts``, each a dict with ``like``'s keys (tensors, or dicts of tensors)."""
+    total = parts[0] if parts else {n: torch.zeros_like(t) for n, t in like.items()}
+    for part in parts[1:]:
+        total = {n: (_sum_params([total[n], part[n]], {}) if isinstance(part[n], dict) else total[n] + part[n])
+                 for n in total}
+    return total
 
 
 @dataclass
@@ -305,13 +446,15 @@ class RefitDownstream(Downstream):
         head: Names of the model's parameters the fit solves for (the head's linear part).
         l2: ``λ`` (default :func:`default_l2` of the fit set's size).
 
-    Every solve starts from the zero head, so ``D*`` is a function of the backbone alone: the
-    same backbone gives the same ``D*`` to the last bit, whatever the run did before.
+    The first solve starts from the zero head, so every run with the same backbone starts from
+    the same ``D*``; each later solve starts from the last solution (:meth:`state_dict` keeps it, so
+    a resumed run solves from where the uninterrupted one did).
     """
 
     fit_set: Downstream | None = None
     head: tuple[str, ...] = ()
     l2: float | None = None
+    start: Params | None = field(init=False, default=None, repr=False)
     last_fit: HeadFit | None = field(init=False, default=None, repr=False)
     last_fit_error: float = field(init=False, default=0.0, repr=False)
     _fitted_at: Params | None = field(init=False, default=None, repr=False)
@@ -333,28 +476,35 @@ class RefitDownstream(Downstream):
         if missing:
             raise InvalidParameterError(f"the downstream head names parameters the model does not have: "
                                         f"{', '.join(map(repr, missing))}")
+        if self.start is not None:
+            return {n: self.start[n].to(params[n].dtype) for n in self.head}
         return {n: torch.zeros_like(params[n]) for n in self.head}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the next solve starts (the last solution), for a checkpoint."""
+        return {"start": None if self.start is None else {n: t.clone() for n, t in self.start.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        start = state["start"]
+        if start is not None and set(start) != set(self.head):
+            raise InvalidParameterError(f"the state's downstream head has parameters {sorted(start)}, this one "
+                                        f"{sorted(self.head)}")
+        self.start = None if start is None else {n: t.clone() for n, t in start.items()}
 
     @torch.no_grad()
     def loss(self, model: nn.Module) -> float:
         """``D*`` at the model's current backbone: the head re-fitted there (float64 Newton), then
         the evaluation set's loss at it, in :attr:`evaluation_dtype`."""
         evaluated = self.evaluation_model(model)
-        with torch.enable_grad():
-            fit = fit_head(HeadProblem(evaluated, self.task, self.fit_set.local_chunks, self.head),
-                           self._head_start(evaluated), self.fit_set.size, self.l2, self.group)
-            evaluation = HeadProblem(evaluated, self.task, self.local_chunks, self.head)
-            tracked = {n: t.clone().requires_grad_(True) for n, t in fit.head.items()}
-            sums = [call(tracked).sum() for call in evaluation.calls]
-            total = sum(sums) if sums else torch.zeros(())
-            slope = torch.autograd.grad(total, list(tracked.values()), allow_unused=True) if sums else ()
-        like = next(iter(fit.head.values()))
-        value = self.mean([s.detach() for s in sums], like=like)
+        fit = fit_head(HeadProblem(evaluated, self.task, self.fit_set.local_chunks, self.head),
+                       self._head_start(evaluated), self.fit_set.size, self.l2, self.group)
+        evaluation = HeadProblem(evaluated, self.task, self.local_chunks, self.head)
+        sums = [call(fit.head).sum() for call in evaluation.calls]
+        value = self.mean(sums, like=next(iter(fit.head.values())))
         # D*'s error from stopping the solve short: ∂_h D_E · A⁻¹ ∇_h F (to first order).
-        slope = [torch.zeros_like(t) if g is None else g for t, g in zip(tracked.values(), slope)] or \
-            [torch.zeros_like(t) for t in tracked.values()]
-        slope = self.group.all_reduce_sum(torch.cat([g.reshape(-1) for g in slope]).double())
-        self.last_fit, self.last_fit_error = fit, abs(float(slope @ fit.remaining)) / self.size
+        slope = self.group.all_reduce_sum(_flat(torch.func.grad(evaluation.total)(fit.head), list(self.head)))
+        self.last_fit, self.last_fit_error = fit, abs(float(slope.double() @ fit.remaining)) / self.size
+        self.start = fit.head
         self._fitted_at = {n: t.detach().clone() for n, t in named_shared(model, self.shared).items()}
         return value
 
@@ -365,14 +515,14 @@ class RefitDownstream(Downstream):
                                                                        for n in shared):
             self.loss(model)
         joint = [*shared, *self.head]
-        fit = [ObjectiveFunction(model, self.task, c, shared=joint) for c in self.fit_set.local_chunks]
+        fit = [FeatureChunk(model, self.task, c, self.fit_set.size) if isinstance(self.task, Task) else
+               ObjectiveFunction(model, self.task, c, shared=joint) for c in self.fit_set.local_chunks]
         evaluation = [ObjectiveFunction(model, self.task, c, shared=joint) for c in self.local_chunks]
         params = dict(model.named_parameters())
         head = {n: t.to(params[n].dtype) for n, t in self.last_fit.head.items()}
         return RefitCurvature(fit, evaluation, dict(shared), head, self.last_fit.hessian,
                               (self.fit_set.size, self.size), method, self.group)
 
-    def fit_summary(self) -> dict[str, float]:
-        """The last fit, for the probe record: the fit set's loss, ``‖∇_h F‖``, Newton's steps."""
-        fit = self.last_fit
-        return {"fit_loss": fit.fit_loss, "gradient_norm": fit.gradient_norm, "newton_steps": fit.steps}
+    def fit_summary(self) -> DownstreamFit:
+        """The last fit, for the probe record: the fit set's loss and ``‖∇_h F‖`` where it stopped."""
+        return {"fit_loss": self.last_fit.fit_loss, "gradient_norm": self.last_fit.gradient_norm}

@@ -17,6 +17,7 @@ from torch import nn
 
 from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import CallableLoss, ObjectiveFunction, requiring_grad
+from objreg.analysis.math.refit import RefitDownstream
 from objreg.analysis.parallel.group import Group, ProcessGroup
 from objreg.core.errors import InvalidParameterError
 from objreg.core.handles import Objective, Task
@@ -94,27 +95,71 @@ def user_group(model: nn.Module) -> Group:
 
 
 def build_downstream(model: nn.Module, downstream: Any, eval_batches: Any, group: Group,
-                eval_dtype: torch.dtype | None) -> Downstream:
+                     eval_dtype: torch.dtype | None, head: Any = None, fit_batches: Any = None) -> Downstream:
     if isinstance(downstream, Downstream):
         return downstream
     if eval_batches is None:
         raise InvalidParameterError("eval_batches is required: the fixed evaluation set that defines D")
+    names = head_names(model, head)
+    if names and fit_batches is None:
+        raise InvalidParameterError("downstream_head needs fit_batches: the examples the head is re-fitted on, apart "
+                                    "from eval_batches")
+    if not names and fit_batches is not None:
+        raise InvalidParameterError("fit_batches is for a re-fitted head: give downstream_head too")
+    options = {"group": group, "evaluation_dtype": eval_dtype}
     if isinstance(downstream, Task):
-        built = Downstream(downstream, eval_batches, group=group, evaluation_dtype=eval_dtype)
+        if names:
+            built: Downstream = RefitDownstream(downstream, eval_batches, fit_set=Downstream(downstream, fit_batches,
+                                                **options), head=names, **options)
+        else:
+            built = Downstream(downstream, eval_batches, **options)
         built.check(model)
         return built
     if not callable(downstream):
         raise InvalidParameterError(f"downstream must be a per-sample loss fn(model, batch) -> [B] or an objreg Task, "
                                     f"got {type(downstream).__name__}")
-    batches = list(eval_batches) if isinstance(eval_batches, (list, tuple)) else [eval_batches]
+    loss = CallableLoss("downstream", downstream)
+    batches = _batch_list("eval_batches", eval_batches)
+    if names:
+        return RefitDownstream.of_batches(loss, batches, head=names, **options,
+                                          fit_set=Downstream.of_batches(loss, _batch_list("fit_batches", fit_batches),
+                                                                        **options))
+    return Downstream.of_batches(loss, batches, **options)
+
+
+def _batch_list(what: str, given: Any) -> list[Any]:
+    batches = list(given) if isinstance(given, (list, tuple)) else [given]
     if not batches:
-        raise InvalidParameterError("eval_batches is empty: D needs at least one example")
-    return Downstream.of_batches(CallableLoss("downstream", downstream), batches, group=group,
-                                 evaluation_dtype=eval_dtype)
+        raise InvalidParameterError(f"{what} is empty: D needs at least one example")
+    return batches
+
+
+def head_names(model: nn.Module, head: Any) -> tuple[str, ...]:
+    """The names of the parameters a re-fitted downstream head solves for: those of the module
+    ``head`` (a submodule of ``model``) or the names given; none for a frozen head (``None``)."""
+    if head is None:
+        return ()
+    params = dict(model.named_parameters())
+    if isinstance(head, nn.Module):
+        owned = {id(p) for p in head.parameters()}
+        names = tuple(n for n, p in params.items() if id(p) in owned)
+        if not names:
+            raise InvalidParameterError("downstream_head must be a module of the model (its parameters are re-fitted); "
+                                        "this one has no parameter of the model")
+        return names
+    if isinstance(head, (str, bytes)) or not isinstance(head, Sequence) or not head:
+        raise InvalidParameterError(f"downstream_head must be the head module or a list of its parameter names, got "
+                                    f"{type(head).__name__}")
+    missing = [n for n in head if n not in params]
+    if missing:
+        raise InvalidParameterError(f"downstream_head names {len(missing)} parameters the model does not have: "
+                                    f"{', '.join(map(repr, missing[:5]))}")
+    return tuple(head)
 
 
 def shared_names(model: nn.Module, shared: Any, downstream: Downstream) -> tuple[str, ...]:
-    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    head = set(getattr(downstream, "head", ()))
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad and n not in head}
     if shared is None:
         names = reached_by(model, downstream, trainable)
     elif callable(shared):

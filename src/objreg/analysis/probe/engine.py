@@ -53,6 +53,7 @@ from objreg.analysis.math.functional import (
 from objreg.analysis.math.gradients import local_rows
 from objreg.analysis.math.optimizers import StepDecomposition, decompose
 from objreg.analysis.math.per_sample import per_sample_dots_many
+from objreg.analysis.math.refit import RefitDownstream
 from objreg.analysis.math.shapley import CoalitionMoments
 from objreg.analysis.math.spectrum import eigenvector_alignment, orient, top_eigenpairs
 from objreg.analysis.math.stats import alignment_stats, seed_for
@@ -66,9 +67,12 @@ from objreg.analysis.math.taylor import (
     weighted_sum,
 )
 from objreg.analysis.probe.attribution import ExampleScores
-from objreg.analysis.records import Spectrum, StepRecord
+from objreg.analysis.records import DownstreamFit, Spectrum, StepRecord
 from objreg.core.handles import Objective
 from objreg.core.types import CorruptedBatch, TokenBatch
+
+#: A re-fitted head's fit behind a value of ``D*``: its summary for the record, and its error on ``D*``.
+Fit = tuple[DownstreamFit, float]
 
 
 @dataclass
@@ -78,6 +82,7 @@ class Pending:
     record: StepRecord  # without the keys finish() adds
     before: Params  # the shared parameters before the step (copies: the optimizer updates in place)
     downstream_before: float
+    fit_before: Fit | None
     downstream_grad: Params
     parts: dict[str, Params]  # the step's displacement per part (objective, weight decay)
     first_by_part: dict[str, float]
@@ -122,20 +127,27 @@ class Probe:
         self.methods_used: set[str] = set()
         self.update_rule = ""
         # D at the last point it was evaluated (that point's shared parameters and the model's
-        # buffers, and the value): the D after one probed step is the D before the next.
-        self._last_downstream: tuple[Params, list[torch.Tensor], float] | None = None
+        # buffers, the value, and a re-fitted head's fit): the D after one probed step is the D
+        # before the next.
+        self._last_downstream: tuple[Params, list[torch.Tensor], float, Fit | None] | None = None
+        self.last_fit: Fit | None = None
 
     def downstream_loss(self, shared: Params) -> float:
         """``D`` at the model's current parameters (``shared``: their values now), evaluated
-        again only where they or the model's buffers changed since the last evaluation."""
+        again only where they or the model's buffers changed since the last evaluation; with a
+        re-fitted head, :attr:`last_fit` is the fit behind it (its summary and its error on ``D``)."""
         buffers = list(self.model.buffers())
         last = self._last_downstream
         if last is not None and len(last[1]) == len(buffers) and all(
             torch.equal(last[0][n], t) for n, t in shared.items()
         ) and all(torch.equal(a, b) for a, b in zip(last[1], buffers)):
+            self.last_fit = last[3]
             return last[2]
         value = self.downstream.loss(self.model)
-        self._last_downstream = ({n: t.clone() for n, t in shared.items()}, [b.clone() for b in buffers], value)
+        refit = isinstance(self.downstream, RefitDownstream)
+        self.last_fit = (self.downstream.fit_summary(), self.downstream.last_fit_error) if refit else None
+        self._last_downstream = ({n: t.clone() for n, t in shared.items()}, [b.clone() for b in buffers], value,
+                                 self.last_fit)
         return value
 
     def measure(
@@ -151,6 +163,7 @@ class Probe:
         before = {n: p.detach().clone() for n, p in shared.items()}
         names = list(self.objectives)
         downstream_before = self.downstream_loss(before)
+        fit_before = self.last_fit
         split = decompose(optimizer, shared, weights, gradients, coalitions)
         self.update_rule = self.update_rule or split.rule
         parts = split.parts
@@ -203,7 +216,7 @@ class Probe:
 
         if self.spectrum and step in (0, self.steps - 1):
             record["spectrum"] = self._spectrum(curvature, before, downstream_grad, gradients)
-        return Pending(record, before, downstream_before, downstream_grad, parts, first_by_part,
+        return Pending(record, before, downstream_before, fit_before, downstream_grad, parts, first_by_part,
                        quadratic_by_pair(part_names, quadratic), split.attribution)
 
     def finish(self, pending: Pending) -> StepRecord:
@@ -221,10 +234,15 @@ class Probe:
         floor = rounding_floor(pending.downstream_before, downstream_after, self.downstream.unit_roundoff(self.model),
                                float(flat_norm(pending.downstream_grad)), delta_norm,
                                float(torch.finfo(like.dtype).eps) / 2)
+        fit_after = self.last_fit
+        if pending.fit_before is not None and fit_after is not None:  # D* is exact only to its fits' tolerance
+            floor += pending.fit_before[1] + fit_after[1]
         norms = {c: float(flat_norm(part)) for c, part in pending.parts.items()}
         record = pending.record
         record["predicted_delta"] = {"first_order": first, "second_order": second}
         record["downstream_loss_after"] = downstream_after
+        if pending.fit_before is not None and fit_after is not None:
+            record["downstream_fit"] = {"before": pending.fit_before[0], "after": fit_after[0]}
         record["actual_delta"] = actual
         record["taylor"] = taylor_errors(first, second, actual, floor)
         record["update"] = {

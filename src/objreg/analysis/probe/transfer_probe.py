@@ -38,6 +38,7 @@ from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import ObjectiveFunction, Params, named_shared, requiring_grad
 from objreg.analysis.math.optimizers import adam_settings, advance, players, stepped
 from objreg.analysis.math.per_sample import METHODS as PER_SAMPLE_METHODS
+from objreg.analysis.math.refit import RefitDownstream
 from objreg.analysis.math.shapley import CoalitionMoments
 from objreg.analysis.probe.arguments import (
     Quiet,
@@ -109,6 +110,12 @@ class TransferProbe:
         whole_batches: Every process is given the whole batch and takes its share of the rows
             (``objreg analyze``); default: each process's own rows, as data-parallel loops do.
         decode: Token ids to text (example attribution of objreg objectives).
+        downstream_head: Re-fit the downstream head at every probed point (``D`` becomes ``D*``,
+            the evaluation loss of the head fitted to the features the backbone has now): the head
+            module, or the names of its parameters (those its output is linear in); None: ``D``
+            reads the head as it is (frozen). :mod:`objreg.analysis.math.refit`, docs/probe.md.
+        fit_batches: With ``downstream_head``: the examples the head is fitted on, apart from
+            ``eval_batches`` (one batch or a list, like ``eval_batches``).
 
     Raises:
         InvalidParameterError: an argument the probe cannot use (the message names it).
@@ -120,7 +127,8 @@ class TransferProbe:
         shared: Sequence[str] | Callable[[str, nn.Parameter], bool] | None = None, per_sample_method: str = "auto",
         hvp_method: str = "auto", eval_dtype: torch.dtype | None = torch.float64, seed: int = 0,
         steps: int | None = None, spectrum: int = 0, batch_coupled: Sequence[str] = (), whole_batches: bool = False,
-        decode: Callable[[Sequence[int]], str] | None = None,
+        decode: Callable[[Sequence[int]], str] | None = None, downstream_head: nn.Module | Sequence[str] | None = None,
+        fit_batches: Any = None,
     ):
         if isinstance(model, nn.parallel.DistributedDataParallel):
             model = model.module
@@ -138,7 +146,8 @@ class TransferProbe:
             raise InvalidParameterError(f"eval_dtype must be a floating torch.dtype or None, got {eval_dtype!r}")
         self.model, self.optimizer = model, optimizer
         group = user_group(model) if not isinstance(downstream, Downstream) else downstream.group
-        self.downstream = build_downstream(model, downstream, eval_batches, group, eval_dtype)
+        self.downstream = build_downstream(model, downstream, eval_batches, group, eval_dtype, downstream_head,
+                                           fit_batches)
         names = shared_names(model, shared, self.downstream)
         self.downstream.shared = names
         self.engine = Probe(model, losses, self.downstream, seed=seed, steps=steps if steps is not None else 0,
@@ -352,6 +361,7 @@ class TransferProbe:
             "hvp_method": engine.hvp_method,
             "update_rule": engine.update_rule,
             "methods_used": sorted(engine.methods_used),
+            "downstream": self.downstream.state_dict() if isinstance(self.downstream, RefitDownstream) else None,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -381,6 +391,11 @@ class TransferProbe:
             kind = "Adam" if state["coalitions"] is not None else "SGD"
             raise InvalidParameterError(f"the state is of a probe under {kind}; this probe's optimizer is "
                                         f"{type(self.optimizer).__name__}")
+        refit = isinstance(self.downstream, RefitDownstream)
+        if refit != (state["downstream"] is not None):
+            kinds = ("frozen", "re-fitted") if refit else ("re-fitted", "frozen")
+            raise InvalidParameterError(f"the state is of a probe with a {kinds[0]} downstream head; this probe's is "
+                                        f"{kinds[1]}")
         if self.coalitions is not None:
             try:
                 self.coalitions.load_state_dict(state["coalitions"])
@@ -395,6 +410,8 @@ class TransferProbe:
         engine.attribution.load_state_dict(state["attribution"])
         engine.hvp_method, engine.update_rule = state["hvp_method"], state["update_rule"]
         engine.methods_used = set(state["methods_used"])
+        if state["downstream"] is not None:
+            self.downstream.load_state_dict(state["downstream"])
         self._needs_state = False
 
     def report(self, downstream: str = "downstream", config: Mapping[str, Any] | None = None) -> AlignmentReport:

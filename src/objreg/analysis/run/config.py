@@ -43,6 +43,11 @@ CHOICES: dict[str, dict[str, str]] = {
     },
     "per_sample_method": PER_SAMPLE_METHODS,
     "hvp_method": HVP_METHODS,
+    "downstream_head": {
+        "refit": "D is the evaluation loss of the head re-fitted (a regularised linear probe, solved exactly) on "
+                 "the fit set at the current backbone",
+        "frozen": "D reads the head fitted once before training (--head-warmup-steps) and then held fixed",
+    },
 }
 
 
@@ -76,7 +81,9 @@ class AnalysisConfig:
         model: ``default`` (small Transformer) or another name a model plugin provides.
         probe_every: Measure alignment every this many steps (and at the last step).
         eval_size: Examples in the fixed downstream evaluation set defining ``D``.
-        head_warmup_steps: Steps fitting the downstream head on its own split, backbone frozen,
+        downstream_head: ``refit`` (``D`` is ``D*``: the head re-fitted exactly at every probed point,
+            :mod:`objreg.analysis.math.refit`) or ``frozen`` (the head fitted once, before training).
+        head_warmup_steps: With a frozen head, steps fitting it on its own split, backbone frozen,
             before training, so ``∇D`` reflects a fitted probe rather than a random head.
         head_fit_size: Examples in that split, disjoint from the evaluation set (a small split
             overfits the probe: docs/analysis.md).
@@ -128,6 +135,7 @@ class AnalysisConfig:
     eval_size: int = 64
     head_warmup_steps: int = 100
     head_fit_size: int = 1024
+    downstream_head: str = "refit"
     per_sample_method: str = "auto"
     hvp_method: str = "auto"
     spectrum: int = 0
@@ -158,7 +166,7 @@ class AnalysisConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise InvalidParameterError(f"{name} must be an integer ≥ 0, got {value!r}")
-        for name in ("per_sample_method", "hvp_method", "optimizer", "dtype"):
+        for name in ("per_sample_method", "hvp_method", "optimizer", "dtype", "downstream_head"):
             value = getattr(self, name)
             if value not in CHOICES[name]:
                 raise InvalidParameterError(f"{name} must be one of {', '.join(CHOICES[name])}, got {value!r}")

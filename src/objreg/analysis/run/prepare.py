@@ -26,6 +26,7 @@ from torch import nn
 
 from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import count_parameters, shared_parameters
+from objreg.analysis.math.refit import RefitDownstream
 from objreg.analysis.parallel.group import Group
 from objreg.analysis.parallel.launch import check_batch
 from objreg.analysis.run.adaptive import adaptive_rule_of
@@ -34,6 +35,7 @@ from objreg.analysis.run.headfit import fit_downstream_head
 from objreg.analysis.run.loop import Trainer
 from objreg.core.errors import DataError, InvalidParameterError
 from objreg.core.handles import Task
+from objreg.core.heads import build_heads
 from objreg.core.registry import Registry, merge_heads
 from objreg.core.types import CorruptedBatch, HeadSpec, Vocabulary
 from objreg.toolkit.noise import noisy_corpus
@@ -84,23 +86,33 @@ def prepare(
         objective.check_architecture(getattr(tokenizer, "architecture", "encoder"))
 
     status(f"loading downstream data for {config.downstream!r}")
-    fit_size = config.head_fit_size if config.head_warmup_steps else 0
+    refit = config.downstream_head == "refit"
+    fit_size = config.head_fit_size if refit or config.head_warmup_steps else 0
     eval_batch, fit_batch, task_heads, split = downstream_sets(task, config, heldout.documents, tokenizer, fit_size)
 
     status(f"building model {config.model!r}")
     owners = {**{n: o.info.heads for n, o in objectives.items()}, task.name: task_heads}
     model = build_model(registry, config.model, tokenizer.vocab, owners, config.seed)
+    head = redraw_downstream_heads(registry, model, task_heads, config.seed) if refit else ()
     model.to(device=device, dtype=config.torch_dtype)
 
-    if config.head_warmup_steps and fit_batch.batch_size:
-        status(f"fitting the downstream head ({config.head_warmup_steps} steps on {fit_batch.batch_size:,} examples)")
-    # Each process encodes its share of the fit rows; the head's gradient is summed at every step.
-    warmup = fit_downstream_head(model, task, fit_batch.to(device), config.head_warmup_steps, group=group)
+    warmup: list[float] = []
+    if not refit:
+        if config.head_warmup_steps and fit_batch.batch_size:
+            status(f"fitting the downstream head ({config.head_warmup_steps} steps on {fit_batch.batch_size:,} "
+                   f"examples)")
+        # Each process encodes its share of the fit rows; the head's gradient is summed at every step.
+        warmup = fit_downstream_head(model, task, fit_batch.to(device), config.head_warmup_steps, group=group)
     # The main process's parameters everywhere, so rounding differences between machines cannot
     # start the processes apart (as DistributedDataParallel does).
     group.sync_([*model.parameters(), *model.buffers()])
-    downstream = Downstream(task, eval_batch.to(device), group=group,
-                            evaluation_dtype=DTYPES[config.eval_dtype] if config.eval_dtype != "model" else None)
+    evaluation_dtype = DTYPES[config.eval_dtype] if config.eval_dtype != "model" else None
+    if refit:
+        downstream: Downstream = RefitDownstream(
+            task, eval_batch.to(device), group=group, evaluation_dtype=evaluation_dtype, head=head,
+            fit_set=Downstream(task, fit_batch.to(device), group=group, evaluation_dtype=evaluation_dtype))
+    else:
+        downstream = Downstream(task, eval_batch.to(device), group=group, evaluation_dtype=evaluation_dtype)
     downstream.check(model)
     trainer = Trainer(
         model, objectives, config.weights, tokenized, downstream,
@@ -124,8 +136,10 @@ def prepare(
             "chunks": len(downstream.chunks), "length_sorted_and_trimmed": downstream.compact,
             "tokens": downstream.tokens, "padded_tokens": eval_batch.input_ids.numel(),
         },
-        "head_warmup": {"examples": fit_batch.batch_size, "loss_before": warmup[0] if warmup else None,
-                        "loss_after": warmup[-1] if warmup else None, **split},
+        **({"downstream_fit": {"examples": fit_batch.batch_size, "l2": downstream.l2, "parameters": list(head),
+                               **split}} if refit else
+           {"head_warmup": {"examples": fit_batch.batch_size, "loss_before": warmup[0] if warmup else None,
+                            "loss_after": warmup[-1] if warmup else None, **split}}),
         "objective_params": {n: dict(o.params) for n, o in objectives.items()},
         "optimizer_hyperparameters": {
             k: list(v) if isinstance(v, tuple) else v
@@ -144,6 +158,28 @@ def build_model(
     weight drawn from a generator seeded by ``seed``."""
     generator = torch.Generator().manual_seed(seed)
     return registry.load_model(model, vocab, merge_heads(owners), dict(config or {}), generator)
+
+
+def redraw_downstream_heads(registry: Registry, model: nn.Module, specs: Sequence[HeadSpec], seed: int
+                            ) -> tuple[str, ...]:
+    """Draw the task's heads anew from their own random stream, so every objective set starts from
+    the same downstream head (the objectives' heads draw from the model's generator before it),
+    and return the names of the parameters a re-fit solves for (their head kind's ``linear`` ones).
+
+    Raises:
+        InvalidParameterError: a head kind that declares no linear parameters (it cannot be re-fitted).
+    """
+    kinds = registry.head_kinds()
+    for spec in specs:
+        if kinds[spec.kind].linear is None:
+            raise InvalidParameterError(
+                f"the downstream head {spec.name!r} is of kind {spec.kind!r}, which declares no parameters its "
+                f"output is linear in, so it cannot be re-fitted: use --downstream-head frozen"
+            )
+    drawn = build_heads(list(specs), model.backbone, kinds, stream(seed, "downstream_head"))
+    for name, head in drawn.items():
+        model.heads[name] = head
+    return tuple(f"heads.{spec.name}.{p}" for spec in specs for p in kinds[spec.kind].linear)
 
 
 def downstream_sets(
