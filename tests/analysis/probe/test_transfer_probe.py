@@ -60,6 +60,7 @@ def batch(generator, classes, size=BATCH):
 
 WEIGHTS = {"tokens": 1.0, "pairs": 0.5}
 EVAL = [batch(torch.Generator().manual_seed(99), 3, 12), batch(torch.Generator().manual_seed(98), 3, 5)]
+FIT = [batch(torch.Generator().manual_seed(97), 3, 16), batch(torch.Generator().manual_seed(96), 3, 9)]
 
 
 def make(optimizer="sgd", dropout=0.0, dtype=torch.float64, lr=0.05):
@@ -339,6 +340,99 @@ def test_measure_refuses_calls_out_of_order():
 
 
 
+# -- a re-fitted downstream head ---------------------------------------------------------------------
+
+
+def refitted_loss(model, body=None):
+    """``D*`` computed independently: multinomial logistic regression of FIT's labels on the
+    body's features (penalty ``‖h‖²/2n``) solved by scipy's L-BFGS and polished by Newton steps on
+    its autograd Hessian, then the evaluation loss at it, in float64, ``body``'s weights swapped in."""
+    scipy_optimize = pytest.importorskip("scipy.optimize")
+    import copy
+
+    model = copy.deepcopy(model)
+    if body is not None:
+        with torch.no_grad():
+            for name, value in body.items():
+                model.get_parameter(name).copy_(value)
+    with torch.no_grad():
+        hidden = [model.hidden(b["ids"]) for b in FIT]
+    rows = sum(b["ids"].shape[0] for b in FIT)
+    shapes = [model.task_head.weight.shape, model.task_head.bias.shape]
+
+    def head_of(x):
+        weight, bias = x.split([shapes[0].numel(), shapes[1].numel()])
+        return weight.view(shapes[0]), bias.view(shapes[1])
+
+    def fit_loss(x):
+        weight, bias = head_of(x)
+        data = sum(F.cross_entropy(h @ weight.T + bias, b["y"], reduction="sum") for h, b in zip(hidden, FIT))
+        return data / rows + (x @ x) / (2 * rows)
+
+    def value_and_grad(x):
+        tensor = torch.tensor(x, requires_grad=True)
+        value = fit_loss(tensor)
+        (grad,) = torch.autograd.grad(value, tensor)
+        return float(value.detach()), grad.numpy()
+
+    start = torch.zeros(sum(s.numel() for s in shapes), dtype=torch.float64).numpy()
+    x = torch.tensor(scipy_optimize.minimize(value_and_grad, start, jac=True, method="L-BFGS-B").x)
+    for _ in range(4):
+        hessian = torch.autograd.functional.hessian(fit_loss, x)
+        grad = torch.autograd.functional.jacobian(fit_loss, x)
+        x = x - torch.linalg.solve(hessian, grad)
+    weight, bias = head_of(x)
+    with torch.no_grad():
+        losses = [F.cross_entropy(model.hidden(b["ids"]) @ weight.T + bias, b["y"], reduction="sum") for b in EVAL]
+    return float(sum(losses)) / sum(b["ids"].shape[0] for b in EVAL)
+
+
+def test_a_refitted_head_gives_the_independently_refitted_loss_and_its_slope():
+    model, opt = make("sgd", lr=1e-4)
+    probe = new_probe(model, opt, downstream_head=model.task_head, fit_batches=FIT)
+    body = {n: p.detach().clone() for n, p in model.named_parameters() if n.startswith(("embed", "body"))}
+    _, records = train(model, opt, 1, probe)
+    record = records[0]
+    assert record["downstream_loss"] == pytest.approx(refitted_loss(make()[0]), rel=1e-8)
+    assert record["downstream_fit"]["before"]["gradient_norm"] < 1e-12
+    # Each objective's dot is ⟨g_k, ∇D*⟩: the slope of D* along g_k, by central differences.
+    reference, _ = make("sgd")
+    for name, loss in (("tokens", token_loss), ("pairs", pair_loss)):
+        generator = torch.Generator().manual_seed(1)
+        batches = {"tokens": batch(generator, VOCAB), "pairs": batch(generator, 2)}
+        names = list(body)
+        grads = torch.autograd.grad(loss(reference, batches[name]).mean(), [reference.get_parameter(n) for n in names])
+        g = dict(zip(names, grads))
+
+        def along(s, g=g):
+            return refitted_loss(reference, {n: body[n] + s * g[n] for n in g})
+
+        eps = 1e-3
+        slope = [(along(e) - along(-e)) / (2 * e) for e in (eps, eps / 2)]
+        assert record["alignment"][name]["dot"] == pytest.approx((4 * slope[1] - slope[0]) / 3, rel=1e-6)
+    # The step's prediction against the change that happened (lr 1e-4: first order all but exact).
+    assert record["actual_delta"] == pytest.approx(sum(record["predicted_delta"].values()), rel=1e-3)
+    assert record["downstream_loss_after"] == pytest.approx(
+        refitted_loss(make()[0], {n: p.detach() for n, p in model.named_parameters() if n in body}), rel=1e-8)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"downstream_head": "task_head.weight"}, "downstream_head must be the head module or a list"),
+    ({"downstream_head": ["task_head.nope"]}, "parameters the model does not have: 'task_head.nope'"),
+    ({"downstream_head": nn.Linear(2, 2)}, "must be a module of the model"),
+    ({"downstream_head": ["task_head.weight"], "fit_batches": None}, "downstream_head needs fit_batches"),
+    ({"fit_batches": FIT}, "fit_batches is for a re-fitted head"),
+])
+def test_bad_refit_arguments_give_one_clear_error(change, message):
+    model, opt = make("sgd")
+    options = {"downstream_head": model.task_head, "fit_batches": FIT, **change}
+    options = {k: v for k, v in options.items() if v is not None}
+    if "downstream_head" not in change and "fit_batches" in change:
+        options.pop("downstream_head")
+    with pytest.raises(InvalidParameterError, match=message):
+        new_probe(model, opt, **options)
+
+
 # -- checkpoints and the attached probe --------------------------------------------------------------
 
 
@@ -387,11 +481,13 @@ def checkpoint(*states):
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam", "adamw"])
 @pytest.mark.parametrize("attached", [False, True], ids=["measure-finish", "attach"])
-def test_a_loop_checkpointed_after_step_2_resumes_to_the_uninterrupted_records(optimizer, attached):
+@pytest.mark.parametrize("head", ["frozen", "refit"])
+def test_a_loop_checkpointed_after_step_2_resumes_to_the_uninterrupted_records(optimizer, attached, head):
     run = attached_steps if attached else explicit_steps
 
     def start(model, opt):
-        probe = new_probe(model, opt)
+        refit = {"downstream_head": model.task_head, "fit_batches": FIT} if head == "refit" else {}
+        probe = new_probe(model, opt, **refit)
         return probe.attach(opt, every=2) if attached else probe
 
     model, opt = make(optimizer)
@@ -417,6 +513,7 @@ def test_a_loop_checkpointed_after_step_2_resumes_to_the_uninterrupted_records(o
     run(model, opt, resumed, generator, range(3, 6))
     assert resumed.records == whole.records
     assert resumed.report().to_dict() == whole.report().to_dict()
+    assert ("downstream_fit" in whole.records[0]) == (head == "refit")
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
