@@ -223,14 +223,14 @@ def _write_denied(monkeypatch) -> None:
 
 
 def _out_of_memory(monkeypatch) -> None:
-    """The allocator fails as torch's does when memory runs out, at the model's first forward."""
+    """The allocator fails as torch's does when memory runs out, as the model is built."""
     from objreg.analysis.run import prepare
 
     def fail(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("[enforce fail at alloc_cpu.cpp:127] . DefaultCPUAllocator: can't allocate memory: "
                            "you tried to allocate 68719476736 bytes. Error code 12 (Cannot allocate memory)")
 
-    monkeypatch.setattr(prepare, "fit_downstream_head", fail)
+    monkeypatch.setattr(prepare, "build_model", fail)
 
 
 def _memory_error(monkeypatch) -> None:
@@ -239,7 +239,7 @@ def _memory_error(monkeypatch) -> None:
     def fail(*args: Any, **kwargs: Any) -> Any:
         raise MemoryError()
 
-    monkeypatch.setattr(prepare, "fit_downstream_head", fail)
+    monkeypatch.setattr(prepare, "build_model", fail)
 
 
 class LockHolder:

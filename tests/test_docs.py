@@ -168,7 +168,8 @@ def test_validation_accepts_exactly_the_values_the_help_names(setting):
     if setting in methods:  # the math's own list, not a copy of it
         assert CHOICES[setting] is methods[setting]
     else:
-        assert set(CHOICES[setting]) == set({"optimizer": OPTIMIZERS, "dtype": DTYPES}[setting])
+        assert set(CHOICES[setting]) == set({"optimizer": OPTIMIZERS, "dtype": DTYPES,
+                                             "downstream_head": ("refit", "frozen")}[setting])
 
 
 def test_every_device_form_the_help_names_is_one_the_resolver_takes():

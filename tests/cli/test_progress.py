@@ -106,7 +106,8 @@ def test_the_cli_logs_stages_and_probes_where_stderr_is_no_terminal():
     assert result.exit_code == 0, result.output
     log = result.stderr
     for stage in ("loading corpus 'default'", "loading downstream data for 'qa'", "building model 'default'",
-                  "fitting the downstream head (5 steps on 16 examples)", "training with probes: 0/2 steps"):
+                  "the downstream head is re-fitted at every probe, on 16 examples",
+                  "training with probes: 0/2 steps"):
         assert stage in log, stage
     probes = [line for line in log.splitlines() if re.match(r"\[\d+:\d\d:\d\d\] step \d/2 ", line)]
     assert len(probes) == 2 and all("mlm dot" in p and "sop dot" in p and "ETA" in p for p in probes)

@@ -194,12 +194,13 @@ class Downstream:
         """``D`` at the model's current parameters, evaluated in :attr:`evaluation_dtype`."""
         model = self.evaluation_model(model)
         shared = detached(named_shared(model, self.shared))
-        return self.mean([f(shared).sum() for f in self.functions(model)], like=next(iter(shared.values())))
+        return self.mean([f(shared).sum() for f in self.functions(model)], model)
 
-    def mean(self, sums: list[torch.Tensor], like: torch.Tensor) -> float:
+    def mean(self, sums: list[torch.Tensor], model: nn.Module) -> float:
         """The mean over every process's examples from this process's per-chunk sums, added in
         chunk order (the one-process additions, whatever the number of processes)."""
         if self.group.distributed:
+            like = next(iter(model.parameters()))
             mine = torch.stack(sums) if sums else torch.zeros(0, dtype=like.dtype, device=like.device)
             every = self.group.all_gather([mine])[0]
             world, count = self.group.world_size, len(self.chunks)

@@ -144,13 +144,22 @@ def _unflat(vector: torch.Tensor, like: Params) -> Params:
     return out
 
 
-def fit_head(problem: HeadProblem, start: Params, rows: int, l2: float, group: Group | None = None) -> HeadFit:
+class NonFiniteFit(ArithmeticError):
+    """The fit loss is not finite at the backbone's parameters (a diverged backbone): ``D*`` is undefined."""
+
+
+def fit_head(problem: HeadProblem, start: Params, rows: int, l2: float, group: Group | None = None,
+             first: bool = True) -> HeadFit:
     """Newton's method for ``argmin_h F`` from ``start`` (in ``start``'s dtype, float64 for ``D*``;
-    ``rows``: the fit set's examples on every process together; each process holds its chunks).
+    ``rows``: the fit set's examples on every process together; each process holds its chunks;
+    ``first``: the run's first solve, where a Hessian that is not positive definite means a fit
+    that is not convex).
 
     Raises:
-        InvalidParameterError: ``F`` is not convex in the head at some iterate (a head whose
-            output is not linear in the refitted parameters, or a non-convex loss).
+        InvalidParameterError: on the first solve, ``F`` is not convex in the head at some iterate
+            (a head whose output is not linear in the refitted parameters, or a non-convex loss).
+        NonFiniteFit: ``F`` is not finite, or (after the first solve) its Hessian stopped being
+            positive definite: the backbone diverged and ``D*`` is undefined.
     """
     group = group if group is not None else Group()
     like = {n: start[n].detach() for n in problem.head}
@@ -173,8 +182,14 @@ def fit_head(problem: HeadProblem, start: Params, rows: int, l2: float, group: G
     x = _flat(like, names)
     steps = 0
     value, gradient, hessian = derivatives(x)
+    if not (math.isfinite(value) and bool(torch.isfinite(gradient).all()) and bool(torch.isfinite(hessian).all())):
+        raise NonFiniteFit("the downstream head's fit loss is not finite at these backbone parameters")
     while True:
         factor, problem_found = torch.linalg.cholesky_ex(hessian)
+        if int(problem_found) != 0 and not first:
+            # The head and the loss were convex at the first solve; a Hessian that stops being
+            # positive definite later is rounding at diverged features (losses of 1e9 nats).
+            raise NonFiniteFit("the downstream head's fit broke down at these backbone parameters")
         if int(problem_found) != 0:
             raise InvalidParameterError("the downstream head's fit is not convex in its parameters here (the "
                                         "Hessian of the fit loss is not positive definite): re-fitting needs a head "
@@ -496,14 +511,18 @@ class RefitDownstream(Downstream):
         """``D*`` at the model's current backbone: the head re-fitted there (float64 Newton), then
         the evaluation set's loss at it, in :attr:`evaluation_dtype`."""
         evaluated = self.evaluation_model(model)
-        fit = fit_head(HeadProblem(evaluated, self.task, self.fit_set.local_chunks, self.head),
-                       self._head_start(evaluated), self.fit_set.size, self.l2, self.group)
+        try:
+            fit = fit_head(HeadProblem(evaluated, self.task, self.fit_set.local_chunks, self.head),
+                           self._head_start(evaluated), self.fit_set.size, self.l2, self.group, self.start is None)
+        except NonFiniteFit:  # D* is undefined where the backbone diverged: NaN, as D would be
+            self.last_fit, self.last_fit_error, self._fitted_at = None, float("nan"), None
+            return float("nan")
         evaluation = HeadProblem(evaluated, self.task, self.local_chunks, self.head)
         sums = [call(fit.head).sum() for call in evaluation.calls]
-        value = self.mean(sums, like=next(iter(fit.head.values())))
+        value = self.mean(sums, evaluated)
         # D*'s error from stopping the solve short: ∂_h D_E · A⁻¹ ∇_h F (to first order).
         slope = self.group.all_reduce_sum(_flat(torch.func.grad(evaluation.total)(fit.head), list(self.head)))
-        self.last_fit, self.last_fit_error = fit, abs(float(slope.double() @ fit.remaining)) / self.size
+        self.last_fit, self.last_fit_error = fit, abs(float(slope.double() @ fit.remaining.double())) / self.size
         self.start = fit.head
         self._fitted_at = {n: t.detach().clone() for n, t in named_shared(model, self.shared).items()}
         return value
@@ -524,5 +543,8 @@ class RefitDownstream(Downstream):
                               (self.fit_set.size, self.size), method, self.group)
 
     def fit_summary(self) -> DownstreamFit:
-        """The last fit, for the probe record: the fit set's loss and ``‖∇_h F‖`` where it stopped."""
+        """The last fit, for the probe record: the fit set's loss and ``‖∇_h F‖`` where it stopped
+        (NaN where the fit loss was not finite)."""
+        if self.last_fit is None:
+            return {"fit_loss": float("nan"), "gradient_norm": float("nan")}
         return {"fit_loss": self.last_fit.fit_loss, "gradient_norm": self.last_fit.gradient_norm}

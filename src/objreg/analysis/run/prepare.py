@@ -97,7 +97,9 @@ def prepare(
     model.to(device=device, dtype=config.torch_dtype)
 
     warmup: list[float] = []
-    if not refit:
+    if refit:
+        status(f"the downstream head is re-fitted at every probe, on {fit_batch.batch_size:,} examples")
+    else:
         if config.head_warmup_steps and fit_batch.batch_size:
             status(f"fitting the downstream head ({config.head_warmup_steps} steps on {fit_batch.batch_size:,} "
                    f"examples)")
