@@ -26,6 +26,8 @@ a probed loop beside the model's and the optimizer's own state.
 from __future__ import annotations
 
 import math
+import warnings
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,13 +46,25 @@ from objreg.analysis.probe.arguments import (
     build_downstream,
     check_batches,
     check_choice,
+    check_finite_losses,
+    check_given_losses,
+    check_gradients,
     checked_weights,
     loss_functions,
+    loss_label,
+    model_device,
     shared_names,
     user_group,
 )
 from objreg.analysis.probe.engine import Pending, Probe
 from objreg.analysis.probe.report import AlignmentReport, summarise
+from objreg.analysis.probe.split_check import (
+    mismatch_message,
+    overridden_step,
+    residual_cause,
+    steps_cause,
+    zero_grad_cause,
+)
 from objreg.analysis.records import StepRecord
 from objreg.core.errors import InvalidParameterError, ProbeStateError
 from objreg.core.handles import Objective, Task
@@ -69,6 +83,8 @@ class Measurement:
 
     pending: Pending
     finished: bool = False
+    taken_at: int = 0  # the optimizer steps the probe had seen when it measured
+    causes: list[str] = field(default_factory=list)  # what already shows the split is not of the step taken
 
 
 @dataclass
@@ -109,6 +125,10 @@ class TransferProbe:
         whole_batches: Every process is given the whole batch and takes its share of the rows
             (``objreg analyze``); default: each process's own rows, as data-parallel loops do.
         decode: Token ids to text (example attribution of objreg objectives).
+        strict: Raise :class:`~objreg.core.errors.ProbeStateError` where a record would be
+            flagged because its split does not describe the step the optimizer took (default:
+            flag the record, ``update.decomposition_flagged``, and warn once;
+            :mod:`objreg.analysis.probe.split_check`).
 
     Raises:
         InvalidParameterError: an argument the probe cannot use (the message names it).
@@ -120,10 +140,13 @@ class TransferProbe:
         shared: Sequence[str] | Callable[[str, nn.Parameter], bool] | None = None, per_sample_method: str = "auto",
         hvp_method: str = "auto", eval_dtype: torch.dtype | None = torch.float64, seed: int = 0,
         steps: int | None = None, spectrum: int = 0, batch_coupled: Sequence[str] = (), whole_batches: bool = False,
-        decode: Callable[[Sequence[int]], str] | None = None,
+        decode: Callable[[Sequence[int]], str] | None = None, strict: bool = False,
     ):
-        if isinstance(model, nn.parallel.DistributedDataParallel):
-            model = model.module
+        # DistributedDataParallel's module, torch.compile's original module (the probe's own
+        # transforms run the eager module), in any nesting.
+        while isinstance(model, nn.parallel.DistributedDataParallel) or isinstance(
+                getattr(model, "_orig_mod", None), nn.Module):
+            model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model._orig_mod
         if not isinstance(model, nn.Module):
             raise InvalidParameterError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):  # accelerate's wrapper
@@ -139,7 +162,8 @@ class TransferProbe:
         self.model, self.optimizer = model, optimizer
         group = user_group(model) if not isinstance(downstream, Downstream) else downstream.group
         self.downstream = build_downstream(model, downstream, eval_batches, group, eval_dtype)
-        names = shared_names(model, shared, self.downstream)
+        names = shared_names(model, shared, self.downstream, optimizer,
+                             check_reach=not isinstance(downstream, Downstream))
         self.downstream.shared = names
         self.engine = Probe(model, losses, self.downstream, seed=seed, steps=steps if steps is not None else 0,
                             per_sample_method=per_sample_method, hvp_method=hvp_method, spectrum=spectrum,
@@ -163,6 +187,16 @@ class TransferProbe:
         self._steps_seen = 0
         self._observed: Observed | None = None
         self._attached_measurement: Measurement | None = None
+        # Every optimizer step counted (whoever calls it), so a finish that is not one step after
+        # its measure is seen; the shared parameters as measured, so changes to them are refused.
+        self.strict = bool(strict)
+        self._steps_taken = 0
+        self._open_measure_at: int | None = None
+        self._warned = False
+        self._override = overridden_step(optimizer)
+        counter = optimizer.register_step_post_hook(_step_counter(weakref.ref(self)))
+        weakref.finalize(self, counter.remove)
+        self._remember_shared()
 
     @property
     def shared_parameters(self) -> dict[str, nn.Parameter]:
@@ -181,6 +215,7 @@ class TransferProbe:
         if self.coalitions is None:
             return
         self._refuse_without_state()
+        self._check_shared_unchanged()
         with self._quiet():
             self._track(batches, self._weights_of(weights), gradients)
 
@@ -206,20 +241,32 @@ class TransferProbe:
         if self.coalitions is not None:
             self._refuse_without_state()
         weights = self._weights_of(weights)
-        check_batches("batches", batches, self.engine.objectives)
+        check_batches("batches", batches, self.engine.objectives, model_device(self.model))
+        self._check_shared_unchanged()
+        if self._open_measure_at == self._steps_taken:
+            raise ProbeStateError("measure() was called twice before optimizer.step(): measure each step once, "
+                                  "then finish() it after the step")
         step = self._next_step if step is None else step
         with self._quiet():
+            if self._narrow:
+                self._narrow_to_reached(batches)
             if gradients is None:
                 gradients, losses, weights_in_step = self._gradients(batches, weights)
             else:
+                gradients = check_gradients(gradients, self.engine.objectives, self.shared_parameters)
                 weights_in_step = weights
+            if losses is not None:
+                losses = check_given_losses(losses, self.engine.objectives)
+            causes = [c for c in (self._override, zero_grad_cause(self._grads(), gradients)) if c is not None]
             if self.coalitions is not None and self._tracked_at != self._optimizer_steps():
                 self._track(batches, weights_in_step, gradients)
             pending = self.engine.measure(step, dict(weights_in_step), self.optimizer, tokens, dict(batches),
                                           dict(losses or {}), dict(gradients), self.coalitions)
+        self._check_downstream(pending.record["downstream_loss"], f"at step {step}")
         pending.record["weights"] = dict(weights)
         self._next_step = step + 1
-        return Measurement(pending)
+        self._open_measure_at = self._steps_taken
+        return Measurement(pending, taken_at=self._steps_taken, causes=causes)
 
     def finish(self, measurement: Measurement) -> StepRecord:
         """After ``optimizer.step()``: the step's record (``objreg analyze``'s ``steps[]`` schema),
@@ -231,8 +278,22 @@ class TransferProbe:
         if not isinstance(measurement, Measurement) or measurement.finished:
             raise ProbeStateError("finish() takes the Measurement of one measure() call, once, after optimizer.step()")
         measurement.finished = True
+        self._open_measure_at = None
+        pending = measurement.pending
+        after = {n: p.detach() for n, p in named_shared(self.model, self.engine.shared).items()}
+        causes = [*measurement.causes, *(c for c in (steps_cause(self._steps_taken - measurement.taken_at),
+                                                     residual_cause(pending.before, after, pending.parts))
+                                         if c is not None)]
+        if causes and self.strict:
+            raise ProbeStateError(mismatch_message(pending.record["step"], causes))
         with self._quiet():
-            record = self.engine.finish(measurement.pending)
+            record = self.engine.finish(pending)
+        self._check_downstream(record["downstream_loss_after"], f"after step {record['step']}")
+        if causes:
+            record["update"] = _flagged(record["update"])
+            if not self._warned:
+                self._warned = True
+                warnings.warn(mismatch_message(record["step"], causes), UserWarning, stacklevel=3)
         self.records.append(record)
         return record
 
@@ -389,6 +450,7 @@ class TransferProbe:
         engine = self.engine
         engine.shared = self.downstream.shared = tuple(state["shared"])
         self._narrow = False
+        self._remember_shared()
         self.records = list(state["records"])
         self._next_step, self._steps_seen = int(state["next_step"]), int(state["steps_seen"])
         self._tracked_at = None if state["tracked_at"] is None else int(state["tracked_at"])
@@ -400,6 +462,9 @@ class TransferProbe:
     def report(self, downstream: str = "downstream", config: Mapping[str, Any] | None = None) -> AlignmentReport:
         """:attr:`records` as an ``objreg.AlignmentReport`` (its summary as ``objreg analyze`` makes
         it; ``summary.weights_by_step`` lists the measured steps' weights)."""
+        if not self.records:
+            raise ProbeStateError("report() summarises the finished records and there are none yet: measure() and "
+                                  "finish() a step first (or attach() the probe and train)")
         names = list(self.engine.objectives)
         summary = summarise(names, self.records, weights_by_step=[r["weights"] for r in self.records],
                             update_rule=self.engine.update_rule)
@@ -409,6 +474,31 @@ class TransferProbe:
                                summary=summary)
 
     # -- internals -------------------------------------------------------------------------------
+
+    def _remember_shared(self) -> None:
+        self._shared_ids = {n: id(p) for n, p in self.shared_parameters.items()}
+
+    def _check_shared_unchanged(self) -> None:
+        """The shared parameters must still be the ones the probe measures: present, trainable and
+        the same tensors (the optimizer holds those)."""
+        now = dict(self.model.named_parameters())
+        for name, ident in self._shared_ids.items():
+            p = now.get(name)
+            change = ("was removed from the model" if p is None else
+                      "was replaced by another tensor (the optimizer still holds the old one)" if id(p) != ident else
+                      "was frozen (requires_grad=False)" if not p.requires_grad else None)
+            if change is not None:
+                raise ProbeStateError(f"shared parameter {name!r} {change} after the probe was made: the probe "
+                                      f"measures a fixed set of parameters; make a new TransferProbe for the new set")
+
+    def _grads(self) -> list[torch.Tensor]:
+        return [p.grad for p in self.shared_parameters.values() if p.grad is not None]
+
+    def _check_downstream(self, value: float, when: str) -> None:
+        if not math.isfinite(value):
+            raise InvalidParameterError(
+                f"{loss_label('downstream', self.downstream.task)} is not finite {when} (D = {value}): a "
+                f"diverged model, or a loss that returns NaN or inf")
 
     def _weights_of(self, weights: Mapping[str, float] | None) -> dict[str, float]:
         return self.weights if weights is None else checked_weights(weights, list(self.engine.objectives))
@@ -438,8 +528,10 @@ class TransferProbe:
         if gradients is None:
             if batches is None:
                 raise InvalidParameterError("track() needs this step's batches (or its gradients)")
-            check_batches("batches", batches, self.engine.objectives)
+            check_batches("batches", batches, self.engine.objectives, model_device(self.model))
             gradients, _, weights = self._gradients(batches, weights)
+        else:
+            gradients = check_gradients(gradients, self.engine.objectives, shared)
         advance(self.coalitions, self.optimizer, shared, weights, gradients)
         self._tracked_at = self._optimizer_steps()
 
@@ -456,7 +548,13 @@ class TransferProbe:
             function = ObjectiveFunction(self.model, objective, batches[name], shared=self.engine.shared)
             leaves = requiring_grad({n: p.detach() for n, p in self.shared_parameters.items()})
             with torch.enable_grad():
-                total = function(leaves).sum()
+                values = function(leaves)
+                label = loss_label(name, objective)
+                check_finite_losses(label, values, f"at step {self._next_step}")
+                if not values.requires_grad:
+                    raise InvalidParameterError(f"{label} does not depend on the shared parameters (computed under "
+                                                f"torch.no_grad(), or detached?): it has no gradient to measure")
+                total = values.sum()
                 grads = torch.autograd.grad(total, list(leaves.values()), allow_unused=True)
             grads = [torch.zeros_like(t) if g is None else g for t, g in zip(leaves.values(), grads)]
             count = torch.tensor(float(function.batch_size), dtype=total.dtype, device=total.device)
@@ -492,3 +590,25 @@ class TransferProbe:
         if not names:
             raise InvalidParameterError("no trainable parameter is reached by both the downstream loss and an objective")
         self.engine.shared = self.downstream.shared = names
+        self._remember_shared()
+
+
+def _step_counter(probe: weakref.ref) -> Callable[..., None]:
+    """An optimizer step post-hook counting the steps for the probe (while it lives)."""
+
+    def count(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        alive = probe()
+        if alive is not None:
+            alive._steps_taken += 1
+
+    return count
+
+
+def _flagged(update: Any) -> Any:
+    """``update`` with ``decomposition_flagged`` after ``decomposition_residual`` (the schema's order)."""
+    out = {}
+    for key, value in update.items():
+        out[key] = value
+        if key == "decomposition_residual":
+            out["decomposition_flagged"] = True
+    return out
