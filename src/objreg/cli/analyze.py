@@ -231,8 +231,9 @@ def _check_contract(registry: objreg.Registry, name: str, params: dict[str, Any]
 
 
 def _prints() -> bool:
-    """Whether this process prints: the only one, or the first of those torchrun started."""
-    return os.environ.get("RANK", "0").strip() in ("", "0")
+    """Whether this process prints: the only one (a stray ``RANK`` without ``WORLD_SIZE`` > 1 is
+    ignored, as the library ignores it), or the first of those torchrun started."""
+    return not distributed() or os.environ.get("RANK", "0").strip() in ("", "0")
 
 
 def _render(report: dict[str, Any], console: Console) -> None:
