@@ -24,6 +24,7 @@ from objreg.analysis.probe.report import AlignmentReport, summarise
 from objreg.analysis.probe.writer import RunWriter
 from objreg.analysis.records import StepRecord
 from objreg.analysis.run.config import AnalysisConfig
+from objreg.analysis.run.contract import check_contracts
 from objreg.analysis.run.failures import resource_errors
 from objreg.analysis.run.fingerprint import (
     RunInputs,
@@ -88,6 +89,10 @@ def analyze(
     Raises:
         InvalidParameterError: ``resume`` given with other run settings, or naming a finished run.
         DataError: ``resume`` names a directory without a readable config or checkpoint.
+
+    Warns:
+        UserWarning: a third-party objective fails one of the plugin contract's cheap checks
+            (:mod:`objreg.analysis.run.contract`).
     """
     check_call(pretrain=pretrain, downstream=downstream, registry=registry, out_dir=out_dir, resume=resume,
                on_step=on_step, on_status=on_status, cache=cache, writer=writer, settings=settings,
@@ -106,6 +111,8 @@ def analyze(
         config = absolute_paths(config, registry)  # the same files when resumed from elsewhere
     check(config, registry)
     check_providers(config, registry)
+    if resume is None:
+        check_contracts(config.pretrain, config.objective_params, registry, on_status or (lambda _: None))
     group = from_environment(config.device)
     check_same_settings(group, _settings_of(config, out_dir, resume))
     with resource_errors(out_dir, registry.pm):
