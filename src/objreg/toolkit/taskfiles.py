@@ -78,8 +78,11 @@ def canonical_label(label: str) -> str:
     if not _NUMBER.fullmatch(label):
         return label
     value = decimal.Decimal(label)
-    if abs(value.adjusted()) > 64:  # 1e999999: its digits would not fit in memory
-        return str(value.normalize())
+    if abs(value.adjusted()) > 64:  # 1e999999999: too long to write out (and beyond decimal's arithmetic)
+        sign, digits, exponent = value.as_tuple()
+        while len(digits) > 1 and digits[-1] == 0:
+            digits, exponent = digits[:-1], exponent + 1
+        return f"{'-' if sign else ''}{''.join(map(str, digits))}E{exponent}"
     if value == value.to_integral_value():
         return str(int(value))
     return format(value.normalize(), "f")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -104,7 +105,15 @@ def checked_weights(weights: Mapping[str, float] | None, names: list[str]) -> di
     if not isinstance(weights, Mapping) or set(weights) != set(names):
         raise InvalidParameterError(f"weights must give one weight per objective ({', '.join(names)}), got "
                                     f"{sorted(weights) if isinstance(weights, Mapping) else weights!r}")
-    out = {n: float(weights[n]) for n in names}
+    out = {}
+    for n in names:
+        try:
+            if isinstance(weights[n], (bool, str, bytes)):
+                raise TypeError
+            out[n] = float(weights[n])  # a number, a numpy scalar or a one-element tensor
+        except (TypeError, ValueError, RuntimeError):
+            raise InvalidParameterError(f"weights must be numbers; {n!r} is {type(weights[n]).__name__} "
+                                        f"{weights[n]!r}") from None
     bad = [n for n, w in out.items() if not math.isfinite(w)]
     if bad:
         raise InvalidParameterError(f"weights must be finite numbers; {', '.join(bad)} is not")
@@ -236,7 +245,7 @@ def check_given_losses(losses: Any, objectives: Mapping[str, Any]) -> dict[str, 
     out = {}
     for name, value in losses.items():
         number = value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value
-        if isinstance(number, bool) or not isinstance(number, (int, float)) or not math.isfinite(number):
+        if isinstance(number, bool) or not isinstance(number, numbers.Real) or not math.isfinite(number):
             raise InvalidParameterError(f"losses[{name!r}] must be a finite number, got {value!r}")
         out[name] = float(number)
     return out

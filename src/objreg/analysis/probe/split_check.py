@@ -60,6 +60,29 @@ def zero_grad_cause(grads: list[torch.Tensor], gradients: dict[str, Params]) -> 
             "(zero_grad() between the backward and measure()?)")
 
 
+def gradient_cause(grads: dict[str, torch.Tensor], gradients: dict[str, Params], weights: dict[str, float]
+                   ) -> str | None:
+    """A cause when the optimizer's ``.grad`` is not (up to a factor, as clipping makes it) the
+    weighted sum ``Σ_k α_k g_k`` of the objectives' gradients the split is built from: the loop
+    weighted them otherwise, or stepped on other batches, or on gradients taken with dropout.
+    Adam's split adds up to its step whatever the gradients (it reads ``.grad``), so only this
+    shows its parts are of other gradients."""
+    if not grads:
+        return None
+    mix = {n: sum(weights[k] * gradients[k][n] for k in gradients) for n in grads}
+    norm = float(flat_norm(mix)) ** 2
+    scale = sum(float((grads[n] * mix[n]).sum()) for n in grads) / norm if norm > 0 else 0.0
+    residual = float(flat_norm({n: grads[n] - scale * mix[n] for n in grads}))
+    size = float(flat_norm(grads))
+    like = next(iter(grads.values()))
+    unit = float(torch.finfo(like.dtype).eps) / 2
+    terms = sum(abs(weights[k]) * float(flat_norm({n: g[n] for n in grads})) for k, g in gradients.items())
+    if not math.isfinite(residual) or residual > TOLERANCE * size + ROUNDING * unit * terms * max(abs(scale), 1.0):
+        return (f"the optimizer's .grad is not the weighted sum of the objectives' gradients the split is built from "
+                f"(it misses it by {residual / size:.3g} of its norm)")
+    return None
+
+
 def steps_cause(steps: int) -> str | None:
     """A cause when ``steps`` optimizer steps, not one, were taken between measure and finish."""
     if steps == 1:

@@ -59,6 +59,7 @@ from objreg.analysis.probe.arguments import (
 from objreg.analysis.probe.engine import Pending, Probe
 from objreg.analysis.probe.report import AlignmentReport, summarise
 from objreg.analysis.probe.split_check import (
+    gradient_cause,
     mismatch_message,
     overridden_step,
     residual_cause,
@@ -194,8 +195,9 @@ class TransferProbe:
         self._open_measure_at: int | None = None
         self._warned = False
         self._override = overridden_step(optimizer)
-        counter = optimizer.register_step_post_hook(_step_counter(weakref.ref(self)))
-        weakref.finalize(self, counter.remove)
+        hooks = _step_counter(weakref.ref(self))
+        handles = [optimizer.register_step_pre_hook(hooks[0]), optimizer.register_step_post_hook(hooks[1])]
+        weakref.finalize(self, lambda: [h.remove() for h in handles])
         self._remember_shared()
 
     @property
@@ -247,6 +249,8 @@ class TransferProbe:
             raise ProbeStateError("measure() was called twice before optimizer.step(): measure each step once, "
                                   "then finish() it after the step")
         step = self._next_step if step is None else step
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise InvalidParameterError(f"step must be an integer ≥ 0 (the step's index in the record), got {step!r}")
         with self._quiet():
             if self._narrow:
                 self._narrow_to_reached(batches)
@@ -257,7 +261,9 @@ class TransferProbe:
                 weights_in_step = weights
             if losses is not None:
                 losses = check_given_losses(losses, self.engine.objectives)
-            causes = [c for c in (self._override, zero_grad_cause(self._grads(), gradients)) if c is not None]
+            grads = {n: p.grad for n, p in self.shared_parameters.items() if p.grad is not None}
+            causes = [c for c in (zero_grad_cause(list(grads.values()), gradients),
+                                  gradient_cause(grads, gradients, weights)) if c is not None]
             if self.coalitions is not None and self._tracked_at != self._optimizer_steps():
                 self._track(batches, weights_in_step, gradients)
             pending = self.engine.measure(step, dict(weights_in_step), self.optimizer, tokens, dict(batches),
@@ -284,6 +290,8 @@ class TransferProbe:
         causes = [*measurement.causes, *(c for c in (steps_cause(self._steps_taken - measurement.taken_at),
                                                      residual_cause(pending.before, after, pending.parts))
                                          if c is not None)]
+        if causes and self._override is not None:
+            causes.append(self._override)  # a likely reason, said only where the step did not match
         if causes and self.strict:
             raise ProbeStateError(mismatch_message(pending.record["step"], causes))
         with self._quiet():
@@ -491,9 +499,6 @@ class TransferProbe:
                 raise ProbeStateError(f"shared parameter {name!r} {change} after the probe was made: the probe "
                                       f"measures a fixed set of parameters; make a new TransferProbe for the new set")
 
-    def _grads(self) -> list[torch.Tensor]:
-        return [p.grad for p in self.shared_parameters.values() if p.grad is not None]
-
     def _check_downstream(self, value: float, when: str) -> None:
         if not math.isfinite(value):
             raise InvalidParameterError(
@@ -584,7 +589,10 @@ class TransferProbe:
         for name, objective in self.engine.objectives.items():
             function = ObjectiveFunction(self.model, objective, batches[name], shared=self.engine.shared)
             with torch.enable_grad():
-                grads = torch.autograd.grad(function(leaves).sum(), list(leaves.values()), allow_unused=True)
+                values = function(leaves)
+                if not values.requires_grad:
+                    continue  # reaches none of them (and is refused as it is measured)
+                grads = torch.autograd.grad(values.sum(), list(leaves.values()), allow_unused=True)
             reached |= {n for n, g in zip(leaves, grads) if g is not None}
         names = tuple(n for n in self.engine.shared if n in reached)
         if not names:
@@ -593,15 +601,22 @@ class TransferProbe:
         self._remember_shared()
 
 
-def _step_counter(probe: weakref.ref) -> Callable[..., None]:
-    """An optimizer step post-hook counting the steps for the probe (while it lives)."""
+def _step_counter(probe: weakref.ref) -> tuple[Callable[..., None], Callable[..., None]]:
+    """Optimizer step pre- and post-hooks counting the steps for the probe (while it lives). A
+    subclass's ``step`` that calls ``super().step()`` runs the hooks of both: only the outermost
+    call is a step."""
+    depth = [0]
 
-    def count(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+    def enter(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        depth[0] += 1
+
+    def leave(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        depth[0] -= 1
         alive = probe()
-        if alive is not None:
+        if alive is not None and depth[0] == 0:
             alive._steps_taken += 1
 
-    return count
+    return enter, leave
 
 
 def _flagged(update: Any) -> Any:
