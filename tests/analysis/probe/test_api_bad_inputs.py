@@ -51,6 +51,7 @@ from objreg.core.errors import (
     DataError,
     DistributedError,
     InvalidParameterError,
+    NonFiniteLossError,
     ObjregError,
     ProbeStateError,
     UnknownNameError,
@@ -360,7 +361,7 @@ def _nan_second_chunk(c):
 
 
 @case("inputs", "downstream loss turning NaN at a later measure",
-      Raises(InvalidParameterError, "the downstream loss (_switch.<locals>.fn) is not finite after step 1"))
+      Raises(NonFiniteLossError, "the downstream loss (_switch.<locals>.fn) is not finite after step 1"))
 def _later_downstream_nan(c):
     state = {"bad": False}
     model, opt = make()
@@ -371,7 +372,7 @@ def _later_downstream_nan(c):
 
 
 @case("inputs", "downstream loss NaN after the step",
-      Raises(InvalidParameterError, "the downstream loss (_switch.<locals>.fn) is not finite after step 0"))
+      Raises(NonFiniteLossError, "the downstream loss (_switch.<locals>.fn) is not finite after step 0"))
 def _nan_after_step(c):
     state = {"bad": False}
     model, opt = make()

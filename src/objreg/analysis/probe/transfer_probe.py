@@ -67,7 +67,7 @@ from objreg.analysis.probe.split_check import (
     zero_grad_cause,
 )
 from objreg.analysis.records import StepRecord
-from objreg.core.errors import InvalidParameterError, ProbeStateError
+from objreg.core.errors import InvalidParameterError, NonFiniteLossError, ProbeStateError
 from objreg.core.handles import Objective, Task
 
 #: A per-sample loss: ``fn(model, batch) -> [B]`` (the model's parameters are swapped for the probe's).
@@ -296,7 +296,7 @@ class TransferProbe:
             raise ProbeStateError(mismatch_message(pending.record["step"], causes))
         with self._quiet():
             record = self.engine.finish(pending)
-        self._check_downstream(record["downstream_loss_after"], f"after step {record['step']}")
+        self._check_diverged(record["downstream_loss_after"], record["step"])
         if causes:
             record["update"] = _flagged(record["update"])
             if not self._warned:
@@ -504,6 +504,14 @@ class TransferProbe:
             raise InvalidParameterError(
                 f"{loss_label('downstream', self.downstream.task)} is not finite {when} (D = {value}): a "
                 f"diverged model, or a loss that returns NaN or inf")
+
+    def _check_diverged(self, value: float, step: int) -> None:
+        """``D`` after a step: non-finite where the step diverged (or the loss returns NaN there)."""
+        if not math.isfinite(value):
+            raise NonFiniteLossError(
+                f"{loss_label('downstream', self.downstream.task)} is not finite after step {step} (D = {value}): "
+                f"the step diverged, or the loss returns NaN or inf there; try a smaller learning rate (--lr) or "
+                f"float64 (--dtype float64)")
 
     def _weights_of(self, weights: Mapping[str, float] | None) -> dict[str, float]:
         return self.weights if weights is None else checked_weights(weights, list(self.engine.objectives))
