@@ -883,11 +883,22 @@ def _frozen_before_track(c):
     return probe.track(step_batches(2))
 
 
-@case("split", "a parameter outside the shared set unfrozen later is not flagged")
+@case("split", "a parameter unfrozen after the default shared set was chosen",
+      Raises(ProbeStateError, "parameter 'body.bias' was unfrozen after the probe was made", "pass shared="))
+def _unfrozen_default(c):
+    model, opt = make()
+    model.body.bias.requires_grad_(False)
+    probe = probe_of(model, opt)
+    steps(probe, model, opt, 1)
+    model.body.bias.requires_grad_(True)
+    return one_step(probe, model, opt, step_batches(2))
+
+
+@case("split", "a parameter outside an explicit shared set unfrozen later is not flagged")
 def _unfrozen(c):
     model, opt = make()
     model.pair_head.bias.requires_grad_(False)
-    probe = probe_of(model, opt)
+    probe = probe_of(model, opt, shared=SHARED)
     steps(probe, model, opt, 1)
     model.pair_head.bias.requires_grad_(True)
     batches = step_batches(2)
@@ -914,6 +925,21 @@ for optimizer in ("sgd", "adam", "adamw"):
                 rows += [(f"first order {k}", record["update"]["first_order"][k], -LR * WEIGHTS[k] * expected[k], 1e-10)
                          for k in LOSSES]
         return rows
+
+
+@case("split", "a loop loss scaled by a constant is split exactly (as clipping rescales)")
+def _scaled(c):
+    model, opt = make()
+    probe = probe_of(model, opt)
+    batches = step_batches()
+    expected = reference(model, batches)
+    backward(model, opt, batches, weights={k: 3 * w for k, w in WEIGHTS.items()})
+    measured = probe.measure(batches)
+    opt.step()
+    record = probe.finish(measured)
+    return [*against_reference(record, expected, 1e-10),
+            *[(f"first order {k}", record["update"]["first_order"][k], -3 * LR * WEIGHTS[k] * expected[k], 1e-10)
+              for k in LOSSES]]
 
 
 @case("split", "gradient clipping is split by what the optimizer steps on")

@@ -195,6 +195,9 @@ class TransferProbe:
         self._open_measure_at: int | None = None
         self._warned = False
         self._override = overridden_step(optimizer)
+        # The default shared set is chosen among the parameters trainable now: one unfrozen later
+        # would belong to it, so the probe refuses it rather than leave it out unsaid.
+        self._frozen = {n for n, p in model.named_parameters() if not p.requires_grad} if shared is None else set()
         hooks = _step_counter(weakref.ref(self))
         handles = [optimizer.register_step_pre_hook(hooks[0]), optimizer.register_step_post_hook(hooks[1])]
         weakref.finalize(self, lambda: [h.remove() for h in handles])
@@ -498,6 +501,12 @@ class TransferProbe:
             if change is not None:
                 raise ProbeStateError(f"shared parameter {name!r} {change} after the probe was made: the probe "
                                       f"measures a fixed set of parameters; make a new TransferProbe for the new set")
+        unfrozen = sorted(n for n in self._frozen if n in now and now[n].requires_grad)
+        if unfrozen:
+            raise ProbeStateError(
+                f"parameter {unfrozen[0]!r} was unfrozen after the probe was made, and the default shared set was "
+                f"chosen among the parameters trainable then; make a new TransferProbe, or pass shared= the "
+                f"parameters to measure")
 
     def _check_downstream(self, value: float, when: str) -> None:
         if not math.isfinite(value):
