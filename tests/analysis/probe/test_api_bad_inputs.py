@@ -713,6 +713,25 @@ def _logging_sgd(c):
                                                           False, None)]
 
 
+@case("split", "a step that raised does not upset the count of later steps")
+def _raised_step(c):
+    model, opt = make("adam")
+    probe = probe_of(model, opt).attach(every=1)
+    batches = step_batches()
+    backward(model, opt, batches)
+    try:
+        opt.step()  # no observe(): refused inside the step's hooks
+        refused = False
+    except ProbeStateError:
+        refused = True
+    expected = reference(model, batches)
+    probe.observe(batches)
+    opt.step()
+    record = probe.records[0]
+    return [("refused", refused, True, None), *against_reference(record, expected, 1e-10),
+            ("flagged", "decomposition_flagged" in record["update"], False, None)]
+
+
 @case("split", ".grad zeroed between the backward and measure",
       Flagged("the optimizer's .grad is zero on every shared parameter"))
 @_flag_run()

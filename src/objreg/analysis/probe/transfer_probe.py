@@ -26,6 +26,7 @@ a probed loop beside the model's and the optimizer's own state.
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -198,9 +199,8 @@ class TransferProbe:
         # The default shared set is chosen among the parameters trainable now: one unfrozen later
         # would belong to it, so the probe refuses it rather than leave it out unsaid.
         self._frozen = {n for n, p in model.named_parameters() if not p.requires_grad} if shared is None else set()
-        hooks = _step_counter(weakref.ref(self))
-        handles = [optimizer.register_step_pre_hook(hooks[0]), optimizer.register_step_post_hook(hooks[1])]
-        weakref.finalize(self, lambda: [h.remove() for h in handles])
+        counter = optimizer.register_step_post_hook(_step_counter(weakref.ref(self)))
+        weakref.finalize(self, counter.remove)
         self._remember_shared()
 
     @property
@@ -618,22 +618,26 @@ class TransferProbe:
         self._remember_shared()
 
 
-def _step_counter(probe: weakref.ref) -> tuple[Callable[..., None], Callable[..., None]]:
-    """Optimizer step pre- and post-hooks counting the steps for the probe (while it lives). A
-    subclass's ``step`` that calls ``super().step()`` runs the hooks of both: only the outermost
-    call is a step."""
-    depth = [0]
+#: The code of torch's wrapper around every optimizer class's ``step`` (it runs the step hooks).
+_STEP_WRAPPER = torch.optim.Optimizer.profile_hook_step(lambda *args, **kwargs: None).__code__
 
-    def enter(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        depth[0] += 1
 
-    def leave(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        depth[0] -= 1
+def _step_counter(probe: weakref.ref) -> Callable[..., None]:
+    """An optimizer step post-hook counting the steps for the probe (while it lives). A subclass's
+    ``step`` that calls ``super().step()`` runs the hooks twice, once per wrapped ``step``: only the
+    outermost call is a step, the one no other wrapper of this optimizer encloses."""
+
+    def count(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        frame, calls = sys._getframe(1), 0
+        while frame is not None:
+            if frame.f_code is _STEP_WRAPPER and frame.f_locals.get("self") is optimizer:
+                calls += 1
+            frame = frame.f_back
         alive = probe()
-        if alive is not None and depth[0] == 0:
+        if alive is not None and calls <= 1:
             alive._steps_taken += 1
 
-    return enter, leave
+    return count
 
 
 def _flagged(update: Any) -> Any:
