@@ -25,6 +25,7 @@ from objreg.core import masks
 from objreg.core.errors import (
     DataError,
     DeviceError,
+    DistributedError,
     InvalidParameterError,
     NonFiniteLossError,
     ObjregError,
@@ -106,6 +107,7 @@ __all__ = [
     "CorruptedBatch",
     "DataError",
     "DeviceError",
+    "DistributedError",
     "HeadKind",
     "HeadSpec",
     "InvalidParameterError",

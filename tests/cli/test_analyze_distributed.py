@@ -27,10 +27,10 @@ SMALL = ["--pretrain", "mlm,sop", "--downstream", "qa", "--steps", "2", "--batch
 TIMEOUT_S = 2400
 
 
-def torchrun(*args: str) -> subprocess.CompletedProcess:
-    """``torchrun --standalone --nproc-per-node 2 objreg ARGS``; the whole process group is
-    killed if it outlives ``TIMEOUT_S`` (a hang fails the test instead of blocking it)."""
-    objreg_script = Path(sys.executable).with_name("objreg")
+def torchrun(*args: str, script: Path | None = None) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc-per-node 2 objreg ARGS`` (or ``script ARGS``); the whole
+    process group is killed if it outlives ``TIMEOUT_S`` (a hang fails the test instead of blocking it)."""
+    objreg_script = script or Path(sys.executable).with_name("objreg")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                str(objreg_script), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -69,3 +69,34 @@ def test_an_impossible_launch_fails_on_every_process(tmp_path):
     done = torchrun("analyze", *SMALL, "--batch-size", "1")  # the last --batch-size counts
     assert done.returncode != 0
     assert "batch_size 1 is smaller than the 2 processes" in done.stderr
+
+
+def per_rank(tmp_path: Path, extra: dict[str, list[str]]) -> Path:
+    """A script that runs ``objreg`` with the arguments it is given plus ``extra[RANK]``: processes
+    started by one torchrun command with settings that differ, as a user's per-rank wrapper would."""
+    script = tmp_path / "per_rank.py"
+    script.write_text("import os, sys\nfrom objreg.cli import main\n"
+                      f"sys.argv += {extra!r}.get(os.environ['RANK'], [])\nmain()\n", encoding="utf-8")
+    return script
+
+
+def _refusal_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("Error:")]
+
+
+def test_processes_started_with_another_seed_are_refused_naming_it(tmp_path):
+    done = torchrun("analyze", *SMALL, script=per_rank(tmp_path, {"1": ["--seed", "7"]}))
+    assert done.returncode != 0
+    lines = _refusal_lines(done.stderr)
+    assert lines, done.stderr
+    assert all("rank 1 was started with seed (--seed) 7 but rank 0 with 0" in line for line in lines), lines
+    assert "internal error" not in done.stderr
+
+
+def test_only_rank_0_given_out_ends_at_once_naming_it(tmp_path):
+    # Waits in no collective for the 1800 s timeout: refused at start-up, before the run directory is made.
+    done = torchrun("analyze", *SMALL, script=per_rank(tmp_path, {"0": ["--out", str(tmp_path / "run")]}))
+    assert done.returncode != 0
+    lines = _refusal_lines(done.stderr)
+    assert lines and all("rank 1 was started with out_dir (--out) not given but rank 0 with" in line for line in lines), done.stderr
+    assert not (tmp_path / "run").exists()

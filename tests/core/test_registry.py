@@ -567,7 +567,7 @@ def test_unknown_corpus_lists_providers(builtins, tmp_path):
 def test_unknown_model_lists_providers(builtins):
     with pytest.raises(UnknownNameError) as e:
         builtins.load_model("bert-bass", VOCAB, [], {}, torch.Generator())
-    assert str(e.value) == "unknown model 'bert-bass'. Did you mean 'bert-base'? Available: DIR, bert-base, default."
+    assert str(e.value) == "unknown model 'bert-bass'. Did you mean 'bert-base'? Available: DIR, bert-base, default, random-init:DIR."
 
 
 class ToyBackbone(torch.nn.Module):

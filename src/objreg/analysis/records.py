@@ -66,6 +66,8 @@ class Update(TypedDict):
     norms: ByName
     conditioning: float | None
     decomposition_residual: float
+    # Only on a record whose split does not describe the step taken (analysis.probe.split_check), then True.
+    decomposition_flagged: NotRequired[bool]
     attribution: str  # "exact" (SGD), "shapley" (Adam), …
     first_order: ByName  # each part's ∇D·d_c
     second_order: ByName  # each pair's ½ d_iᵀ H_D d_j (both orders summed off the diagonal)

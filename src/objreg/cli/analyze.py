@@ -4,7 +4,8 @@ While it runs, stderr shows its progress (:mod:`objreg.cli.progress`); Ctrl-C an
 it cleanly and say how to resume it (:mod:`objreg.cli.interrupt`). The report goes to stdout:
 tables at their natural width where stdout is not a terminal, numbers never cut
 (:mod:`objreg.cli.render`); ``--json`` prints the report alone. Third-party objectives go through
-the contract suite's cheap checks first, and a failure is one warning line.
+the contract suite's cheap checks first (the library's, :mod:`objreg.analysis.run.contract`), and a
+failure is one warning line.
 
 Under ``torchrun`` every process runs the command (the library shares the work between them);
 only the first (``RANK`` 0) prints, as only it writes ``--out``.
@@ -13,7 +14,6 @@ only the first (``RANK`` 0) prints, as only it writes ``--out``.
 from __future__ import annotations
 
 import os
-import warnings
 from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -181,8 +181,6 @@ def analyze(
 
     try:
         with interrupts, display or nullcontext():
-            for name in names or ():
-                _check_contract(registry, name, dict(config.objective_params.get(name, {})), on_status)
             report = objreg.analyze(names, downstream, on_step=on_step, on_status=on_status, **settings)
     except Stopped as stop:
         click.echo(stopped_message(stop, out_dir, finished[0], total), err=True)
@@ -213,29 +211,10 @@ def _checked_config(names: list[str] | None, downstream: str | None, settings: d
     return config
 
 
-def _check_contract(registry: objreg.Registry, name: str, params: dict[str, Any], status: Any) -> None:
-    """The contract suite's cheap checks on a third-party objective; problems are one warning."""
-    from objreg.testing import contract_problems, is_third_party
-
-    try:
-        if not is_third_party(registry, name):
-            return
-        status(f"checking the plugin contract of {name!r}")
-        _, problems = contract_problems(name, registry, params=params, quick=True)
-    except objreg.ObjregError:
-        return  # an unknown name or a bad parameter: objreg.analyze reports it
-    if problems:
-        first = problems[0].splitlines()[0]
-        warnings.warn(
-            f"objective {name!r} ({registry.origin(name)}) fails {len(problems)} check(s) of the plugin contract, so "
-            f"its numbers may be wrong; the first: {first} (objreg.testing.check_objective_contract({name!r}) "
-            f"lists them all)", stacklevel=2,
-        )
-
-
 def _prints() -> bool:
-    """Whether this process prints: the only one, or the first of those torchrun started."""
-    return os.environ.get("RANK", "0").strip() in ("", "0")
+    """Whether this process prints: the only one (a stray ``RANK`` without ``WORLD_SIZE`` > 1 is
+    ignored, as the library ignores it), or the first of those torchrun started."""
+    return not distributed() or os.environ.get("RANK", "0").strip() in ("", "0")
 
 
 def _render(report: dict[str, Any], console: Console) -> None:

@@ -93,6 +93,9 @@ def corrupt(
     seq_len: int | None, char_noise: float, as_json: bool,
 ) -> None:
     """Corrupt TEXTs with objective NAME and show input, labels and attention mask."""
+    from objreg.analysis.run.validation import MAX_SEED, check_integer
+
+    check_integer("seed", seed, 0, MAX_SEED)  # the generator takes 64 bits at most; runs take 32
     registry = render.registry(ctx)
     # Check the name (unknown, or a downstream task) before the slower tokenizer loading.
     info = registry.get(name).info

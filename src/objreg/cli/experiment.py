@@ -41,7 +41,8 @@ def list_experiments(as_json: bool) -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="The first seed.")
 @click.option("--device", default="auto", show_default=True, help="auto, cpu or cuda[:N].")
 @click.option("--out", "out_dir", type=click.Path(), default=None,
-              help="Directory for result.json and the plots (default: write nothing).")
+              help="Directory for result.json and the plots; one that holds an earlier result is refused, never "
+                   "overwritten (default: write nothing).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 def run(name: str | None, run_all: bool, quick: bool, seeds: int | None, seed: int, device: str,
         out_dir: str | None, as_json: bool) -> None:

@@ -104,4 +104,7 @@ def exit_code(stop: Stopped) -> int:
 
 def distributed() -> bool:
     """Whether torchrun started several processes."""
-    return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1") or 1) > 1
+    except ValueError:  # malformed: the library refuses it in one line
+        return False

@@ -12,6 +12,7 @@ than the terminal (which wraps its lines) rather than cutting a number.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -64,9 +65,16 @@ def console(stderr: bool = False) -> Console:
     return out
 
 
+#: Control characters (C0 but tab and newline, DEL, C1): a plugin's name or description holding
+#: them could move the cursor, retitle the window or hide text on the user's terminal.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
 def text(value: Any, style: str = "") -> Text:
-    """Literal text: token strings like ``[CLS]`` would otherwise be read as rich markup."""
-    return Text("" if value is None else str(value), style=style)
+    """Literal text: token strings like ``[CLS]`` would otherwise be read as rich markup, and
+    control characters are shown as escapes (``\\x1b``), never sent to the terminal."""
+    plain = "" if value is None else str(value)
+    return Text(_CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", plain), style=style)
 
 
 class NumberTable(Table):

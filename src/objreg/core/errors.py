@@ -70,6 +70,11 @@ class DeviceError(ObjregError, RuntimeError):
     """A device was asked for that this machine does not have."""
 
 
+class DistributedError(ObjregError, RuntimeError):
+    """The processes of a distributed run disagree (their settings differ) or lost one another
+    (a process stopped in the middle of a collective); the message names the rank."""
+
+
 class ResourceError(ObjregError, RuntimeError):
     """The machine ran out of something a run needs (disk space, memory) or refused a write;
     the message says what to change."""

@@ -13,6 +13,7 @@ from types import ModuleType
 
 from objreg import InvalidParameterError, UnknownNameError
 from objreg.experiments.base import ExperimentResult, Setting
+from objreg.experiments.ownership import claim_output
 from objreg.experiments.replication import check_seeds, run_seeds
 
 #: Experiment name → module, in the order they are listed.
@@ -92,14 +93,20 @@ def run(name: str, *, seeds: int | None = None, seed: int = 0, quick: bool = Fal
     Raises:
         UnknownNameError: No experiment has that name.
         InvalidParameterError: ``seeds`` or ``seed`` is out of range, or ``out_dir`` is not a
-            writable directory (checked before anything runs).
+            writable directory, holds an earlier result or someone else's files, or another
+            experiment is running in it (:mod:`objreg.experiments.ownership`; checked before
+            anything runs).
     """
     experiment = module(name)
     seeds = default_seeds(quick) if seeds is None else seeds
     check_seeds(seeds, seed)
-    path = _out_path(out_dir) if out_dir is not None else None
-    return run_seeds(experiment, seeds=seeds, seed=seed, quick=quick, out_dir=path, device=device,
-                     status=status or (lambda _message: None))
+    if out_dir is None:
+        return run_seeds(experiment, seeds=seeds, seed=seed, quick=quick, out_dir=None, device=device,
+                         status=status or (lambda _message: None))
+    path = _out_path(out_dir)
+    with claim_output(path):
+        return run_seeds(experiment, seeds=seeds, seed=seed, quick=quick, out_dir=path, device=device,
+                         status=status or (lambda _message: None))
 
 
 def run_all(out_dir: str | Path, *, seeds: int | None = None, seed: int = 0, quick: bool = False,
@@ -108,6 +115,8 @@ def run_all(out_dir: str | Path, *, seeds: int | None = None, seed: int = 0, qui
     seeds = default_seeds(quick) if seeds is None else seeds
     check_seeds(seeds, seed)
     root = _out_path(out_dir)
+    for name in EXPERIMENTS:  # every directory checked before the first experiment runs
+        claim_output(root / name, option="--out").release()
     status = status or (lambda _message: None)
     results = {}
     for name in EXPERIMENTS:

@@ -16,6 +16,7 @@ formats share the line reader, the JSON records, the JSON type names and the lab
 
 from __future__ import annotations
 
+import decimal
 import json
 import os
 import re
@@ -64,6 +65,27 @@ def round_robin(streams: Iterable[Iterable[T | None]], limit: int) -> list[T]:
                     break
         active = still
     return out
+
+
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def canonical_label(label: str) -> str:
+    """A label that is a number, written one way: ``00`` → ``0``, ``1.0`` and ``+1`` → ``1``,
+    ``0.50`` → ``0.5``; so the same number is one class however a file spells it (a binary task
+    labelled ``0``/``00``/``1``/``1.0`` would otherwise train as four classes). Other labels are
+    kept as they are."""
+    if not _NUMBER.fullmatch(label):
+        return label
+    value = decimal.Decimal(label)
+    if abs(value.adjusted()) > 64:  # 1e999999999: too long to write out (and beyond decimal's arithmetic)
+        sign, digits, exponent = value.as_tuple()
+        while len(digits) > 1 and digits[-1] == 0:
+            digits, exponent = digits[:-1], exponent + 1
+        return f"{'-' if sign else ''}{''.join(map(str, digits))}E{exponent}"
+    if value == value.to_integral_value():
+        return str(int(value))
+    return format(value.normalize(), "f")
 
 
 def label_order(labels: Sequence[str]) -> list[str]:
@@ -154,7 +176,7 @@ def _label_set(path: Path, given: str, found: list[str], line_of: Mapping[str, i
     found labels in :func:`label_order`. ``line_of`` maps a label to the line it first appears on."""
     if not given:
         return label_order(found)
-    classes = [label.strip() for label in given.split(",") if label.strip()]
+    classes = list(dict.fromkeys(canonical_label(label.strip()) for label in given.split(",") if label.strip()))
     allowed = set(classes)
     unknown = [label for label in line_of if label not in allowed]
     if unknown:
@@ -217,7 +239,7 @@ class _Reading:
         elif not text.strip() or (pair is not None and not pair.strip()):
             self.empty_text.append(number)
         else:
-            self.records.append(Record(number, text, pair, label))
+            self.records.append(Record(number, text, pair, canonical_label(label)))
 
 
 def _unquote(text: str) -> str:

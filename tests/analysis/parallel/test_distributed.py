@@ -241,8 +241,9 @@ def _worker(rank: int, port: int, out_dir: str, results: str) -> None:
         report = objreg.analyze(PRETRAIN, "qa", registry=tiny_registry(), out_dir=out_dir, writer=writer, **RUN)
         with open(os.path.join(results, f"rank{rank}.json"), "w", encoding="utf-8") as f:
             f.write(report.to_json())
-        # A diverging run stops on both processes at the same step (the check reads the summed loss).
-        with pytest.raises(NonFiniteLossError, match="at step 1"):
+        # A diverging run stops on both processes at the same step (the checks read the summed losses):
+        # D after the first step is no number.
+        with pytest.raises(NonFiniteLossError, match="is not finite after step 0"):
             objreg.analyze("mlm,sop", "qa", registry=tiny_registry(), **{**RUN, "lr": 1e300, "optimizer": "sgd",
                                                                            "spectrum": 0})
     finally:
@@ -299,3 +300,41 @@ def test_rank_zero_wrote_the_run_files(two_processes):
     assert json.loads((out_dir / "config.json").read_text(encoding="utf-8"))["world_size"] == 2
     assert len((out_dir / "steps.jsonl").read_text(encoding="utf-8").splitlines()) == RUN["steps"]
     assert not (out_dir / "checkpoint.pt").exists()
+
+
+# -- processes that disagree or stop -------------------------------------------------------------------
+
+
+def _disagreeing_worker(rank: int, port: int, results: str) -> None:
+    """Two processes given different seeds, then one that stops before a collective the other waits in."""
+    os.environ.update(WORLD_SIZE="2", RANK=str(rank), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=TIMEOUT_S))
+    lines = []
+    try:
+        try:
+            objreg.analyze("mlm", "qa", registry=tiny_registry(), **{**RUN, "seed": 3 * rank})
+        except objreg.DistributedError as error:
+            lines.append(str(error))
+        group = from_environment("cpu")
+        if rank == 1:
+            os._exit(0)  # stops without a word, as a killed process would
+        try:
+            group.all_reduce_sum(torch.ones(3))
+        except objreg.DistributedError as error:
+            lines.append(str(error))
+        with open(os.path.join(results, f"rank{rank}.json"), "w", encoding="utf-8") as f:
+            json.dump(lines, f)
+    finally:
+        if rank == 0:
+            dist.destroy_process_group()
+
+
+@pytest.mark.e2e
+def test_processes_that_disagree_or_stop_are_named(tmp_path):
+    run_two_processes(_disagreeing_worker, free_port(), str(tmp_path))
+    settings, lost = json.loads((tmp_path / "rank0.json").read_text(encoding="utf-8"))
+    assert settings == ("process rank 1 was started with seed (--seed) 3 but rank 0 with 0: every process torchrun "
+                        "starts must be given the same settings")
+    assert lost.startswith("process rank 0 lost the other processes in a collective: rank 1 stopped or failed first")

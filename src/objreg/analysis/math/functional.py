@@ -71,16 +71,51 @@ class CallableLoss:
     name: str
     fn: Callable[[nn.Module, Any], torch.Tensor]
     batch_coupled: bool = False
+    role: str = "objective"
     info: Any = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "info", SimpleNamespace(batch_coupled=self.batch_coupled))
 
+    @property
+    def label(self) -> str:
+        """How messages name it: ``objective 'tokens' (token_loss)``, ``the downstream loss (task_loss)``."""
+        function = getattr(self.fn, "__qualname__", None) or type(self.fn).__name__
+        return f"the {self.role} ({function})" if self.role != "objective" else f"objective {self.name!r} ({function})"
+
     def attention_mask(self, batch: Any) -> None:
         return None
 
     def losses(self, model: nn.Module, batch: Any, mask: None) -> torch.Tensor:
-        return self.fn(model, batch)
+        out = self.fn(model, batch)
+        check_loss_shape(self.label, out, batch_size_of(batch))
+        return out
+
+
+def check_loss_shape(label: str, out: Any, rows: int) -> None:
+    """A per-sample loss must be a floating tensor of shape ``[rows]``: one loss per example. A
+    per-token ``[B, T]`` loss would multiply every dot by ``T`` and a batch mean divide it by
+    ``B``, so anything else is refused, naming what the function returned.
+
+    Raises:
+        InvalidParameterError: ``out`` is not a floating tensor of shape ``[rows]``.
+    """
+    wanted = f"one loss per example, a floating tensor of shape [{rows}]"
+    if not isinstance(out, torch.Tensor):
+        raise InvalidParameterError(f"{label} must return {wanted}; it returned {type(out).__name__} "
+                                    f"(a tensor, not a Python number or list, so it can be differentiated)")
+    if not out.dtype.is_floating_point:
+        raise InvalidParameterError(f"{label} must return {wanted}; it returned a {out.dtype} tensor (integer and "
+                                    f"boolean losses cannot be differentiated)")
+    if tuple(out.shape) != (rows,):
+        shape = list(out.shape)
+        if out.dim() == 0:
+            hint = "a single number: return the per-example losses (reduction='none'), not their mean or sum"
+        elif out.dim() >= 2 and out.shape[0] == rows:
+            hint = "one value per token or output: reduce each example's to one number (e.g. .mean(1))"
+        else:
+            hint = "not one value per example of the batch"
+        raise InvalidParameterError(f"{label} must return {wanted}; it returned a tensor of shape {shape} ({hint})")
 
 
 def count_parameters(params: Params) -> int:

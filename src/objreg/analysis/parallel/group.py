@@ -15,13 +15,16 @@ run gets. See docs/distributed.md.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from objreg.core.errors import DistributedError
 
 T = TypeVar("T")
 
@@ -77,6 +80,10 @@ class Group:
         """``obj`` of process ``src`` (picklable), on every process."""
         return obj
 
+    def gather_objects(self, obj: Any) -> list[Any]:
+        """Every process's ``obj`` (picklable), in rank order, on every process."""
+        return [obj]
+
     def broadcast_tensor(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         """Process ``src``'s ``tensor`` on every process (the others pass one of its shape and dtype)."""
         return tensor
@@ -120,6 +127,22 @@ class ProcessGroup(Group):
         nccl = "nccl" in backend and device is not None and device.type == "cuda"
         self.comm_device = device if nccl else torch.device("cpu")
 
+    @contextlib.contextmanager
+    def _peers(self) -> Iterator[None]:
+        """A collective: where the backend lost another process (it exited, was killed, or stopped
+        answering), one :class:`DistributedError` naming the rank instead of the backend's error."""
+        try:
+            yield
+        except RuntimeError as error:
+            if not _lost_peer(error):
+                raise
+            others = [r for r in range(self.world_size) if r != self.rank]
+            who = f"rank {others[0]}" if len(others) == 1 else f"one of ranks {', '.join(map(str, others))}"
+            detail = next((line.strip() for line in str(error).splitlines() if line.strip()), type(error).__name__)
+            raise DistributedError(
+                f"process rank {self.rank} lost the other processes in a collective: {who} stopped or failed first "
+                f"(its own output says why); this process stops too ({detail[:200]})") from None
+
     def _collective_per_dtype(self, tensors: Sequence[torch.Tensor], collective: Callable[[torch.Tensor], Any]
                               ) -> list[torch.Tensor]:
         """Apply the in-place ``collective`` to one flat buffer per dtype (one call however many
@@ -130,7 +153,8 @@ class ProcessGroup(Group):
         out: list[torch.Tensor] = [None] * len(tensors)  # type: ignore[list-item]
         for indices in by_dtype.values():
             buffer = torch.cat([tensors[i].detach().reshape(-1).to(self.comm_device) for i in indices])
-            collective(buffer)
+            with self._peers():
+                collective(buffer)
             for i, part in zip(indices, buffer.split([tensors[i].numel() for i in indices])):
                 out[i] = part.reshape(tensors[i].shape)
         return out
@@ -152,7 +176,8 @@ class ProcessGroup(Group):
         header = [a.numel() for a in arrays] + [_GATHER_DTYPES.index(a.dtype) for a in arrays]
         own = torch.tensor(header, dtype=torch.int64, device=self.comm_device)
         headers = [torch.empty_like(own) for _ in range(self.world_size)]
-        dist.all_gather(headers, own)
+        with self._peers():
+            dist.all_gather(headers, own)
         counts = [[int(n) for n in row[: len(arrays)]] for row in headers]
         dtype = arrays[0].dtype
         for row in headers:
@@ -163,7 +188,8 @@ class ProcessGroup(Group):
         values = [a.detach().reshape(-1).to(self.comm_device, dtype) for a in arrays]
         local[: sum(counts[self.rank])] = torch.cat(values)
         every = [torch.empty_like(local) for _ in range(self.world_size)]
-        dist.all_gather(every, local)
+        with self._peers():
+            dist.all_gather(every, local)
         pieces: list[list[torch.Tensor]] = [[] for _ in arrays]
         for row, buffer in zip(counts, every):
             for j, part in enumerate(buffer[: sum(row)].split(row)):
@@ -173,12 +199,20 @@ class ProcessGroup(Group):
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         holder = [obj]
         # NCCL moves the pickled bytes through this process's GPU; gloo through the CPU.
-        dist.broadcast_object_list(holder, src=src, device=self.comm_device)
+        with self._peers():
+            dist.broadcast_object_list(holder, src=src, device=self.comm_device)
         return holder[0]
+
+    def gather_objects(self, obj: Any) -> list[Any]:
+        every = [None] * self.world_size
+        with self._peers():
+            dist.all_gather_object(every, obj)
+        return every
 
     def broadcast_tensor(self, tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
         buffer = tensor.detach().to(self.comm_device, copy=True)
-        dist.broadcast(buffer, src=src)
+        with self._peers():
+            dist.broadcast(buffer, src=src)
         return buffer.to(tensor.device)
 
     @torch.no_grad()
@@ -188,8 +222,7 @@ class ProcessGroup(Group):
 
     def agree(self, action: Callable[[], T]) -> T:
         result, error = _attempt(action)
-        failures = [None] * self.world_size
-        dist.all_gather_object(failures, _describe(error))
+        failures = self.gather_objects(_describe(error))
         _raise_first(failures, error, self.rank)
         return result  # type: ignore[return-value]
 
@@ -236,6 +269,19 @@ class ProcessGroup(Group):
 
 
 # -- errors every process raises together ---------------------------------------------------------
+
+
+#: What gloo and NCCL say when a peer process is gone or does not answer.
+_LOST_PEER_MARKERS = ("connection closed", "connection reset", "connection refused", "broken pipe", "timed out",
+                      "timeout", "gloo", "nccl", "socket", "peer")
+
+
+def _lost_peer(error: RuntimeError) -> bool:
+    backend_error = getattr(dist, "DistBackendError", None)
+    if backend_error is not None and isinstance(error, backend_error):
+        return True
+    text = str(error).lower()
+    return any(marker in text for marker in _LOST_PEER_MARKERS)
 
 
 def _attempt(action: Callable[[], T]) -> tuple[T | None, BaseException | None]:

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from objreg.analysis.parallel.devices import resolve_device
 from objreg.analysis.parallel.group import Group, ProcessGroup
-from objreg.core.errors import DeviceError, InvalidParameterError
+from objreg.core.errors import DeviceError, DistributedError, InvalidParameterError
 
 ENV_BACKEND = "OBJREG_DISTRIBUTED_BACKEND"
 ENV_TIMEOUT = "OBJREG_DISTRIBUTED_TIMEOUT"
@@ -177,3 +177,28 @@ def check_batch(batch_size: int, group: Group, what: str = "batch_size") -> None
             f"{what} {batch_size} is smaller than the {group.world_size} processes: each process takes a share "
             f"of every batch's rows; use {what} ≥ {group.world_size} or fewer processes"
         )
+
+
+def check_same_settings(group: Group, settings: Mapping[str, str]) -> None:
+    """Every process must have been started with the same settings: ``torchrun`` runs one command
+    per process, and processes that differ (another ``--seed``, ``--corpus`` or ``--lr``) would
+    be merged into one report of nothing that ran, or (another ``--out``) wait for one another in
+    different collectives until the timeout. Compared before the first other collective, in one.
+
+    Args:
+        settings: Setting → its value, as a string (equal strings: the same setting).
+
+    Raises:
+        DistributedError: on every process, naming the first process and setting that differ
+            from the main process's.
+    """
+    if not group.distributed:
+        return
+    every = group.gather_objects(dict(settings))
+    main = every[0]
+    for rank, theirs in enumerate(every[1:], start=1):
+        for key in [*main, *(k for k in theirs if k not in main)]:
+            if main.get(key) != theirs.get(key):
+                raise DistributedError(
+                    f"process rank {rank} was started with {key} {theirs.get(key, '(not given)')} but rank 0 with "
+                    f"{main.get(key, '(not given)')}: every process torchrun starts must be given the same settings")

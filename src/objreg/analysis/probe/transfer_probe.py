@@ -26,6 +26,9 @@ a probed loop beside the model's and the optimizer's own state.
 from __future__ import annotations
 
 import math
+import sys
+import warnings
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,15 +48,28 @@ from objreg.analysis.probe.arguments import (
     build_downstream,
     check_batches,
     check_choice,
+    check_finite_losses,
+    check_given_losses,
+    check_gradients,
     checked_weights,
     loss_functions,
+    loss_label,
+    model_device,
     shared_names,
     user_group,
 )
 from objreg.analysis.probe.engine import Pending, Probe
 from objreg.analysis.probe.report import AlignmentReport, summarise
+from objreg.analysis.probe.split_check import (
+    gradient_cause,
+    mismatch_message,
+    overridden_step,
+    residual_cause,
+    steps_cause,
+    zero_grad_cause,
+)
 from objreg.analysis.records import StepRecord
-from objreg.core.errors import InvalidParameterError, ProbeStateError
+from objreg.core.errors import InvalidParameterError, NonFiniteLossError, ProbeStateError
 from objreg.core.handles import Objective, Task
 
 #: A per-sample loss: ``fn(model, batch) -> [B]`` (the model's parameters are swapped for the probe's).
@@ -70,6 +86,8 @@ class Measurement:
 
     pending: Pending
     finished: bool = False
+    taken_at: int = 0  # the optimizer steps the probe had seen when it measured
+    causes: list[str] = field(default_factory=list)  # what already shows the split is not of the step taken
 
 
 @dataclass
@@ -116,6 +134,10 @@ class TransferProbe:
             reads the head as it is (frozen). :mod:`objreg.analysis.math.refit`, docs/probe.md.
         fit_batches: With ``downstream_head``: the examples the head is fitted on, apart from
             ``eval_batches`` (one batch or a list, like ``eval_batches``).
+        strict: Raise :class:`~objreg.core.errors.ProbeStateError` where a record would be
+            flagged because its split does not describe the step the optimizer took (default:
+            flag the record, ``update.decomposition_flagged``, and warn once;
+            :mod:`objreg.analysis.probe.split_check`).
 
     Raises:
         InvalidParameterError: an argument the probe cannot use (the message names it).
@@ -127,11 +149,14 @@ class TransferProbe:
         shared: Sequence[str] | Callable[[str, nn.Parameter], bool] | None = None, per_sample_method: str = "auto",
         hvp_method: str = "auto", eval_dtype: torch.dtype | None = torch.float64, seed: int = 0,
         steps: int | None = None, spectrum: int = 0, batch_coupled: Sequence[str] = (), whole_batches: bool = False,
-        decode: Callable[[Sequence[int]], str] | None = None, downstream_head: nn.Module | Sequence[str] | None = None,
-        fit_batches: Any = None,
+        decode: Callable[[Sequence[int]], str] | None = None, strict: bool = False,
+        downstream_head: nn.Module | Sequence[str] | None = None, fit_batches: Any = None,
     ):
-        if isinstance(model, nn.parallel.DistributedDataParallel):
-            model = model.module
+        # DistributedDataParallel's module, torch.compile's original module (the probe's own
+        # transforms run the eager module), in any nesting.
+        while isinstance(model, nn.parallel.DistributedDataParallel) or isinstance(
+                getattr(model, "_orig_mod", None), nn.Module):
+            model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model._orig_mod
         if not isinstance(model, nn.Module):
             raise InvalidParameterError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):  # accelerate's wrapper
@@ -148,7 +173,8 @@ class TransferProbe:
         group = user_group(model) if not isinstance(downstream, Downstream) else downstream.group
         self.downstream = build_downstream(model, downstream, eval_batches, group, eval_dtype, downstream_head,
                                            fit_batches)
-        names = shared_names(model, shared, self.downstream)
+        names = shared_names(model, shared, self.downstream, optimizer,
+                             check_reach=not isinstance(downstream, Downstream))
         self.downstream.shared = names
         self.engine = Probe(model, losses, self.downstream, seed=seed, steps=steps if steps is not None else 0,
                             per_sample_method=per_sample_method, hvp_method=hvp_method, spectrum=spectrum,
@@ -172,6 +198,19 @@ class TransferProbe:
         self._steps_seen = 0
         self._observed: Observed | None = None
         self._attached_measurement: Measurement | None = None
+        # Every optimizer step counted (whoever calls it), so a finish that is not one step after
+        # its measure is seen; the shared parameters as measured, so changes to them are refused.
+        self.strict = bool(strict)
+        self._steps_taken = 0
+        self._open_measure_at: int | None = None
+        self._warned = False
+        self._override = overridden_step(optimizer)
+        # The default shared set is chosen among the parameters trainable now: one unfrozen later
+        # would belong to it, so the probe refuses it rather than leave it out unsaid.
+        self._frozen = {n for n, p in model.named_parameters() if not p.requires_grad} if shared is None else set()
+        counter = optimizer.register_step_post_hook(_step_counter(weakref.ref(self)))
+        weakref.finalize(self, counter.remove)
+        self._remember_shared()
 
     @property
     def shared_parameters(self) -> dict[str, nn.Parameter]:
@@ -190,6 +229,7 @@ class TransferProbe:
         if self.coalitions is None:
             return
         self._refuse_without_state()
+        self._check_shared_unchanged()
         with self._quiet():
             self._track(batches, self._weights_of(weights), gradients)
 
@@ -215,20 +255,36 @@ class TransferProbe:
         if self.coalitions is not None:
             self._refuse_without_state()
         weights = self._weights_of(weights)
-        check_batches("batches", batches, self.engine.objectives)
+        check_batches("batches", batches, self.engine.objectives, model_device(self.model))
+        self._check_shared_unchanged()
+        if self._open_measure_at == self._steps_taken:
+            raise ProbeStateError("measure() was called twice before optimizer.step(): measure each step once, "
+                                  "then finish() it after the step")
         step = self._next_step if step is None else step
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise InvalidParameterError(f"step must be an integer ≥ 0 (the step's index in the record), got {step!r}")
         with self._quiet():
+            if self._narrow:
+                self._narrow_to_reached(batches)
             if gradients is None:
                 gradients, losses, weights_in_step = self._gradients(batches, weights)
             else:
+                gradients = check_gradients(gradients, self.engine.objectives, self.shared_parameters)
                 weights_in_step = weights
+            if losses is not None:
+                losses = check_given_losses(losses, self.engine.objectives)
+            grads = {n: p.grad for n, p in self.shared_parameters.items() if p.grad is not None}
+            causes = [c for c in (zero_grad_cause(list(grads.values()), gradients),
+                                  gradient_cause(grads, gradients, weights)) if c is not None]
             if self.coalitions is not None and self._tracked_at != self._optimizer_steps():
                 self._track(batches, weights_in_step, gradients)
             pending = self.engine.measure(step, dict(weights_in_step), self.optimizer, tokens, dict(batches),
                                           dict(losses or {}), dict(gradients), self.coalitions)
+        self._check_downstream(pending.record["downstream_loss"], f"at step {step}")
         pending.record["weights"] = dict(weights)
         self._next_step = step + 1
-        return Measurement(pending)
+        self._open_measure_at = self._steps_taken
+        return Measurement(pending, taken_at=self._steps_taken, causes=causes)
 
     def finish(self, measurement: Measurement) -> StepRecord:
         """After ``optimizer.step()``: the step's record (``objreg analyze``'s ``steps[]`` schema),
@@ -240,8 +296,24 @@ class TransferProbe:
         if not isinstance(measurement, Measurement) or measurement.finished:
             raise ProbeStateError("finish() takes the Measurement of one measure() call, once, after optimizer.step()")
         measurement.finished = True
+        self._open_measure_at = None
+        pending = measurement.pending
+        after = {n: p.detach() for n, p in named_shared(self.model, self.engine.shared).items()}
+        causes = [*measurement.causes, *(c for c in (steps_cause(self._steps_taken - measurement.taken_at),
+                                                     residual_cause(pending.before, after, pending.parts))
+                                         if c is not None)]
+        if causes and self._override is not None:
+            causes.append(self._override)  # a likely reason, said only where the step did not match
+        if causes and self.strict:
+            raise ProbeStateError(mismatch_message(pending.record["step"], causes))
         with self._quiet():
-            record = self.engine.finish(measurement.pending)
+            record = self.engine.finish(pending)
+        self._check_diverged(record["downstream_loss_after"], record["step"])
+        if causes:
+            record["update"] = _flagged(record["update"])
+            if not self._warned:
+                self._warned = True
+                warnings.warn(mismatch_message(record["step"], causes), UserWarning, stacklevel=3)
         self.records.append(record)
         return record
 
@@ -404,6 +476,7 @@ class TransferProbe:
         engine = self.engine
         engine.shared = self.downstream.shared = tuple(state["shared"])
         self._narrow = False
+        self._remember_shared()
         self.records = list(state["records"])
         self._next_step, self._steps_seen = int(state["next_step"]), int(state["steps_seen"])
         self._tracked_at = None if state["tracked_at"] is None else int(state["tracked_at"])
@@ -417,6 +490,9 @@ class TransferProbe:
     def report(self, downstream: str = "downstream", config: Mapping[str, Any] | None = None) -> AlignmentReport:
         """:attr:`records` as an ``objreg.AlignmentReport`` (its summary as ``objreg analyze`` makes
         it; ``summary.weights_by_step`` lists the measured steps' weights)."""
+        if not self.records:
+            raise ProbeStateError("report() summarises the finished records and there are none yet: measure() and "
+                                  "finish() a step first (or attach() the probe and train)")
         names = list(self.engine.objectives)
         summary = summarise(names, self.records, weights_by_step=[r["weights"] for r in self.records],
                             update_rule=self.engine.update_rule)
@@ -426,6 +502,42 @@ class TransferProbe:
                                summary=summary)
 
     # -- internals -------------------------------------------------------------------------------
+
+    def _remember_shared(self) -> None:
+        self._shared_ids = {n: id(p) for n, p in self.shared_parameters.items()}
+
+    def _check_shared_unchanged(self) -> None:
+        """The shared parameters must still be the ones the probe measures: present, trainable and
+        the same tensors (the optimizer holds those)."""
+        now = dict(self.model.named_parameters())
+        for name, ident in self._shared_ids.items():
+            p = now.get(name)
+            change = ("was removed from the model" if p is None else
+                      "was replaced by another tensor (the optimizer still holds the old one)" if id(p) != ident else
+                      "was frozen (requires_grad=False)" if not p.requires_grad else None)
+            if change is not None:
+                raise ProbeStateError(f"shared parameter {name!r} {change} after the probe was made: the probe "
+                                      f"measures a fixed set of parameters; make a new TransferProbe for the new set")
+        unfrozen = sorted(n for n in self._frozen if n in now and now[n].requires_grad)
+        if unfrozen:
+            raise ProbeStateError(
+                f"parameter {unfrozen[0]!r} was unfrozen after the probe was made, and the default shared set was "
+                f"chosen among the parameters trainable then; make a new TransferProbe, or pass shared= the "
+                f"parameters to measure")
+
+    def _check_downstream(self, value: float, when: str) -> None:
+        if not math.isfinite(value):
+            raise InvalidParameterError(
+                f"{loss_label('downstream', self.downstream.task)} is not finite {when} (D = {value}): a "
+                f"diverged model, or a loss that returns NaN or inf")
+
+    def _check_diverged(self, value: float, step: int) -> None:
+        """``D`` after a step: non-finite where the step diverged (or the loss returns NaN there)."""
+        if not math.isfinite(value):
+            raise NonFiniteLossError(
+                f"{loss_label('downstream', self.downstream.task)} is not finite after step {step} (D = {value}): "
+                f"the step diverged, or the loss returns NaN or inf there; try a smaller learning rate (--lr) or "
+                f"float64 (--dtype float64)")
 
     def _weights_of(self, weights: Mapping[str, float] | None) -> dict[str, float]:
         return self.weights if weights is None else checked_weights(weights, list(self.engine.objectives))
@@ -455,8 +567,10 @@ class TransferProbe:
         if gradients is None:
             if batches is None:
                 raise InvalidParameterError("track() needs this step's batches (or its gradients)")
-            check_batches("batches", batches, self.engine.objectives)
+            check_batches("batches", batches, self.engine.objectives, model_device(self.model))
             gradients, _, weights = self._gradients(batches, weights)
+        else:
+            gradients = check_gradients(gradients, self.engine.objectives, shared)
         advance(self.coalitions, self.optimizer, shared, weights, gradients)
         self._tracked_at = self._optimizer_steps()
 
@@ -473,7 +587,13 @@ class TransferProbe:
             function = ObjectiveFunction(self.model, objective, batches[name], shared=self.engine.shared)
             leaves = requiring_grad({n: p.detach() for n, p in self.shared_parameters.items()})
             with torch.enable_grad():
-                total = function(leaves).sum()
+                values = function(leaves)
+                label = loss_label(name, objective)
+                check_finite_losses(label, values, f"at step {self._next_step}")
+                if not values.requires_grad:
+                    raise InvalidParameterError(f"{label} does not depend on the shared parameters (computed under "
+                                                f"torch.no_grad(), or detached?): it has no gradient to measure")
+                total = values.sum()
                 grads = torch.autograd.grad(total, list(leaves.values()), allow_unused=True)
             grads = [torch.zeros_like(t) if g is None else g for t, g in zip(leaves.values(), grads)]
             count = torch.tensor(float(function.batch_size), dtype=total.dtype, device=total.device)
@@ -503,9 +623,45 @@ class TransferProbe:
         for name, objective in self.engine.objectives.items():
             function = ObjectiveFunction(self.model, objective, batches[name], shared=self.engine.shared)
             with torch.enable_grad():
-                grads = torch.autograd.grad(function(leaves).sum(), list(leaves.values()), allow_unused=True)
+                values = function(leaves)
+                if not values.requires_grad:
+                    continue  # reaches none of them (and is refused as it is measured)
+                grads = torch.autograd.grad(values.sum(), list(leaves.values()), allow_unused=True)
             reached |= {n for n, g in zip(leaves, grads) if g is not None}
         names = tuple(n for n in self.engine.shared if n in reached)
         if not names:
             raise InvalidParameterError("no trainable parameter is reached by both the downstream loss and an objective")
         self.engine.shared = self.downstream.shared = names
+        self._remember_shared()
+
+
+#: The code of torch's wrapper around every optimizer class's ``step`` (it runs the step hooks).
+_STEP_WRAPPER = torch.optim.Optimizer.profile_hook_step(lambda *args, **kwargs: None).__code__
+
+
+def _step_counter(probe: weakref.ref) -> Callable[..., None]:
+    """An optimizer step post-hook counting the steps for the probe (while it lives). A subclass's
+    ``step`` that calls ``super().step()`` runs the hooks twice, once per wrapped ``step``: only the
+    outermost call is a step, the one no other wrapper of this optimizer encloses."""
+
+    def count(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        frame, calls = sys._getframe(1), 0
+        while frame is not None:
+            if frame.f_code is _STEP_WRAPPER and frame.f_locals.get("self") is optimizer:
+                calls += 1
+            frame = frame.f_back
+        alive = probe()
+        if alive is not None and calls <= 1:
+            alive._steps_taken += 1
+
+    return count
+
+
+def _flagged(update: Any) -> Any:
+    """``update`` with ``decomposition_flagged`` after ``decomposition_residual`` (the schema's order)."""
+    out = {}
+    for key, value in update.items():
+        out[key] = value
+        if key == "decomposition_residual":
+            out["decomposition_flagged"] = True
+    return out

@@ -40,16 +40,29 @@ class RunWriter:
         write_atomic(self.out_dir / "config.json", json.dumps(config, indent=2, allow_nan=False))
 
     def start_steps(self) -> None:
-        """Begin a fresh ``steps.jsonl`` for this run."""
-        with open(self.steps_path, "w", encoding="utf-8"):
-            pass
+        """Begin a fresh ``steps.jsonl`` for this run (a new file: a link in its place is replaced,
+        never written through)."""
+        write_atomic(self.steps_path, "")
 
     def rewrite_steps(self, steps: list[StepRecord]) -> None:
         """Replace ``steps.jsonl`` with ``steps`` (atomically): a resumed run's finished probes."""
         write_atomic(self.steps_path, "".join(json.dumps(step, allow_nan=False) + "\n" for step in steps))
 
     def append_step(self, step: StepRecord) -> None:
-        with open(self.steps_path, "a", encoding="utf-8") as f:
+        """One line more in ``steps.jsonl``, synced (never through a symbolic link).
+
+        Raises:
+            DataError: ``steps.jsonl`` is a symbolic link.
+        """
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            fd = os.open(self.steps_path, flags, 0o666)
+        except OSError as e:
+            if not self.steps_path.is_symlink():
+                raise
+            raise DataError(f"{str(self.steps_path)!r} is a symbolic link: objreg writes no run file through a "
+                            f"link") from e
+        with os.fdopen(fd, "a", encoding="utf-8") as f:
             f.write(json.dumps(step, allow_nan=False) + "\n")
             f.flush()
             os.fsync(f.fileno())

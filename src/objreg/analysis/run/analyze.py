@@ -11,17 +11,20 @@ report, and the main process (rank 0) alone writes the output files.
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from objreg.analysis.math.mixture import counterfactual
 from objreg.analysis.parallel.group import Group
-from objreg.analysis.parallel.launch import from_environment
+from objreg.analysis.parallel.launch import check_same_settings, from_environment
 from objreg.analysis.probe.report import AlignmentReport, summarise
 from objreg.analysis.probe.writer import RunWriter
 from objreg.analysis.records import StepRecord
 from objreg.analysis.run.config import AnalysisConfig
+from objreg.analysis.run.contract import check_contracts
 from objreg.analysis.run.failures import resource_errors
 from objreg.analysis.run.fingerprint import (
     RunInputs,
@@ -86,6 +89,10 @@ def analyze(
     Raises:
         InvalidParameterError: ``resume`` given with other run settings, or naming a finished run.
         DataError: ``resume`` names a directory without a readable config or checkpoint.
+
+    Warns:
+        UserWarning: a third-party objective fails one of the plugin contract's cheap checks
+            (:mod:`objreg.analysis.run.contract`).
     """
     check_call(pretrain=pretrain, downstream=downstream, registry=registry, out_dir=out_dir, resume=resume,
                on_step=on_step, on_status=on_status, cache=cache, writer=writer, settings=settings,
@@ -104,7 +111,10 @@ def analyze(
         config = absolute_paths(config, registry)  # the same files when resumed from elsewhere
     check(config, registry)
     check_providers(config, registry)
+    if resume is None:
+        check_contracts(config.pretrain, config.objective_params, registry, on_status or (lambda _: None))
     group = from_environment(config.device)
+    check_same_settings(group, _settings_of(config, out_dir, resume))
     with resource_errors(out_dir, registry.pm):
         return _run(config, registry, group, out_dir, resume, on_step, on_status or (lambda _: None), cache, writer)
 
@@ -175,6 +185,24 @@ def _run_claimed(
         status("writing the report")
         group.on_main(lambda: (writer.write_report(report), remove_checkpoint(Path(out_dir))))
     return report
+
+
+#: Settings whose command-line option is not ``--`` and the name with dashes.
+_OPTIONS = {"out_dir": "--out", "objective_params": "--param"}
+
+
+def _settings_of(config: AnalysisConfig, out_dir: str | Path | None, resume: str | Path | None) -> dict[str, str]:
+    """What every process of a run must agree on, each setting named as the library and the
+    command line call it, with its value as a string (a callable by its name, not its address)."""
+    given = {**config.to_dict(), "out_dir": out_dir and os.path.abspath(out_dir),
+             "resume": resume and os.path.abspath(resume)}
+
+    def plain(value: Any) -> str:
+        return getattr(value, "__qualname__", None) or type(value).__name__
+
+    return {f"{name} ({_OPTIONS.get(name, '--' + name.replace('_', '-'))})":
+            "not given" if value is None else json.dumps(value, sort_keys=True, default=plain)
+            for name, value in given.items()}
 
 
 def build_report(

@@ -3,7 +3,7 @@
 ``run.json`` (the fingerprint) holds the resolved settings (paths absolute), the ``config.json``
 the run wrote, content hashes of the corpus, the downstream data, the model directory and the
 tokenizer, the objreg and torch versions, and every plugin with the distribution (and version)
-it came from. ``tokenizer.json`` is the tokenizer the run used (the ``tokenizers`` JSON; its
+it came from and a hash of its module's source (a plugin edited in place keeps its version). ``tokenizer.json`` is the tokenizer the run used (the ``tokenizers`` JSON; its
 special-token layout is in ``run.json``): a resumed run reads it from there, never from a cache
 or by training again.
 
@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import sys
+import types
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,22 @@ def environment(registry: Registry) -> dict[str, Any]:
         "python": ".".join(map(str, sys.version_info[:3])),
         "plugins": {name: registry.origin(name) for name in names},
     }
+
+
+def plugin_code(registry: Registry) -> dict[str, str]:
+    """Every plugin's name → SHA-256 of its module's source file (``unknown`` where it has none)."""
+    pm = registry.pm
+    names = sorted({*pm.origins, *registry.objectives(), *registry.tasks()})
+    return {name: _source_digest(pm.get_plugin(name)) for name in names}
+
+
+def _source_digest(plugin: Any) -> str:
+    module = plugin if isinstance(plugin, types.ModuleType) else sys.modules.get(type(plugin).__module__)
+    path = getattr(module, "__file__", None)
+    try:
+        return file_digest(Path(path)) if path else "unknown"
+    except OSError:
+        return "unknown"
 
 
 def objreg_version() -> str:
@@ -273,6 +290,7 @@ def write_fingerprint(run_dir: Path, config: Any, report_config: Mapping[str, An
     record = {
         "format": FORMAT,
         **environment(registry),
+        "plugin_code": plugin_code(registry),
         "settings": _plain(config.to_dict()),
         "config": _plain(dict(report_config)),
         "inputs": inputs.found,
@@ -354,6 +372,7 @@ def check_resumable(run_dir: Path, registry: Registry) -> None:
         else:
             change = f"plugin {name!r} was {before[name]} when the run started and is {after[name]} now"
         raise DataError(f"cannot resume {shown!r}: {change}; resume with the plugins it started with, or start a new run")
+    _check_plugin_code(fingerprint, registry, shown)
     inputs = fingerprint["inputs"]
     if inputs.get("tokenizer_layout") is not None:
         path = Path(run_dir) / TOKENIZER
@@ -364,6 +383,21 @@ def check_resumable(run_dir: Path, registry: Registry) -> None:
         if digest != inputs.get("tokenizer"):
             raise DataError(f"cannot resume {shown!r}: {TOKENIZER} was changed after the run started "
                             f"(its content hash differs); restore it, or start a new run")
+
+
+def _check_plugin_code(fingerprint: Mapping[str, Any], registry: Registry, shown: str) -> None:
+    """Each plugin's source must be the one the run started with, even under the same version
+    (run.json files written before the hashes were kept are not checked)."""
+    before = fingerprint.get("plugin_code")
+    if not isinstance(before, dict):
+        return
+    now = plugin_code(registry)
+    for name in sorted(before):
+        if name in now and "unknown" not in (before[name], now[name]) and before[name] != now[name]:
+            raise DataError(
+                f"cannot resume {shown!r}: the code of plugin {name!r} ({registry.origin(name)}) changed since the run "
+                f"started, under the same version; the numbers would differ: resume with the code it started with, "
+                f"or start a new run")
 
 
 def check_same_config(run_dir: Path, rebuilt: Mapping[str, Any]) -> None:

@@ -10,7 +10,9 @@ with a process about to lock it); its presence also marks the directory as one o
 A fresh run (:func:`claim`) refuses a directory that holds a finished run, an interrupted run
 (pointing to ``--resume``) or files objreg did not write; it may take over a directory where an
 objreg run stopped before finishing its first step (nothing there can be resumed). Stale
-temporary files of an interrupted atomic write are removed once the lock is held.
+temporary files of an interrupted atomic write are removed once the lock is held. No file of a
+run is written through a symbolic link: a directory where one stands in a run file's place (or the
+lock file's) is refused, fresh or resumed.
 """
 
 from __future__ import annotations
@@ -68,12 +70,33 @@ def claim(path: str | os.PathLike[str], *, resume: bool, option: str = "--out") 
     shown = str(directory)
     if directory.exists() and not directory.is_dir():
         raise InvalidParameterError(f"{option} {shown!r} exists and is not a directory")
+    check_no_links(directory, (LOCK_FILE, *RUN_FILES), option)
     if not resume:
         # Before anything is created there: a directory of someone else's files stays untouched.
         _check_not_foreign(directory, option)
+    run_dir = lock(directory, option)
+    try:
+        if not resume:
+            _check_fresh(directory, option)
+        remove_stale_temporaries(directory, RUN_FILES)
+    except BaseException:
+        run_dir.release()
+        raise
+    return run_dir
+
+
+def lock(directory: Path, option: str = "--out", what: str = "objreg run") -> RunDirectory:
+    """Create ``directory`` (if needed) and hold its lock file, exclusively, until released.
+
+    Raises:
+        InvalidParameterError: another process holds it.
+        DataError: it cannot be created or locked (the lock file a symbolic link, say).
+    """
+    shown = str(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+        flags = os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
+        fd = os.open(directory / LOCK_FILE, flags, 0o644)
     except OSError as e:
         raise DataError(f"cannot use {option} {shown!r}: {e.strerror or e}") from None
     if fcntl is not None:
@@ -84,18 +107,25 @@ def claim(path: str | os.PathLike[str], *, resume: bool, option: str = "--out") 
             os.close(fd)
             who = f" (pid {holder})" if holder else ""
             raise InvalidParameterError(
-                f"{option} {shown!r} is in use by another objreg run{who}; wait for it to end or choose another directory"
+                f"{option} {shown!r} is in use by another {what}{who}; wait for it to end or choose another directory"
             ) from None
         _write_pid(fd)
-    run_dir = RunDirectory(directory, fd)
-    try:
-        if not resume:
-            _check_fresh(directory, option)
-        remove_stale_temporaries(directory, RUN_FILES)
-    except BaseException:
-        run_dir.release()
-        raise
-    return run_dir
+    return RunDirectory(directory, fd)
+
+
+def check_no_links(directory: Path, names: tuple[str, ...], option: str) -> None:
+    """No file a run writes may be a symbolic link: it would be written through, outside the directory.
+
+    Raises:
+        InvalidParameterError: naming the link.
+    """
+    if not directory.is_dir():
+        return
+    for name in names:
+        if (directory / name).is_symlink():
+            raise InvalidParameterError(
+                f"{option} {str(directory)!r}: {name} is a symbolic link; objreg writes no file of a run through a "
+                f"link (it would change a file outside the directory): remove it, or choose another directory")
 
 
 def _present(directory: Path) -> list[str]:

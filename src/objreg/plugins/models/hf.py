@@ -59,6 +59,13 @@ from objreg import Vocabulary
 from objreg.toolkit import encoder_decoder, special_tokens
 
 SETTING_KEYS = ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token", "bos_token", "eos_token")
+#: ``--model random-init:DIR``: the directory's architecture and tokenizer with random weights, on purpose.
+RANDOM_INIT = "random-init:"
+#: The weights files transformers reads, in the order it looks for them.
+WEIGHTS_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+#: A tokenizer.json larger than this is refused before the tokenizers library reads it (the largest
+#: published ones are tens of MiB; a file of gigabytes makes the library abort the process).
+MAX_TOKENIZER_BYTES = 256 * 2**20
 #: Float dropout rates some transformers modules apply functionally (BART, Llama).
 DROPOUT_ATTRIBUTES = ("dropout", "attention_dropout", "activation_dropout", "layerdrop")
 
@@ -74,6 +81,8 @@ def is_model_directory(model: str) -> bool:
 def _claims(model: str) -> bool:
     """Whether ``model`` is ours: a model directory, or a path that should be one (a clear error
     then, rather than "unknown model")."""
+    if model.startswith(RANDOM_INIT):
+        return False  # the random-init provider's
     if is_model_directory(model):
         return True
     if "/" in model or (os.sep in model) or Path(model).expanduser().is_dir():
@@ -177,6 +186,7 @@ def load_tokenizer(model: str) -> objreg.Tokenizer:
             f"model directory {model!r} has no tokenizer.json (a fast tokenizer file); objreg reads the tokenizer "
             f"from it. Save one with AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)"
         )
+    _check_tokenizer_size(file)
     try:
         backend = Backend.from_file(str(file))
     except Exception as e:  # the tokenizers library raises plain Exceptions for a bad file
@@ -195,6 +205,13 @@ def load_tokenizer(model: str) -> objreg.Tokenizer:
         backend, **roles, sentinels=special_tokens.sentinels(backend), named=special_tokens.named(backend, settings),
         name=f"{path.name} (tokenizer.json)", architecture=architecture(path),
     )
+
+
+def _check_tokenizer_size(file: Path) -> None:
+    size = file.stat().st_size
+    if size > MAX_TOKENIZER_BYTES:
+        raise objreg.DataError(f"{file}: {size / 2**20:,.0f} MiB is too large for a tokenizer.json (at most "
+                               f"{MAX_TOKENIZER_BYTES // 2**20} MiB): not a tokenizer file, or a damaged one")
 
 
 # -- model ------------------------------------------------------------------------------------------
@@ -335,7 +352,10 @@ def load_model(model: str, vocab: Vocabulary, config: Mapping[str, Any], generat
         kwargs["add_pooling_layer"] = False
     try:
         with _quiet(transformers):
-            loaded = transformers.AutoModel.from_pretrained(str(path), **kwargs)
+            # Every size mismatch and missing tensor reported (not raised or silently initialised at random):
+            # _check_weights refuses them in one line.
+            loaded, loading = transformers.AutoModel.from_pretrained(
+                str(path), output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
     except pickle.UnpicklingError as e:
         # torch.load(weights_only=True) refused a pickled object: say so in one line (its own
         # message is six, and ends in advice to turn the protection off).
@@ -348,6 +368,12 @@ def load_model(model: str, vocab: Vocabulary, config: Mapping[str, Any], generat
         ) from None
     except (OSError, ValueError) as e:
         raise objreg.DataError(f"model directory {model!r}: cannot load the model: {' '.join(str(e).split())}") from None
+    except Exception as e:  # the safetensors library raises its own error for a truncated or damaged file
+        if not _damaged_file(e):
+            raise
+        raise objreg.DataError(f"model directory {model!r}: its weights file {_weights_file(path)} cannot be read "
+                               f"({' '.join(str(e).split())}): truncated or damaged; save the model again") from None
+    _check_weights(model, path, loaded, loading)
     _deterministic(loaded)
     embedding_rows = loaded.get_input_embeddings().weight.shape[0]
     if vocab.size > embedding_rows:
@@ -361,6 +387,80 @@ def load_model(model: str, vocab: Vocabulary, config: Mapping[str, Any], generat
     return HFBackbone(loaded, kind)
 
 
+def _weights_file(path: Path) -> str:
+    return next((name for name in WEIGHTS_FILES if (path / name).is_file()), "(none)")
+
+
+def _damaged_file(error: Exception) -> bool:
+    """A weights file that cannot be read: safetensors' header or torch's zip archive broken."""
+    return type(error).__name__ == "SafetensorError" or (
+        isinstance(error, RuntimeError) and any(m in str(error) for m in ("PytorchStreamReader", "zip archive")))
+
+
+def _check_weights(model: str, path: Path, loaded: nn.Module, loading: Mapping[str, Any]) -> None:
+    """Every backbone tensor must come from the weights file, at the size config.json gives it:
+    transformers would otherwise initialise the missing ones at random, and objreg would analyse
+    a random model under the checkpoint's name.
+
+    Raises:
+        DataError: tensors missing from the file, or of other sizes, named with their count.
+    """
+    file = _weights_file(path)
+    total = len(loaded.state_dict())
+    mismatched = sorted(loading.get("mismatched_keys") or [])
+    if mismatched:
+        key, found, wanted = mismatched[0]
+        raise objreg.DataError(
+            f"model directory {model!r}: {len(mismatched)} of {total} backbone tensors in its weights file {file} "
+            f"have other sizes than config.json gives them (first: {key} is {list(found)} in the file, "
+            f"{list(wanted)} by config.json); give the weights and the config.json of one model")
+    missing = sorted(loading.get("missing_keys") or [])
+    if missing:
+        shown = ", ".join(missing[:3]) + (", …" if len(missing) > 3 else "")
+        raise objreg.DataError(
+            f"model directory {model!r}: {len(missing)} of {total} backbone tensors are missing from its weights file "
+            f"{file} ({shown}), so they would be initialised at random; give the weights that match config.json, or "
+            f"--model {RANDOM_INIT}{model} to start from random weights on purpose")
+
+
+def load_random_model(model: str, vocab: Vocabulary, config: Mapping[str, Any], generator: torch.Generator
+                      ) -> HFBackbone:
+    """``random-init:DIR``: the architecture of DIR's config.json with random weights (drawn from
+    ``generator``), the weights file left unread."""
+    if config:
+        raise objreg.InvalidParameterError(
+            f"a Hugging Face model directory takes no model config overrides, got {', '.join(sorted(config))}"
+        )
+    directory = model[len(RANDOM_INIT):]
+    path = _check_directory(directory)
+    transformers = _transformers()
+    try:
+        hf_config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise objreg.DataError(f"model directory {directory!r}: cannot read config.json: {e}") from None
+    kind = architecture(path)
+    kwargs: dict[str, Any] = {"attn_implementation": "eager"}
+    if hf_config.model_type in ("bert", "roberta", "xlm-roberta", "electra", "camembert"):
+        kwargs["add_pooling_layer"] = False
+    with torch.random.fork_rng(), _quiet(transformers):
+        # transformers draws from the global generator: seeded from ours, and restored after.
+        torch.manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
+        loaded = transformers.AutoModel.from_config(hf_config, **kwargs)
+    _deterministic(loaded)
+    embedding_rows = loaded.get_input_embeddings().weight.shape[0]
+    if vocab.size > embedding_rows:
+        raise objreg.DataError(f"model directory {directory!r}: its tokenizer has {vocab.size} tokens but config.json "
+                               f"only {embedding_rows} embeddings")
+    loaded = loaded.float()
+    if kind == "encoder-decoder":
+        return HFEncoderDecoderBackbone(loaded, vocab.pad_id)
+    return HFBackbone(loaded, kind)
+
+
+def _random_init(model: str) -> bool:
+    return model.startswith(RANDOM_INIT)
+
+
 # -- hooks ------------------------------------------------------------------------------------------
 
 
@@ -371,6 +471,11 @@ def objreg_register_models(register: Callable[[objreg.Provider], None]) -> None:
         "encoder-decoders; needs objreg[hf])",
         load_model, accepts=_claims,
     ))
+    register(objreg.Provider(
+        "model", "random-init:DIR", "the architecture of a Hugging Face model directory with random weights, on "
+        "purpose (its weights file is not read; needs objreg[hf])",
+        load_random_model, accepts=_random_init,
+    ))
 
 
 @objreg.hookimpl
@@ -378,4 +483,8 @@ def objreg_register_tokenizers(register: Callable[[objreg.Provider], None]) -> N
     register(objreg.Provider(
         "tokenizer", "DIR", "the model directory's own tokenizer.json", lambda model, corpus, cache_dir: load_tokenizer(model),
         accepts=_claims,
+    ))
+    register(objreg.Provider(
+        "tokenizer", "random-init:DIR", "the model directory's own tokenizer.json",
+        lambda model, corpus, cache_dir: load_tokenizer(model[len(RANDOM_INIT):]), accepts=_random_init,
     ))

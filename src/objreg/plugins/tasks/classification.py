@@ -15,8 +15,9 @@ Two sources of examples:
   are found among the usual names or named with the ``text_field``, ``text_pair_field`` and
   ``label_field`` parameters. TSV fields may be CSV-quoted (``"a ""quoted"" word"``, as pandas
   and Hugging Face ``datasets`` write them) or bare (GLUE's own ``QUOTE_NONE`` files); a record is
-  one line in both. Labels are strings or integers; the label set is read from the whole file
-  and ordered numerically when every label is an integer (``0, 1``), else alphabetically
+  one line in both. Labels are strings or integers; a label that is a number is one class however
+  it is written (``0``/``00``, ``1``/``1.0``: :func:`objreg.toolkit.taskfiles.canonical_label`); the
+  label set is read from the whole file and ordered numerically when every label is an integer (``0, 1``), else alphabetically
   (``entailment, not_entailment``), or fixed with the ``labels`` parameter. Up to ``limit``
   records, evenly spaced over the file.
 * No path: a built-in **same-document** pair set from held-out documents of the corpus. Each
