@@ -45,10 +45,14 @@ from objreg.core.errors import InvalidParameterError
 from objreg.core.handles import Task
 from objreg.core.types import ModelOutputs
 
-#: Newton stops when the decrement ``½ gᵀA⁻¹g`` falls below this (float64: ``D*`` is then exact
-#: to rounding) or after :data:`MAX_NEWTON_STEPS`.
+#: Newton stops when the decrement ``½ gᵀA⁻¹g`` falls below this (relative to ``F``; float64:
+#: ``D*`` is then exact to rounding), when no step lowers ``F`` any more (rounding level), or
+#: after :data:`MAX_NEWTON_STEPS`.
 DECREMENT_TOLERANCE = 1e-26
 MAX_NEWTON_STEPS = 60
+#: Below this decrement (relative to ``F``) a step's decrease is rounding in ``F`` itself: the step
+#: is taken whole rather than searched along.
+RESOLVED = 1e-12
 
 
 def default_l2(fit_rows: int) -> float:
@@ -149,11 +153,13 @@ class NonFiniteFit(ArithmeticError):
 
 
 def fit_head(problem: HeadProblem, start: Params, rows: int, l2: float, group: Group | None = None,
-             first: bool = True) -> HeadFit:
+             first: bool = True, hint: torch.Tensor | None = None) -> HeadFit:
     """Newton's method for ``argmin_h F`` from ``start`` (in ``start``'s dtype, float64 for ``D*``;
     ``rows``: the fit set's examples on every process together; each process holds its chunks;
     ``first``: the run's first solve, where a Hessian that is not positive definite means a fit
-    that is not convex).
+    that is not convex). ``hint``: ``A`` where the last solve ended (close by, the backbone having
+    moved one step): steps with it come first, so the Hessian, the costly part, is taken once,
+    at the end (the solution is Newton's either way: the last steps are Newton's own).
 
     Raises:
         InvalidParameterError: on the first solve, ``F`` is not convex in the head at some iterate
@@ -179,11 +185,44 @@ def fit_head(problem: HeadProblem, start: Params, rows: int, l2: float, group: G
     def penalised(x: torch.Tensor) -> float:
         return float(group.all_reduce_sum(objective(x).detach())) + l2 / 2 * float(x @ x)
 
+    def step(x: torch.Tensor, value: float, direction: torch.Tensor, decrement: float) -> torch.Tensor | None:
+        """Along ``direction``: backtracking (Armijo) while ``F`` can tell the decrease, the full
+        step once it cannot (``F`` resolves changes of ~1e-16 of itself; the gradient still
+        shrinks quadratically there). None where no step lowers ``F``."""
+        if decrement <= RESOLVED * max(1.0, abs(value)):
+            return x + direction
+        size = 1.0
+        while size > 1e-10:
+            trial_value = penalised(x + size * direction)
+            if math.isfinite(trial_value) and trial_value <= value - 0.5 * size * decrement:
+                return x + size * direction
+            size /= 2
+        return None
+
+    def converged(decrement: float, value: float, last: float, rate: float) -> bool:
+        """At the tolerance, or no longer converging at ``rate`` (rounding level)."""
+        return decrement <= DECREMENT_TOLERANCE * max(1.0, abs(value)) or decrement > last * rate
+
     x = _flat(like, names)
     steps = 0
+    if hint is not None:  # chord steps with the last solve's Hessian, while they converge fast
+        factor = torch.linalg.cholesky(hint)
+        last = math.inf
+        for _ in range(MAX_NEWTON_STEPS):
+            value = penalised(x)
+            gradient = group.all_reduce_sum(torch.func.grad(objective)(x)) + l2 * x
+            if not (math.isfinite(value) and bool(torch.isfinite(gradient).all())):
+                raise NonFiniteFit("the downstream head's fit loss is not finite at these backbone parameters")
+            direction = -torch.cholesky_solve(gradient[:, None], factor)[:, 0]
+            decrement = float(-(gradient @ direction)) / 2
+            moved = None if converged(decrement, value, last, 0.25) else step(x, value, direction, decrement)
+            if moved is None:
+                break
+            x, last, steps = moved, decrement, steps + 1
     value, gradient, hessian = derivatives(x)
     if not (math.isfinite(value) and bool(torch.isfinite(gradient).all()) and bool(torch.isfinite(hessian).all())):
         raise NonFiniteFit("the downstream head's fit loss is not finite at these backbone parameters")
+    last = math.inf
     while True:
         factor, problem_found = torch.linalg.cholesky_ex(hessian)
         if int(problem_found) != 0 and not first:
@@ -197,18 +236,11 @@ def fit_head(problem: HeadProblem, start: Params, rows: int, l2: float, group: G
                                         "downstream_head='frozen'")
         direction = -torch.cholesky_solve(gradient[:, None], factor)[:, 0]
         decrement = float(-(gradient @ direction)) / 2
-        if decrement <= DECREMENT_TOLERANCE * max(1.0, abs(value)) or steps >= MAX_NEWTON_STEPS:
+        stop = converged(decrement, value, last, 0.5) or steps >= MAX_NEWTON_STEPS
+        moved = None if stop else step(x, value, direction, decrement)
+        if moved is None:
             break
-        # Backtracking (Armijo): a full Newton step is taken near the optimum.
-        size = 1.0
-        while size > 1e-10:
-            trial = x + size * direction
-            trial_value = penalised(trial)
-            if math.isfinite(trial_value) and trial_value <= value - 0.25 * size * decrement * 2:
-                break
-            size /= 2
-        x = x + size * direction
-        steps += 1
+        x, last, steps = moved, decrement, steps + 1
         value, gradient, hessian = derivatives(x)
     fit_loss = value - l2 / 2 * float(x @ x)
     return HeadFit({n: t.clone() for n, t in _unflat(x, like).items()}, hessian, float(gradient.norm()), steps,
@@ -462,14 +494,15 @@ class RefitDownstream(Downstream):
         l2: ``λ`` (default :func:`default_l2` of the fit set's size).
 
     The first solve starts from the zero head, so every run with the same backbone starts from
-    the same ``D*``; each later solve starts from the last solution (:meth:`state_dict` keeps it, so
-    a resumed run solves from where the uninterrupted one did).
+    the same ``D*``; each later solve starts from the last solution, with its Hessian as the hint
+    (:meth:`state_dict` keeps both, so a resumed run solves from where the uninterrupted one did).
     """
 
     fit_set: Downstream | None = None
     head: tuple[str, ...] = ()
     l2: float | None = None
     start: Params | None = field(init=False, default=None, repr=False)
+    hint: torch.Tensor | None = field(init=False, default=None, repr=False)
     last_fit: HeadFit | None = field(init=False, default=None, repr=False)
     last_fit_error: float = field(init=False, default=0.0, repr=False)
     _fitted_at: Params | None = field(init=False, default=None, repr=False)
@@ -496,8 +529,9 @@ class RefitDownstream(Downstream):
         return {n: torch.zeros_like(params[n]) for n in self.head}
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the next solve starts (the last solution), for a checkpoint."""
-        return {"start": None if self.start is None else {n: t.clone() for n, t in self.start.items()}}
+        """Where the next solve starts (the last solution and its Hessian), for a checkpoint."""
+        return {"start": None if self.start is None else {n: t.clone() for n, t in self.start.items()},
+                "hint": None if self.hint is None else self.hint.clone()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         start = state["start"]
@@ -505,6 +539,7 @@ class RefitDownstream(Downstream):
             raise InvalidParameterError(f"the state's downstream head has parameters {sorted(start)}, this one "
                                         f"{sorted(self.head)}")
         self.start = None if start is None else {n: t.clone() for n, t in start.items()}
+        self.hint = None if state["hint"] is None else state["hint"].clone()
 
     @torch.no_grad()
     def loss(self, model: nn.Module) -> float:
@@ -513,7 +548,8 @@ class RefitDownstream(Downstream):
         evaluated = self.evaluation_model(model)
         try:
             fit = fit_head(HeadProblem(evaluated, self.task, self.fit_set.local_chunks, self.head),
-                           self._head_start(evaluated), self.fit_set.size, self.l2, self.group, self.start is None)
+                           self._head_start(evaluated), self.fit_set.size, self.l2, self.group, self.start is None,
+                           self.hint)
         except NonFiniteFit:  # D* is undefined where the backbone diverged: NaN, as D would be
             self.last_fit, self.last_fit_error, self._fitted_at = None, float("nan"), None
             return float("nan")
@@ -523,7 +559,7 @@ class RefitDownstream(Downstream):
         # D*'s error from stopping the solve short: ∂_h D_E · A⁻¹ ∇_h F (to first order).
         slope = self.group.all_reduce_sum(_flat(torch.func.grad(evaluation.total)(fit.head), list(self.head)))
         self.last_fit, self.last_fit_error = fit, abs(float(slope.double() @ fit.remaining.double())) / self.size
-        self.start = fit.head
+        self.start, self.hint = fit.head, fit.hessian
         self._fitted_at = {n: t.detach().clone() for n, t in named_shared(model, self.shared).items()}
         return value
 

@@ -42,6 +42,11 @@ from objreg.toolkit.noise import noisy_corpus
 from objreg.toolkit.randomness import stream
 from objreg.toolkit.tokenizer import TokenizedCorpus, Tokenizer
 
+#: Rows per chunk of a re-fitted head's fit set: the fit's work on the head runs per chunk, so
+#: fewer, larger chunks cost less overhead (docs/performance.md); each still bounds the memory
+#: of one pass through the backbone.
+FIT_CHUNK = 64
+
 
 def check(config: AnalysisConfig, registry: Registry) -> torch.device:
     """Fail on a bad device, name or parameter in milliseconds, before anything heavy is loaded;
@@ -112,7 +117,8 @@ def prepare(
     if refit:
         downstream: Downstream = RefitDownstream(
             task, eval_batch.to(device), group=group, evaluation_dtype=evaluation_dtype, head=head,
-            fit_set=Downstream(task, fit_batch.to(device), group=group, evaluation_dtype=evaluation_dtype))
+            fit_set=Downstream(task, fit_batch.to(device), group=group, evaluation_dtype=evaluation_dtype,
+                               chunk_size=FIT_CHUNK))
     else:
         downstream = Downstream(task, eval_batch.to(device), group=group, evaluation_dtype=evaluation_dtype)
     downstream.check(model)
