@@ -23,7 +23,7 @@ from rich import box
 from rich.console import Console
 
 import objreg
-from objreg.cli import options, render
+from objreg.cli import options, render, threads
 from objreg.cli.interrupt import Interrupts, Stopped, distributed, exit_code, stopped_message
 from objreg.cli.options import RegistryOption, choices, default
 from objreg.cli.progress import TRAINING, RunDisplay
@@ -119,12 +119,15 @@ def _parse_params(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
               help="Continue the interrupted run written with --out DIR from its last finished step, with the "
                    "settings in DIR/config.json (no other run option with it); ends as an uninterrupted run would "
                    "(default: start a new run).")
+@click.option("--threads", "thread_count", type=click.IntRange(min=1), default=None, metavar="N",
+              help="CPU threads torch computes with (default: auto: the CPUs this process may use less the "
+                   "one-minute load average, at least 1; or OMP_NUM_THREADS where it is set). Also beside --resume.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the report as JSON on stdout and nothing else (no progress on stderr).")
 @click.pass_context
 def analyze(
     ctx: click.Context, pretrain: str | None, downstream: str | None, params: tuple[str, ...], out_dir: str | None,
-    resume: str | None, as_json: bool, **settings_given: Any,
+    resume: str | None, thread_count: int | None, as_json: bool, **settings_given: Any,
 ) -> None:
     """Train on a weighted mix of pre-training objectives and measure how each one's gradient
     aligns with the downstream task's gradient, how the updates meet the downstream curvature, and
@@ -152,8 +155,10 @@ def analyze(
         settings["out_dir"] = out_dir
     registry = render.registry(ctx)
     settings["registry"] = registry
+    chosen = threads.for_this_machine(thread_count)
     if not _prints():
-        objreg.analyze(names, downstream, **settings)
+        with threads.using(chosen):
+            objreg.analyze(names, downstream, **settings)
         return
     # Bad settings fail here, in milliseconds and in one line, before any progress is shown.
     config = _checked_config(names, downstream, settings, resume, registry)
@@ -176,8 +181,10 @@ def analyze(
             display.step(step, record)
         interrupts.after_step(step, total)
 
+    if display is not None:
+        display.event(f"computing with {chosen.describe()}; --threads N to change")
     try:
-        with interrupts, display or nullcontext():
+        with interrupts, display or nullcontext(), threads.using(chosen):
             for name in names or ():
                 _check_contract(registry, name, dict(config.objective_params.get(name, {})), on_status)
             report = objreg.analyze(names, downstream, on_step=on_step, on_status=on_status, **settings)
@@ -188,7 +195,7 @@ def analyze(
         click.echo(report.to_json())
         return
     console = render.console()
-    _render(report.to_dict(), console)
+    _render(report.to_dict(), console, chosen.describe())
     if out_dir:
         console.print(f"Wrote {out_dir}/: report.json, report.csv, steps.jsonl, config.json and PNG plots", markup=False)
 
@@ -235,11 +242,12 @@ def _prints() -> bool:
     return os.environ.get("RANK", "0").strip() in ("", "0")
 
 
-def _render(report: dict[str, Any], console: Console) -> None:
+def _render(report: dict[str, Any], console: Console, threads_used: str | None = None) -> None:
     config, summary = report["config"], report["summary"]
+    on = f"{config['device']}, {threads_used}" if threads_used and config["device"] == "cpu" else config["device"]
     console.print(
         f"[bold]objreg analyze[/bold]  pretrain={','.join(report['pretrain'])}  downstream={report['downstream']}  "
-        f"model={config['model']} ({config['shared_parameters']:,} shared parameters)  device={config['device']}  "
+        f"model={config['model']} ({config['shared_parameters']:,} shared parameters)  device={on}  "
         f"optimizer={config['optimizer']} lr={config['lr']}  steps={config['steps']}"
     )
     numbers = ("weight", "dot ⟨∇L,∇D⟩", "95% CI", "cosine", "conflicting", "‖∇L‖", "predicted gain")

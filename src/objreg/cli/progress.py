@@ -124,6 +124,10 @@ class RunDisplay:
                 self._line(f"step {self._steps_text()} {self._timing_text()} | {probe_summary(record)} | "
                            f"{alignment_summary(record)}")
 
+    def event(self, message: str) -> None:
+        """A line that is neither a stage nor a step (the threads chosen, say)."""
+        self._line(message)
+
     def notify(self, message: str) -> None:
         """A note under the bar (live) or a line (plain): e.g. that the run stops after this step."""
         self.note = message
