@@ -252,6 +252,24 @@ def test_cli_page_covers_every_builtin_command():
             "objreg experiment list", "objreg experiment run"} <= set(HELP)
 
 
+def test_probe_page_names_every_argument_of_the_callback_and_the_probe():
+    import inspect
+
+    pytest.importorskip("transformers")
+    from objreg.analysis.probe.hf_callback import ProbeCallback
+    from objreg.analysis.probe.transfer_probe import TransferProbe
+
+    page = (DOCS / "probe.md").read_text(encoding="utf-8")
+    callback = page.split("## Inside `transformers.Trainer`")[1].split("\n## ")[0]
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\*\*options|\w+)` \| (.*) \|$", callback, re.M)}
+    arguments = [n for n, p in inspect.signature(ProbeCallback.__init__).parameters.items()
+                 if n != "self" and p.kind is not p.VAR_KEYWORD]
+    assert [n for n in rows if n != "**options"] == arguments
+    probe = [n for n in inspect.signature(TransferProbe.__init__).parameters
+             if n not in ("self", "model", "objectives", "downstream", "optimizer", "eval_batches", "weights")]
+    assert [n for n in probe if f"`{n}`" not in rows["**options"]] == []
+
+
 def test_hooks_page_documents_every_field_of_the_types_and_every_head_kind():
     import dataclasses
 
