@@ -6,6 +6,7 @@ import codecs
 import fcntl
 import os
 import pty
+import re
 import struct
 import subprocess
 import sys
@@ -105,11 +106,11 @@ def stderr_until():
 def run_on_terminal(args: list[str], width: int = 80, env: dict[str, str] | None = None,
                     cwd: Path | None = None) -> tuple[int, str, str]:
     """``objreg ARGS`` in a fresh process whose stdout is a pseudo-terminal ``width`` columns wide
-    (no colour: ``TERM=dumb``; ``COLUMNS`` unset, so the width is the terminal's) and whose stderr is
-    a pipe; returns its exit code, stdout (line ends as plain newlines) and stderr. Also run by
-    ``tests/test_readme.py --write``, which makes README's output block this way."""
+    (``COLUMNS`` unset, so the width is the terminal's) and whose stderr is a pipe; returns its exit
+    code, stdout as the terminal would show it (styles and line ends as plain text) and stderr.
+    Also run by ``tests/test_readme.py --write``, which makes README's output block this way."""
     environment = {k: v for k, v in (os.environ if env is None else env).items() if k not in ("COLUMNS", "LINES")}
-    environment["TERM"] = "dumb"
+    environment["TERM"] = "xterm"  # a dumb terminal would be taken as 80 columns, whatever its width
     leader, follower = pty.openpty()
     fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 60, width, 0, 0))
     with subprocess.Popen([sys.executable, "-m", "objreg", *args], stdin=subprocess.DEVNULL, stdout=follower,
@@ -130,7 +131,7 @@ def run_on_terminal(args: list[str], width: int = 80, env: dict[str, str] | None
         os.close(leader)
         process.wait(timeout=HANG_S)  # bounds a hang only: the output has ended
         reader.join(timeout=HANG_S)
-    out = b"".join(chunks).decode("utf-8", "replace").replace("\r\n", "\n")
+    out = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode("utf-8", "replace").replace("\r\n", "\n"))
     return process.returncode, out, b"".join(errors).decode("utf-8", "replace")
 
 
