@@ -32,7 +32,7 @@ ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
 #: The main job's output block: its command line, then the output.
 MAIN_BLOCK = re.compile(r"(```text\n\$ (objreg analyze [^\n]*)\n)(.*?)(```)", re.S)
 #: A Python example followed by the output it prints.
-PRINTS = re.compile(r"(```python\n(.*?)```\n\nIt prints[^\n]*:\n\n```text\n)(.*?)(```)", re.S)
+PRINTS = re.compile(r"(```python\n((?:(?!```).)*)```\n\nIt prints[^\n]*:\n\n```text\n)(.*?)(```)", re.S)
 #: Where README says when its outputs were written.
 STAMP = re.compile(r"last at commit `[0-9a-f]+`, \d{4}-\d{2}-\d{2}")
 NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:e[-+]?\d+)?%?")
@@ -82,7 +82,7 @@ def differences(expected: str, got: str, rel: float = 0.01) -> list[str]:
     the numbers to ``rel`` (or one unit in their last digit); the example lists' lines as a set
     (equal scores may come in either order)."""
     def split(text: str) -> tuple[list[str], list[str]]:
-        lines = text.strip("\n").splitlines()
+        lines = [line.rstrip() for line in text.strip("\n").splitlines()]
         return [x for x in lines if not EXAMPLE_LINE.match(x)], sorted(x for x in lines if EXAMPLE_LINE.match(x))
 
     found = []
@@ -200,7 +200,8 @@ def write() -> None:
     code, out, err = run_on_terminal(shlex.split(command)[1:], 80, ONE_THREAD, ROOT)
     if code != 0:
         raise SystemExit(f"{command} failed:\n{err}")
-    text = MAIN_BLOCK.sub(lambda m: m.group(1) + out.strip("\n") + "\n" + m.group(4), text, count=1)
+    shown = "\n".join(line.rstrip() for line in out.strip("\n").splitlines())
+    text = MAIN_BLOCK.sub(lambda m: m.group(1) + shown + "\n" + m.group(4), text, count=1)
     for match in list(PRINTS.finditer(README)):
         done = run_example(match.group(2))
         if done.returncode != 0:
