@@ -145,3 +145,39 @@ def test_metaspace_rows_are_those_of_each_sentence_alone(tmp_path, documents, to
     stripped = [tuple(s.strip() for s in document) for document in documents]
     assert encoded == per_sentence(tokenizer, stripped)
     assert sum(len(ids) for ids, _ in encoded) > 500
+
+
+def test_token_classification_rows_are_the_encoding_of_the_sentence(bpe_dir, tmp_path):
+    _, directory = bpe_dir
+    tokenizer = hf.load_tokenizer(directory)
+    words = ["Unlike", "last", "year", ",", "Warsaw", "approved", "the", "budget", "."]
+    data = tmp_path / "tags.jsonl"
+    data.write_text(json.dumps({"tokens": words, "tags": ["O", "O", "O", "O", "LOC", "O", "O", "O", "O"]}) + "\n")
+    task = objreg.Registry.load(load_entrypoints=False).get_task("token_classification")
+    batch = task.task_data(str(data), [], tokenizer, 64, 8).batch
+    n = int((~batch.is_padding[0]).sum())
+    assert batch.input_ids[0, 1 : n - 1].tolist() == own_ids(tokenizer, " ".join(words))
+    # Each word's tag sits on its first token (the one holding its space), the rest ignored.
+    firsts, at = [], 1
+    for ids, _ in tokenizer.encode_documents([words])[0]:
+        firsts.append(at)
+        at += len(ids)
+    labels = batch.labels[0].tolist()
+    tagged = [i for i, label in enumerate(labels) if label != objreg.IGNORE_INDEX]
+    assert tagged == firsts
+    assert [labels[i] for i in firsts].count(labels[firsts[4]]) == 1  # Warsaw, the one LOC
+
+
+def test_token_classification_wordpiece_rows_are_those_of_each_word_alone(bert_tokenizer_json, tmp_path):
+    directory = tmp_path / "bert"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    (directory / "tokenizer.json").write_bytes(bert_tokenizer_json.read_bytes())
+    tokenizer = hf.load_tokenizer(str(directory))
+    words = ["Unlike", "last", "year", ",", "Warsaw's", "council", "approved", "the", "budget", "."]
+    data = tmp_path / "tags.jsonl"
+    data.write_text(json.dumps({"tokens": words, "tags": ["O"] * len(words)}) + "\n")
+    task = objreg.Registry.load(load_entrypoints=False).get_task("token_classification")
+    batch = task.task_data(str(data), [], tokenizer, 64, 8).batch
+    n = int((~batch.is_padding[0]).sum())
+    assert batch.input_ids[0, 1 : n - 1].tolist() == [i for w in words for i in own_ids(tokenizer, w)]
