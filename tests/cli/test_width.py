@@ -95,3 +95,20 @@ def test_analyze_report_fits_80_columns(terminal, environment, extra):
     assert "What to run next" in out
     if "adaptive" in extra:
         assert "schedule=adaptive:quadratic" in out
+
+
+@pytest.mark.parametrize("name", ["mlm", "ul2", "qa", "token_classification"])
+def test_show_fits_80_columns(terminal, environment, name):
+    code, out, err = terminal(["show", name], 80, environment)
+    assert code == 0, err
+    assert not wide_lines(out), wide_lines(out)
+    assert "Parameters" in out
+
+
+def test_corrupt_fits_80_columns_its_grid_cut_to_the_terminal(terminal, environment):
+    text = ("The committee approved the budget for the new library after a long debate. Members argued about the "
+            "roof, the windows and the reading rooms until late in the evening.")
+    code, out, err = terminal(["corrupt", "mlm", "--text", text], 80, environment)
+    assert code == 0, err
+    assert not wide_lines(out), wide_lines(out)
+    assert "Attention mask of row 0 (first 31 of" in out  # (80 - 17) // 2 positions

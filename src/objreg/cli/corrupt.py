@@ -123,7 +123,7 @@ def corrupt(
         return
     console = render.console()
     settings = ", ".join(f"{k}={v}" for k, v in objective.params.items()) or "no parameters"
-    console.print(render.text(f"{name} (seed {seed}; {settings})", "bold"))
+    render.prose(console, f"{name} (seed {seed}; {settings})", style="bold", indent="  ")
     # The terminal view hides padding; JSON keeps it so positions line up with the mask.
     original_padding, input_padding = batch.is_padding.tolist(), corrupted.is_padding.tolist()
     for b, row in enumerate(rows):
@@ -165,7 +165,8 @@ def _print_row(
 
 def _print_mask(console: Any, row: dict[str, Any], input_padding: list[bool]) -> None:
     positions = [i for i, pad in enumerate(input_padding) if not pad]
-    shown = positions[:MASK_GRID_LIMIT]
+    # As many positions as fit the terminal's width (a row is 17 columns of labels, then 2 a position).
+    shown = positions[: max(8, min(MASK_GRID_LIMIT, (console.width - 17) // 2))]
     note = f" (first {len(shown)} of {len(positions)} positions)" if len(shown) < len(positions) else ""
     console.print(render.text(f"Attention mask of row 0{note}", "bold"))
     console.print(render.text("rows are queries, columns keys; ■ may attend, · may not", "dim"))

@@ -161,9 +161,11 @@ def show_or_stack(out: Console, grid: Table, long: Sequence[str]) -> None:
     stacked = [(header, cells) for header, cells in columns if header in long]
     for row in range(grid.row_count):
         heading = [cells[row] for _, cells in short if cells[row]]
-        if heading:
+        if heading and len("  ".join(heading)) <= out.width:
             out.print(Text(heading[0], style="bold") + Text("".join(f"  {cell}" for cell in heading[1:])),
                       soft_wrap=True)
+        elif heading:  # a long value (a default, say): wrapped between words like the rest
+            prose(out, "  ".join(heading), indent="    ")
         for header, cells in stacked:
             if cells[row]:
                 label = f"{header}: " if len(stacked) > 1 else ""
