@@ -29,7 +29,8 @@ import math
 import sys
 import warnings
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,7 @@ from objreg.analysis.probe.arguments import (
     shared_names,
     user_group,
 )
+from objreg.analysis.probe.attention import check_attention, derivable_attention
 from objreg.analysis.probe.engine import Pending, Probe
 from objreg.analysis.probe.report import AlignmentReport, summarise
 from objreg.analysis.probe.split_check import (
@@ -151,6 +153,7 @@ class TransferProbe:
             model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model._orig_mod
         if not isinstance(model, nn.Module):
             raise InvalidParameterError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        check_attention(model)
         while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):  # accelerate's wrapper
             optimizer = optimizer.optimizer
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -525,8 +528,11 @@ class TransferProbe:
     def _weights_of(self, weights: Mapping[str, float] | None) -> dict[str, float]:
         return self.weights if weights is None else checked_weights(weights, list(self.engine.objectives))
 
-    def _quiet(self) -> Quiet:
-        return Quiet(self.model)
+    @contextmanager
+    def _quiet(self) -> Iterator[None]:
+        """The model in ``eval()`` mode, the random generators restored after, attention differentiable."""
+        with Quiet(self.model), derivable_attention():
+            yield
 
     def _optimizer_steps(self) -> int:
         """The optimizer's step count on the shared parameters (0 before its first step)."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,8 @@ from objreg.analysis.run.fingerprint import (
     write_fingerprint,
 )
 from objreg.analysis.run.loop import StepCallback, Trainer
+from objreg.analysis.run.naming import option, speaks_keywords
+from objreg.analysis.run.overfit import overfit_warning
 from objreg.analysis.run.prepare import check, prepare
 from objreg.analysis.run.resume import load_checkpoint, remove_checkpoint, restore, resumed_config, save_checkpoint
 from objreg.analysis.run.rundir import claim
@@ -45,6 +48,7 @@ from objreg.toolkit.cache import cache_dir
 WriterFactory = Callable[[Path], RunWriter]
 
 
+@speaks_keywords
 def analyze(
     pretrain: Sequence[str] | str | None = None,
     downstream: str | None = None,
@@ -133,7 +137,10 @@ def _run(
         if resume is not None:
             group.agree(lambda: check_resumable(Path(resume), registry))
     try:
-        return _run_claimed(config, registry, group, out_dir, resume, on_step, status, cache, make_writer)
+        report = _run_claimed(config, registry, group, out_dir, resume, on_step, status, cache, make_writer)
+        if claimed is not None:
+            claimed.release(finished=True)  # a finished run leaves no lock file behind
+        return report
     finally:
         if claimed is not None:
             claimed.release()
@@ -167,6 +174,8 @@ def _run_claimed(
                                writer.write_config(report_config), writer.start_steps()))
 
     def record_step(step: int, record: StepRecord | None) -> None:
+        if step == 0 and record is not None and group.is_main:
+            _warn_if_overfitted(report_config, record["downstream_loss"])
         if writing:
 
             def write() -> None:
@@ -203,6 +212,11 @@ def _settings_of(config: AnalysisConfig, out_dir: str | Path | None, resume: str
     return {f"{name} ({_OPTIONS.get(name, '--' + name.replace('_', '-'))})":
             "not given" if value is None else json.dumps(value, sort_keys=True, default=plain)
             for name, value in given.items()}
+def _warn_if_overfitted(report_config: dict[str, Any], downstream_loss: float) -> None:
+    names = {name: option(name) for name in ("head_fit_size", "head_warmup_steps")}
+    message = overfit_warning(report_config.get("head_warmup") or {}, downstream_loss, names)
+    if message is not None:
+        warnings.warn(message, stacklevel=2)
 
 
 def build_report(

@@ -14,6 +14,7 @@ from objreg.analysis.math.curvature import HVP_METHODS
 from objreg.analysis.math.per_sample import METHODS as PER_SAMPLE_METHODS
 from objreg.analysis.parallel.devices import resolve_device
 from objreg.analysis.run.adaptive import check_options
+from objreg.analysis.run.naming import speaks_keywords
 from objreg.analysis.run.schedules import parse_schedules
 from objreg.analysis.run.validation import check_schedules, check_settings
 from objreg.core.errors import InvalidParameterError
@@ -140,6 +141,7 @@ class AnalysisConfig:
     min_weight: float = 0.0
     max_weight: float | None = None
 
+    @speaks_keywords
     def __post_init__(self) -> None:
         check_settings(self)  # types, ranges and sizes first: docs/reliability.md
         pretrain = tuple(self.pretrain)
