@@ -80,6 +80,21 @@ class Spectrum(TypedDict):
     matvecs: int
 
 
+class CounterfactualPoint(TypedDict):
+    """The exact one-step counterfactual at one weight vector (Adam): the predicted change of ``D``
+    had the step used these weights, from the optimizer's previous moments."""
+
+    weights: ByName
+    first_order: float  # ∇D·Δθ(α)
+    second_order: float  # ½ Δθ(α)ᵀ H_D Δθ(α)
+
+
+class Counterfactual(TypedDict):
+    """Under Adam, the exact counterfactual at the stencil's weight vectors (``counterfactual``)."""
+
+    points: list[CounterfactualPoint]
+
+
 class StepRecord(TypedDict):
     """One probe step, in the order its keys are written."""
 
@@ -92,6 +107,7 @@ class StepRecord(TypedDict):
     second_order: ByName  # S_ij = g_iᵀ H_D g_j by pair "i,j"
     second_order_asymmetry: float
     spectrum: NotRequired[Spectrum]
+    counterfactual: NotRequired[Counterfactual]  # under Adam, with two objectives or more
     predicted_delta: Prediction
     downstream_loss_after: float
     actual_delta: float

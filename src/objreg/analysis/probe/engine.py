@@ -39,6 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from objreg.analysis.math.counterfactual import AdamCounterfactual, stencil
 from objreg.analysis.math.curvature import Curvature
 from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import (
@@ -51,7 +52,7 @@ from objreg.analysis.math.functional import (
     named_shared,
 )
 from objreg.analysis.math.gradients import local_rows
-from objreg.analysis.math.optimizers import StepDecomposition, decompose
+from objreg.analysis.math.optimizers import StepDecomposition, adam_settings, decompose
 from objreg.analysis.math.per_sample import per_sample_dots_many
 from objreg.analysis.math.shapley import CoalitionMoments
 from objreg.analysis.math.spectrum import eigenvector_alignment, orient, top_eigenpairs
@@ -98,15 +99,19 @@ class Probe:
         shared: Names of the shared parameters (default: the backbone's).
         local_batches: Whether each process is given its own rows (a data-parallel loop) rather
             than the whole batch, of which it takes its share (``objreg analyze``).
+        counterfactual_radius: Under Adam, how far (a share of the total weight) the stencil of
+            the exact one-step counterfactual reaches from the weights used
+            (:mod:`objreg.analysis.math.counterfactual`).
     """
 
     def __init__(
         self, model: nn.Module, objectives: Mapping[str, Objective | CallableLoss], downstream: Downstream, *,
         seed: int, steps: int, per_sample_method: str = "auto", hvp_method: str = "auto", spectrum: int = 0,
         decode: Callable[[Sequence[int]], str] | None = None, shared: Sequence[str] | None = None,
-        local_batches: bool = False,
+        local_batches: bool = False, counterfactual_radius: float = 0.25,
     ):
         self.model = model
+        self.counterfactual_radius = counterfactual_radius
         self.shared = tuple(shared) if shared is not None else None
         self.local_batches = local_batches
         self.objectives = dict(objectives)
@@ -159,6 +164,9 @@ class Probe:
         # multiple of one of them (Adam), the parts themselves.
         linear = split.scale is not None
         directions = [gradients[n] for n in names] + ([] if linear else list(parts.values()))
+        # Under Adam, the exact steps of other weights (the counterfactual's stencil): more directions.
+        points, counterfactual_steps = self._counterfactual_steps(optimizer, shared, weights, gradients, linear)
+        directions += counterfactual_steps
         curvature = self.downstream.curvature(self.model, before, self.hvp_method)
         downstream_grad, products = curvature.gradient_and_products(directions)
         self.hvp_method = curvature.method
@@ -166,7 +174,8 @@ class Probe:
         if linear:  # d = −η α g, so H d = −η α H g: no new HVP
             part_products = {n: {p: -split.scale * weights[n] * t for p, t in raw_products[n].items()} for n in names}
         else:
-            part_products = dict(zip(parts, products[len(names):]))
+            part_products = dict(zip(parts, products[len(names):len(names) + len(parts)]))
+        counterfactual_products = products[len(directions) - len(counterfactual_steps):]
         downstream_norm = float(flat_norm(downstream_grad))
 
         record: StepRecord = {  # type: ignore[typeddict-item]  # finish() adds the rest
@@ -203,6 +212,11 @@ class Probe:
 
         if self.spectrum and step in (0, self.steps - 1):
             record["spectrum"] = self._spectrum(curvature, before, downstream_grad, gradients)
+        if points:
+            record["counterfactual"] = {"points": [
+                {"weights": point, "first_order": float(flat_dot(downstream_grad, change)),
+                 "second_order": 0.5 * float(flat_dot(change, product))}
+                for point, change, product in zip(points, counterfactual_steps, counterfactual_products)]}
         return Pending(record, before, downstream_before, downstream_grad, parts, first_by_part,
                        quadratic_by_pair(part_names, quadratic), split.attribution)
 
@@ -238,6 +252,17 @@ class Probe:
             "second_order": pending.second_by_pair,
         }
         return record
+
+    def _counterfactual_steps(self, optimizer: torch.optim.Optimizer, shared: Mapping[str, nn.Parameter],
+                              weights: dict[str, float], gradients: dict[str, Params], linear: bool
+                              ) -> tuple[list[dict[str, float]], list[Params]]:
+        """Under Adam, the stencil's weight vectors and the exact step Adam would take with each
+        (nothing under SGD, whose record gives every weight vector's step exactly)."""
+        if linear or len(self.objectives) < 2:
+            return [], []
+        exact = AdamCounterfactual(optimizer, shared, gradients, adam_settings(optimizer, shared))
+        points = stencil(weights, list(self.objectives), self.counterfactual_radius)
+        return points, [exact.step(point) for point in points]
 
     def attribution_report(self, top: int) -> dict[str, Any]:
         return self.attribution.top(top, self.decode)

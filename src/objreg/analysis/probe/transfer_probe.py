@@ -109,6 +109,8 @@ class TransferProbe:
         whole_batches: Every process is given the whole batch and takes its share of the rows
             (``objreg analyze``); default: each process's own rows, as data-parallel loops do.
         decode: Token ids to text (example attribution of objreg objectives).
+        counterfactual_radius: Under Adam, how far from the weights used (a share of their total)
+            the record's exact counterfactual points reach (``counterfactual.points``).
 
     Raises:
         InvalidParameterError: an argument the probe cannot use (the message names it).
@@ -120,7 +122,7 @@ class TransferProbe:
         shared: Sequence[str] | Callable[[str, nn.Parameter], bool] | None = None, per_sample_method: str = "auto",
         hvp_method: str = "auto", eval_dtype: torch.dtype | None = torch.float64, seed: int = 0,
         steps: int | None = None, spectrum: int = 0, batch_coupled: Sequence[str] = (), whole_batches: bool = False,
-        decode: Callable[[Sequence[int]], str] | None = None,
+        decode: Callable[[Sequence[int]], str] | None = None, counterfactual_radius: float = 0.25,
     ):
         if isinstance(model, nn.parallel.DistributedDataParallel):
             model = model.module
@@ -143,7 +145,8 @@ class TransferProbe:
         self.downstream.shared = names
         self.engine = Probe(model, losses, self.downstream, seed=seed, steps=steps if steps is not None else 0,
                             per_sample_method=per_sample_method, hvp_method=hvp_method, spectrum=spectrum,
-                            decode=decode, shared=names, local_batches=not whole_batches)
+                            decode=decode, shared=names, local_batches=not whole_batches,
+                            counterfactual_radius=counterfactual_radius)
         self._narrow = shared is None  # the default: narrowed to what some objective reaches, on first use
         settings = adam_settings(optimizer, self.shared_parameters)  # an unsupported optimizer fails here
         self.coalitions = None
@@ -218,6 +221,7 @@ class TransferProbe:
             pending = self.engine.measure(step, dict(weights_in_step), self.optimizer, tokens, dict(batches),
                                           dict(losses or {}), dict(gradients), self.coalitions)
         pending.record["weights"] = dict(weights)
+        _in_your_weights(pending.record, weights, weights_in_step)
         self._next_step = step + 1
         return Measurement(pending)
 
@@ -492,3 +496,14 @@ class TransferProbe:
         if not names:
             raise InvalidParameterError("no trainable parameter is reached by both the downstream loss and an objective")
         self.engine.shared = self.downstream.shared = names
+
+
+def _in_your_weights(record: StepRecord, weights: Mapping[str, float], stepped: Mapping[str, float]) -> None:
+    """The counterfactual's weight vectors in the loop's own weights: the split used ``c·α``
+    where the loop rescaled its gradient (clipping), and so did the stencil."""
+    if "counterfactual" not in record:
+        return
+    scale = next((weights[k] / stepped[k] for k in weights if stepped[k]), 1.0)
+    if scale != 1.0:
+        for point in record["counterfactual"]["points"]:
+            point["weights"] = {k: scale * w for k, w in point["weights"].items()}
