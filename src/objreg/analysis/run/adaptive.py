@@ -135,7 +135,11 @@ class QuadraticRule(Rule):
 
     def _next(self, alpha: np.ndarray) -> np.ndarray:
         lower, upper = trust_box(alpha, self.radius, self.low, self.high)
-        return maximise(self.model.with_first(self.resolved()), lower, upper, self.total)
+        model = self.model.with_first(self.resolved())
+        best = maximise(model, lower, upper, self.total)
+        gain = model.improvement(best)["first_plus_second_order"] - model.improvement(alpha)["first_plus_second_order"]
+        scale = max(abs(model.improvement(alpha)["first_plus_second_order"]), 1e-300)
+        return best if gain > 1e-12 * scale else alpha  # nothing to gain (a flat model): stay
 
 
 class TartanRule(Rule):
@@ -197,6 +201,49 @@ def rescale(target: np.ndarray, total: float, low: float, high: float) -> np.nda
         lo, hi = (mid, hi) if np.clip(mid * target, low, high).sum() < total else (lo, mid)
     alpha = np.clip(hi * target, low, high)
     return alpha * (total / alpha.sum()) if alpha.sum() > 0 else alpha
+
+
+#: An objective's weights oscillate when they reverse direction at least this many times, and in
+#: at least half of their moves.
+OSCILLATION_REVERSALS = 2
+
+
+def reversals(values: Sequence[float]) -> tuple[int, int]:
+    """``(moves, reversals)`` of a weight over the steps: how often it changed, and how often a
+    change went the other way from the change before it."""
+    scale = max((abs(v) for v in values), default=0.0)
+    changes = [b - a for a, b in zip(values, values[1:]) if abs(b - a) > 1e-12 * max(scale, 1.0)]
+    return len(changes), sum(1 for a, b in zip(changes, changes[1:]) if a * b < 0)
+
+
+def adaptive_summary(rule: str, names: Sequence[str], weights_by_step: Sequence[Mapping[str, float]],
+                     counterfactual: Mapping[str, Any]) -> dict[str, Any]:
+    """The report's ``summary.adaptive``: whether the weights the rule chose beat the best
+    constant weights of the run's counterfactual (the improvement each is predicted, by the same
+    local model: ``counterfactual.used`` against ``counterfactual.best``), and whether the weights
+    oscillated (an objective's weight reversed direction at least
+    :data:`OSCILLATION_REVERSALS` times and in at least half of its moves), with a warning."""
+    moves = {n: reversals([float(w[n]) for w in weights_by_step]) for n in names}
+    oscillating = [n for n, (count, back) in moves.items() if back >= OSCILLATION_REVERSALS and 2 * back >= count]
+    used = counterfactual["used"]["first_plus_second_order"]
+    best = counterfactual.get("best")
+    constant = best["first_plus_second_order"] if best else counterfactual["constant_mean_weights"][
+        "first_plus_second_order"]
+    warning = None
+    if oscillating:
+        which = ", ".join(f"{n} reversed {moves[n][1]} of {moves[n][0]} moves" for n in oscillating)
+        warning = (f"the weights oscillated ({which}): the rule followed noise; raise --adaptive-smoothing or "
+                   f"--probe-every, or lower --trust-radius")
+    return {
+        "rule": rule,
+        "predicted_improvement": used,
+        "best_constant_predicted_improvement": constant,
+        "beat_best_constant": used > constant,
+        "moves": {n: count for n, (count, _) in moves.items()},
+        "reversals": {n: back for n, (_, back) in moves.items()},
+        "oscillating": oscillating,
+        "warning": warning,
+    }
 
 
 def make_rule(rule: str, weights: Mapping[str, float], **options: Any) -> Rule:
