@@ -53,6 +53,7 @@ class Taylor(TypedDict):
     error: FirstAndSecond
     scaled_error: FirstAndSecond
     rounding_floor: float
+    downstream_resolution: NotRequired[float]  # the measured noise of one evaluation of D (once per run)
     second_to_first: float | None
     second_order_helps: bool
     remainder_ratio: float | None
@@ -69,6 +70,7 @@ class Update(TypedDict):
     attribution: str  # "exact" (SGD), "shapley" (Adam), …
     first_order: ByName  # each part's ∇D·d_c
     second_order: ByName  # each pair's ½ d_iᵀ H_D d_j (both orders summed off the diagonal)
+    first_order_standard_error: NotRequired[ByName]  # sampled Shapley parts: the Monte-Carlo error of first_order
 
 
 class Spectrum(TypedDict):
@@ -89,10 +91,19 @@ class CounterfactualPoint(TypedDict):
     second_order: float  # ½ Δθ(α)ᵀ H_D Δθ(α)
 
 
+class FirstOrderPoint(TypedDict):
+    """The exact counterfactual's first-order term at one weight vector of the grid (Adam)."""
+
+    weights: ByName
+    first_order: float  # ∇D·Δθ(α)
+
+
 class Counterfactual(TypedDict):
-    """Under Adam, the exact counterfactual at the stencil's weight vectors (``counterfactual``)."""
+    """Under Adam, the exact one-step counterfactual (``counterfactual``): to second order at the
+    stencil's weight vectors, to first order on a finer grid along every pair of objectives."""
 
     points: list[CounterfactualPoint]
+    grid: list[FirstOrderPoint]
 
 
 class StepRecord(TypedDict):

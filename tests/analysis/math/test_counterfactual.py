@@ -11,7 +11,7 @@ import torch
 
 from objreg.analysis.math.counterfactual import AdamCounterfactual, stencil
 from objreg.analysis.math.functional import detached, flat_dot, named_shared
-from objreg.analysis.math.mixture import step_model
+from objreg.analysis.math.mixture import counterfactual, step_model
 from objreg.analysis.math.optimizers import adam_settings
 
 NAMES = ["mlm", "sop"]
@@ -95,13 +95,16 @@ def test_the_exact_adam_counterfactual_is_re_running_the_step_up_to_the_taylor_r
 
 
 def test_the_probe_records_the_exact_counterfactual_and_the_model_goes_through_it(tiny_trainer):
-    """The probe's points against re-running the step with their weights, and the step model
-    through them: at the weights used it is the record's own prediction, at the points their values."""
+    """The probe's points against re-running the step with their weights; the step model: at the
+    weights used the record's own prediction, its second-order term through the stencil's points;
+    the run's optimum one of the grid's points, predicted by the exact terms there."""
     lr = 2e-4
     (record,) = tiny_trainer("adamw", lr=lr, steps=1).run()
-    points = record["counterfactual"]["points"]
+    points, first_order = record["counterfactual"]["points"], record["counterfactual"]["grid"]
     assert [p["weights"] for p in points] == stencil(USED, NAMES, 0.25) == [{"mlm": 1.5, "sop": 0.5},
                                                                            {"mlm": 0.5, "sop": 1.5}]
+    assert [p["weights"]["mlm"] for p in first_order] == pytest.approx(
+        [1 + j / 16 for j in range(1, 9)] + [1 - j / 16 for j in range(1, 9)])
     model = step_model(record, "adamw", lr, NAMES)
     used = model.improvement(USED)
     assert used["first_order"] == pytest.approx(-record["predicted_delta"]["first_order"], rel=1e-12)
@@ -109,13 +112,26 @@ def test_the_probe_records_the_exact_counterfactual_and_the_model_goes_through_i
         -(record["predicted_delta"]["first_order"] + record["predicted_delta"]["second_order"]), rel=1e-12)
     for point in points:
         predicted = model.improvement(point["weights"])
-        assert predicted["first_order"] == pytest.approx(-point["first_order"], rel=1e-9)
-        assert predicted["first_plus_second_order"] == pytest.approx(
-            -(point["first_order"] + point["second_order"]), rel=1e-9)
+        assert predicted["first_plus_second_order"] - predicted["first_order"] == pytest.approx(
+            -point["second_order"], rel=1e-9)
         rerun = tiny_trainer("adamw", lr=lr, steps=1)
         rerun.weights_by_step = [dict(point["weights"])]
         (again,) = rerun.run()
         assert point["first_order"] + point["second_order"] == pytest.approx(again["actual_delta"], rel=1e-3)
+    best = counterfactual([record], NAMES, "adamw", lr, radius=0.25)["best"]
+    grid_point = next(p for p in [*first_order, {"weights": USED, "first_order": record["predicted_delta"][
+        "first_order"]}] if p["weights"] == pytest.approx(best["weights"]))
+    assert best["first_order"] == pytest.approx(-grid_point["first_order"], rel=1e-12)
+    second = model.improvement(best["weights"])
+    assert best["first_plus_second_order"] == pytest.approx(
+        best["first_order"] + second["first_plus_second_order"] - second["first_order"], rel=1e-12)
+
+    def predicted(point):  # the grid point's exact first-order term plus the model's second-order term
+        terms = model.improvement(point["weights"])
+        return -point["first_order"] + terms["first_plus_second_order"] - terms["first_order"]
+
+    assert best["first_plus_second_order"] == pytest.approx(max(
+        [predicted(p) for p in first_order] + [used["first_plus_second_order"]]), rel=1e-12)
 
 
 def test_the_stencil_model_recovers_a_quadratic_of_three_objectives():

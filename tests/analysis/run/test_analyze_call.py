@@ -34,8 +34,11 @@ def test_report_shape(small_report):
         assert "relative_error" not in step  # relative to a change that can vanish: replaced by taylor
         assert set(step["second_order"]) == {"mlm,mlm", "mlm,sop", "sop,sop"}
         assert set(step["predicted_delta"]) == {"first_order", "second_order"}
-        assert set(step["taylor"]) == {"error", "scaled_error", "rounding_floor", "second_to_first",
-                                       "second_order_helps", "remainder_ratio", "inside_regime"}
+        assert set(step["taylor"]) == {"error", "scaled_error", "rounding_floor", "downstream_resolution",
+                                       "second_to_first", "second_order_helps", "remainder_ratio", "inside_regime"}
+        # One resolution for the run, and the floor holds it for both evaluations of D.
+        assert step["taylor"]["downstream_resolution"] == report["steps"][0]["taylor"]["downstream_resolution"]
+        assert step["taylor"]["rounding_floor"] >= 2 * step["taylor"]["downstream_resolution"]
         assert set(step["update"]) >= {"norm", "norms", "conditioning", "decomposition_residual", "attribution",
                                        "first_order", "second_order"}
         assert set(step["update"]["norms"]) == {"mlm", "sop"} and step["update"]["attribution"] == "linear"

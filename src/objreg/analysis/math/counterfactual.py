@@ -83,29 +83,50 @@ class AdamCounterfactual:
         return out
 
 
+#: Weight vectors per pair of objectives and side at which the first-order term is recorded.
+GRID = 8
+
+
+def _moves(weights: Mapping[str, float], a: str, b: str, reach: float, count: int) -> list[float]:
+    """Moves of weight from ``b`` to ``a`` (negative: from ``a`` to ``b``) at ``j/count`` of the
+    reach on each side, ``j = 1 … count``; a side is as long as keeps both weights ≥ 0."""
+    up, down = min(reach, float(weights[b])), min(reach, float(weights[a]))
+    return [*(up * j / count for j in range(1, count + 1) if up > 0),
+            *(-down * j / count for j in range(1, count + 1) if down > 0)]
+
+
+def _moved(weights: Mapping[str, float], names: Sequence[str], a: str, b: str, move: float) -> dict[str, float]:
+    point = {n: float(weights[n]) for n in names}
+    point[a] += move
+    point[b] -= move
+    return point
+
+
 def stencil(weights: Mapping[str, float], names: Sequence[str], radius: float) -> list[dict[str, float]]:
-    """The weight vectors the probe evaluates the exact counterfactual at: for every pair
-    ``a, b`` of objectives, weight moved from ``b`` to ``a`` and from ``a`` to ``b`` by
-    ``radius × Σα`` (the total held), or as far as keeps both weights ≥ 0; where one direction
-    is closed (a weight at 0), two points on the open side (half way and all the way).
-    ``K(K−1)`` points for ``K`` objectives, enough for a quadratic in the ``K−1`` free directions."""
-    total = sum(float(weights[n]) for n in names)
-    reach = radius * total
+    """The weight vectors where the probe takes the exact counterfactual to second order (one
+    HVP each): for every pair ``a, b`` of objectives, weight moved from ``b`` to ``a`` and from
+    ``a`` to ``b`` by ``radius × Σα`` (the total held), or as far as keeps both weights ≥ 0;
+    where one direction is closed (a weight at 0), two points on the open side (half way and all
+    the way). ``K(K−1)`` points for ``K`` objectives, enough for a quadratic in the ``K−1`` free
+    directions."""
+    reach = radius * sum(float(weights[n]) for n in names)
     points = []
     for i, a in enumerate(names):
         for b in names[i + 1:]:
-            up, down = min(reach, float(weights[b])), min(reach, float(weights[a]))  # a gains, a loses
-            if up > 0 and down > 0:
-                moves = [up, -down]
-            elif up > 0:
-                moves = [up / 2, up]
-            elif down > 0:
-                moves = [-down / 2, -down]
-            else:
-                moves = []
-            for move in moves:
-                point = {n: float(weights[n]) for n in names}
-                point[a] += move
-                point[b] -= move
-                points.append(point)
+            moves = _moves(weights, a, b, reach, 1)
+            if len(moves) == 1:  # one side open: half way too
+                moves = [moves[0] / 2, moves[0]]
+            points += [_moved(weights, names, a, b, move) for move in moves]
     return points
+
+
+def grid(weights: Mapping[str, float], names: Sequence[str], radius: float, count: int = GRID
+         ) -> list[dict[str, float]]:
+    """The weight vectors where the probe takes the exact counterfactual's first-order term (no
+    HVP: cheap): for every pair of objectives, weight moved between them in ``count`` even steps
+    up to ``radius × Σα`` on each side (as far as keeps both weights ≥ 0). Adam's one-step change
+    is rough in the weights (at the first step it is ``−η sign(G(α))``), so no quadratic passes
+    through it; the run's optimum is chosen among these points, where its first order is exact."""
+    reach = radius * sum(float(weights[n]) for n in names)
+    return [_moved(weights, names, a, b, move) for i, a in enumerate(names) for b in names[i + 1:]
+            for move in _moves(weights, a, b, reach, count)]

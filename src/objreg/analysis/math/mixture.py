@@ -167,31 +167,39 @@ def step_model(record: StepRecord, optimizer: str, lr: float, names: Sequence[st
 
 
 def stencil_model(record: StepRecord, names: Sequence[str]) -> Quadratic:
-    """The quadratic in the weights through a record's exact counterfactual points (Adam): on
-    the plane of the step's total weight, the first- and the second-order term are each fitted
-    by least squares through the points, exactly through the weights used (the record's own
-    prediction); constant along ``(1, …, 1)``."""
+    """The quadratic in the weights through a record's exact counterfactual (Adam), on the plane
+    of the step's total weight, exactly through the weights used (the record's own prediction)
+    and constant along ``(1, …, 1)``: the second-order term through the stencil's points, the
+    first-order term by least squares through the grid's and the stencil's (it is rough in the
+    weights, so no quadratic passes through all of them; the run's optimum is chosen among the
+    points themselves, :func:`counterfactual`)."""
     used = np.array([float(record["weights"][n]) for n in names])
-    points = record["counterfactual"]["points"]
+    exact = record["counterfactual"]
+    center = record["predicted_delta"]
+    first = _fit_on_plane(names, used, center["first_order"],
+                          [(p["weights"], p["first_order"]) for p in [*exact.get("grid", []), *exact["points"]]])
+    second = _fit_on_plane(names, used, center["second_order"], [(p["weights"], p["second_order"])
+                                                                  for p in exact["points"]])
+    (f0, f, fm), (s0, q, m) = first, second
+    return Quadratic(tuple(names), f0, f, s0, q, m, fm)
+
+
+def _fit_on_plane(names: Sequence[str], used: np.ndarray, at_used: float,
+                  values: Sequence[tuple[Mapping[str, float], float]]) -> tuple[float, np.ndarray, np.ndarray]:
+    """``a + gᵀ(α − α_u) + ½ (α − α_u)ᵀ H (α − α_u)`` with ``a`` the value at the weights used and
+    ``g``, ``H`` on the plane ``Σ δ = 0`` fitted by least squares to ``values``; returned expanded
+    in ``α``: ``(constant, linear, matrix)``."""
     k = len(names)
     basis = _plane_basis(k)  # K × (K−1), orthonormal, orthogonal to (1, …, 1)
-    z = np.array([basis.T @ (np.array([p["weights"][n] for n in names]) - used) for p in points]).reshape(-1, k - 1)
+    z = np.array([basis.T @ (np.array([w[n] for n in names]) - used) for w, _ in values]).reshape(-1, k - 1)
     features = np.hstack([z, _quadratic_features(z)])
-    models = []
-    center = record["predicted_delta"]
-    for key in ("first_order", "second_order"):
-        values = np.array([p[key] for p in points]) - center[key]
-        if len(points):
-            coefficients, *_ = np.linalg.lstsq(features, values, rcond=None)
-        else:
-            coefficients = np.zeros(features.shape[1])
-        gradient = basis @ coefficients[: k - 1]
-        hessian = basis @ _symmetric(coefficients[k - 1:], k - 1) @ basis.T
-        # a + gᵀ(α − α_u) + ½ (α − α_u)ᵀ H (α − α_u), expanded in α.
-        constant = center[key] - gradient @ used + 0.5 * used @ hessian @ used
-        models.append((float(constant), gradient - hessian @ used, hessian))
-    (f0, f, fm), (s0, q, m) = models
-    return Quadratic(tuple(names), f0, f, s0, q, m, fm)
+    if len(values):
+        coefficients, *_ = np.linalg.lstsq(features, np.array([v for _, v in values]) - at_used, rcond=None)
+    else:
+        coefficients = np.zeros(features.shape[1])
+    gradient = basis @ coefficients[: k - 1]
+    hessian = basis @ _symmetric(coefficients[k - 1:], k - 1) @ basis.T
+    return float(at_used - gradient @ used + 0.5 * used @ hessian @ used), gradient - hessian @ used, hessian
 
 
 def _plane_basis(k: int) -> np.ndarray:
@@ -302,13 +310,21 @@ TRUST_RULE = ("weights ≥ the lower bound (0 by default) and ≤ the upper boun
               "the mean weights used, and each within radius × that total of its mean weight used")
 
 
+def horizon_radius(radius: float, probes: int) -> float:
+    """The trust radius of a run-level counterfactual over ``probes`` probed steps."""
+    return radius / math.sqrt(max(probes, 1))
+
+
 def counterfactual(records: Sequence[StepRecord], names: Sequence[str], optimizer: str, lr: float, *,
-                   radius: float, low: float = 0.0, high: float | None = None) -> dict[str, Any]:
+                   radius: float, low: float = 0.0, high: float | None = None, horizon: bool = True) -> dict[str, Any]:
     """The report's ``summary.counterfactual``: the run's quadratic model in the weights, the
     improvement it predicts with the weights used, and the best constant weights in the trust
-    region around their mean, with what the model predicts for them."""
+    region around their mean, with what the model predicts for them. ``horizon``: shrink the
+    trust radius with the number of probed steps (:func:`horizon_radius`)."""
     model = run_model(records, optimizer, lr, names)
     center = np.mean([[r["weights"][n] for n in names] for r in records], axis=0)
+    if horizon:
+        radius = horizon_radius(radius, len(records))
     lower, upper = trust_box(center, radius, low, high)
     result: dict[str, Any] = {
         "optimizer_model": ("sgd: exact second-order model of each step, Δθ(α) = −η Σ_k α_k g_k"
@@ -323,18 +339,58 @@ def counterfactual(records: Sequence[StepRecord], names: Sequence[str], optimize
         "trust_region": {"radius": radius, "low": low, "high": high, "rule": TRUST_RULE},
         "model": model.to_dict(),
     }
-    try:
-        best = maximise(model, lower, upper, float(center.sum()))
-    except InvalidParameterError as e:
-        result["best"] = None
-        result["best_skipped"] = str(e)
-        return result
-    predicted = model.improvement(best)
+    candidates = exact_candidates(records, optimizer, lr, names)
+    if candidates is not None:
+        inside = [(w, value) for w, value in candidates
+                  if np.all(w >= lower - 1e-12 * max(1.0, float(center.sum())))
+                  and np.all(w <= upper + 1e-12 * max(1.0, float(center.sum())))]
+        best, predicted = max(inside, key=lambda item: item[1]["first_plus_second_order"])
+        chosen = "among the weights every probed step evaluated exactly to first order (the grid)"
+    else:
+        try:
+            best = maximise(model, lower, upper, float(center.sum()))
+        except InvalidParameterError as e:
+            result["best"] = None
+            result["best_skipped"] = str(e)
+            return result
+        predicted = model.improvement(best)
+        chosen = "the quadratic model's optimum in the trust region"
     result["best"] = {
         "weights": dict(zip(names, map(float, best))),
         **predicted,
         "gain_over_used": predicted["first_plus_second_order"] - result["used"]["first_plus_second_order"],
         "second_to_first": (abs(predicted["first_plus_second_order"] - predicted["first_order"])
                             / abs(predicted["first_order"]) if predicted["first_order"] else None),
+        "chosen": chosen,
     }
     return result
+
+
+def exact_candidates(records: Sequence[StepRecord], optimizer: str, lr: float,
+                     names: Sequence[str]) -> list[tuple[np.ndarray, dict[str, float]]] | None:
+    """Under Adam, the constant weight vectors at which every probed step's first-order term
+    was evaluated exactly (the weights used, where every step used the same, and the points of
+    the grid every record shares), each with its predicted improvement over the run: the exact
+    first-order terms summed, plus the second-order term of each step's model (exact at the
+    stencil's points, interpolated between them). None where the records share no grid (SGD,
+    whose model is exact everywhere; weights that changed between probes)."""
+    if optimizer == "sgd" or not records or any("grid" not in r.get("counterfactual", {}) for r in records):
+        return None
+
+    def key(weights: Mapping[str, float]) -> tuple[float, ...]:
+        return tuple(round(float(weights[n]), 12) for n in names)
+
+    sums: dict[tuple[float, ...], float] | None = None  # each shared weight vector's Σ_t ∇D·Δθ_t(α)
+    for record in records:
+        here = {key(p["weights"]): p["first_order"] for p in record["counterfactual"]["grid"]}
+        here[key(record["weights"])] = record["predicted_delta"]["first_order"]
+        sums = dict(here) if sums is None else {k: v + here[k] for k, v in sums.items() if k in here}
+    if not sums:
+        return None
+    models = [step_model(r, optimizer, lr, names) for r in records]
+    out = []
+    for k, first in sums.items():
+        w = np.array(k)
+        second = sum(m.improvement(w)["first_plus_second_order"] - m.improvement(w)["first_order"] for m in models)
+        out.append((w, {"first_order": -first, "first_plus_second_order": -first + second}))
+    return out

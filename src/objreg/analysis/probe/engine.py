@@ -39,7 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from objreg.analysis.math.counterfactual import AdamCounterfactual, stencil
+from objreg.analysis.math.counterfactual import AdamCounterfactual, grid, stencil
 from objreg.analysis.math.curvature import Curvature
 from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import (
@@ -52,8 +52,9 @@ from objreg.analysis.math.functional import (
     named_shared,
 )
 from objreg.analysis.math.gradients import local_rows
-from objreg.analysis.math.optimizers import StepDecomposition, adam_settings, decompose
+from objreg.analysis.math.optimizers import StepDecomposition, adam_settings, decompose, stepped
 from objreg.analysis.math.per_sample import per_sample_dots_many
+from objreg.analysis.math.resolution import downstream_resolution
 from objreg.analysis.math.shapley import CoalitionMoments
 from objreg.analysis.math.spectrum import eigenvector_alignment, orient, top_eigenpairs
 from objreg.analysis.math.stats import alignment_stats, seed_for
@@ -70,6 +71,7 @@ from objreg.analysis.probe.attribution import ExampleScores
 from objreg.analysis.records import Spectrum, StepRecord
 from objreg.core.handles import Objective
 from objreg.core.types import CorruptedBatch, TokenBatch
+from objreg.toolkit.randomness import stream
 
 
 @dataclass
@@ -84,6 +86,7 @@ class Pending:
     first_by_part: dict[str, float]
     second_by_pair: dict[str, float]
     attribution: str
+    first_order_errors: dict[str, float] | None = None  # the sampled Shapley parts' Monte-Carlo errors
 
 
 class Probe:
@@ -129,6 +132,8 @@ class Probe:
         # D at the last point it was evaluated (that point's shared parameters and the model's
         # buffers, and the value): the D after one probed step is the D before the next.
         self._last_downstream: tuple[Params, list[torch.Tensor], float] | None = None
+        # The noise of one evaluation of D, measured at the first probe (kept in the probe's state).
+        self.resolution: float | None = None
 
     def downstream_loss(self, shared: Params) -> float:
         """``D`` at the model's current parameters (``shared``: their values now), evaluated
@@ -156,6 +161,8 @@ class Probe:
         before = {n: p.detach().clone() for n, p in shared.items()}
         names = list(self.objectives)
         downstream_before = self.downstream_loss(before)
+        if self.resolution is None:
+            self.resolution = downstream_resolution(self.downstream, self.model, stream(self.seed, "resolution"))
         split = decompose(optimizer, shared, weights, gradients, coalitions)
         self.update_rule = self.update_rule or split.rule
         parts = split.parts
@@ -165,7 +172,9 @@ class Probe:
         linear = split.scale is not None
         directions = [gradients[n] for n in names] + ([] if linear else list(parts.values()))
         # Under Adam, the exact steps of other weights (the counterfactual's stencil): more directions.
-        points, counterfactual_steps = self._counterfactual_steps(optimizer, shared, weights, gradients, linear)
+        exact = self._exact_counterfactual(optimizer, shared, gradients, linear)
+        points = stencil(weights, names, self.counterfactual_radius) if exact is not None else []
+        counterfactual_steps = [exact.step(point) for point in points]
         directions += counterfactual_steps
         curvature = self.downstream.curvature(self.model, before, self.hvp_method)
         downstream_grad, products = curvature.gradient_and_products(directions)
@@ -212,13 +221,17 @@ class Probe:
 
         if self.spectrum and step in (0, self.steps - 1):
             record["spectrum"] = self._spectrum(curvature, before, downstream_grad, gradients)
-        if points:
-            record["counterfactual"] = {"points": [
-                {"weights": point, "first_order": float(flat_dot(downstream_grad, change)),
-                 "second_order": 0.5 * float(flat_dot(change, product))}
-                for point, change, product in zip(points, counterfactual_steps, counterfactual_products)]}
+        if exact is not None:
+            record["counterfactual"] = {
+                "points": [{"weights": point, "first_order": float(flat_dot(downstream_grad, change)),
+                            "second_order": 0.5 * float(flat_dot(change, product))}
+                           for point, change, product in zip(points, counterfactual_steps, counterfactual_products)],
+                "grid": [{"weights": point, "first_order": float(flat_dot(downstream_grad, exact.step(point)))}
+                         for point in grid(weights, names, self.counterfactual_radius)],
+            }
         return Pending(record, before, downstream_before, downstream_grad, parts, first_by_part,
-                       quadratic_by_pair(part_names, quadratic), split.attribution)
+                       quadratic_by_pair(part_names, quadratic), split.attribution,
+                       self._first_order_errors(optimizer, shared, coalitions, parts, downstream_grad))
 
     def finish(self, pending: Pending) -> StepRecord:
         """The record, completed with what the step did: ``Δθ``, the new ``D``, the prediction's
@@ -234,13 +247,13 @@ class Probe:
         like = next(iter(before.values()))
         floor = rounding_floor(pending.downstream_before, downstream_after, self.downstream.unit_roundoff(self.model),
                                float(flat_norm(pending.downstream_grad)), delta_norm,
-                               float(torch.finfo(like.dtype).eps) / 2)
+                               float(torch.finfo(like.dtype).eps) / 2, self.resolution or 0.0)
         norms = {c: float(flat_norm(part)) for c, part in pending.parts.items()}
         record = pending.record
         record["predicted_delta"] = {"first_order": first, "second_order": second}
         record["downstream_loss_after"] = downstream_after
         record["actual_delta"] = actual
-        record["taylor"] = taylor_errors(first, second, actual, floor)
+        record["taylor"] = taylor_errors(first, second, actual, floor, self.resolution)
         record["update"] = {
             "norm": delta_norm,
             "norms": norms,
@@ -251,18 +264,31 @@ class Probe:
             "first_order": pending.first_by_part,
             "second_order": pending.second_by_pair,
         }
+        if pending.first_order_errors:
+            record["update"]["first_order_standard_error"] = pending.first_order_errors
         return record
 
-    def _counterfactual_steps(self, optimizer: torch.optim.Optimizer, shared: Mapping[str, nn.Parameter],
-                              weights: dict[str, float], gradients: dict[str, Params], linear: bool
-                              ) -> tuple[list[dict[str, float]], list[Params]]:
-        """Under Adam, the stencil's weight vectors and the exact step Adam would take with each
-        (nothing under SGD, whose record gives every weight vector's step exactly)."""
+    def _exact_counterfactual(self, optimizer: torch.optim.Optimizer, shared: Mapping[str, nn.Parameter],
+                              gradients: dict[str, Params], linear: bool) -> AdamCounterfactual | None:
+        """Under Adam with two objectives or more, the step Adam would take with other weights
+        (None under SGD, whose record gives every weight vector's step exactly)."""
         if linear or len(self.objectives) < 2:
-            return [], []
-        exact = AdamCounterfactual(optimizer, shared, gradients, adam_settings(optimizer, shared))
-        points = stencil(weights, list(self.objectives), self.counterfactual_radius)
-        return points, [exact.step(point) for point in points]
+            return None
+        return AdamCounterfactual(optimizer, shared, gradients, adam_settings(optimizer, shared))
+
+    @staticmethod
+    def _first_order_errors(optimizer: torch.optim.Optimizer, shared: Mapping[str, nn.Parameter],
+                            coalitions: CoalitionMoments | None, parts: dict[str, Params],
+                            downstream_grad: Params) -> dict[str, float] | None:
+        """Sampled Shapley parts (many objectives under Adam): each player's Monte-Carlo standard
+        error of its first-order term ``∇D·d_k``."""
+        if coalitions is None or coalitions.exact:
+            return None
+        s = adam_settings(optimizer, shared)
+        active = set(stepped(shared))
+        full_step = {n: sum(parts[p][n] for p in coalitions.players) for n in shared}  # the parts add up to u_N
+        gradient = {n: t if n in active else torch.zeros_like(t) for n, t in downstream_grad.items()}
+        return coalitions.first_order_errors(full_step, gradient, s.lr, s.beta1, s.beta2, s.eps)
 
     def attribution_report(self, top: int) -> dict[str, Any]:
         return self.attribution.top(top, self.decode)

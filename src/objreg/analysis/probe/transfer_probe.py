@@ -356,6 +356,7 @@ class TransferProbe:
             "hvp_method": engine.hvp_method,
             "update_rule": engine.update_rule,
             "methods_used": sorted(engine.methods_used),
+            "downstream_resolution": engine.resolution,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -399,6 +400,7 @@ class TransferProbe:
         engine.attribution.load_state_dict(state["attribution"])
         engine.hvp_method, engine.update_rule = state["hvp_method"], state["update_rule"]
         engine.methods_used = set(state["methods_used"])
+        engine.resolution = state.get("downstream_resolution")  # measured at the first probe
         self._needs_state = False
 
     def report(self, downstream: str = "downstream", config: Mapping[str, Any] | None = None) -> AlignmentReport:
@@ -505,5 +507,5 @@ def _in_your_weights(record: StepRecord, weights: Mapping[str, float], stepped: 
         return
     scale = next((weights[k] / stepped[k] for k in weights if stepped[k]), 1.0)
     if scale != 1.0:
-        for point in record["counterfactual"]["points"]:
+        for point in [*record["counterfactual"]["points"], *record["counterfactual"]["grid"]]:
             point["weights"] = {k: scale * w for k, w in point["weights"].items()}
