@@ -29,9 +29,11 @@ class Alignment(TypedDict):
     cosine: float
     ci95: list[float]  # Student-t interval of the dot over examples
     ci95_bootstrap: list[float]
-    cosine_ci95: list[float]
+    cosine_ci95: list[float] | None  # None: withheld where the noise ratio is above the bound (docs/analysis.md)
     conflict_fraction: float  # share of examples with ⟨∇ℓ_i, ∇D⟩ < 0
     grad_norm: float  # ‖g_k‖
+    grad_norm_sq_unbiased: float  # unbiased ‖E g_k‖²: the U-statistic over pairs of examples (may be ≤ 0)
+    noise_ratio: float | None  # tr Σ / (B ‖E g_k‖²); None where the unbiased ‖E g_k‖² ≤ 0
     update_cosine: float  # cosine of the objective's part of the step with −∇D
 
 

@@ -53,7 +53,7 @@ from objreg.analysis.math.functional import (
 )
 from objreg.analysis.math.gradients import local_rows
 from objreg.analysis.math.optimizers import StepDecomposition, adam_settings, decompose, stepped
-from objreg.analysis.math.per_sample import per_sample_dots_many
+from objreg.analysis.math.per_sample import GhostChecks, per_sample_dots_and_norms
 from objreg.analysis.math.resolution import downstream_resolution
 from objreg.analysis.math.shapley import CoalitionMoments
 from objreg.analysis.math.spectrum import eigenvector_alignment, orient, top_eigenpairs
@@ -128,6 +128,8 @@ class Probe:
         self.decode = decode
         self.attribution = ExampleScores()
         self.methods_used: set[str] = set()
+        # Ghost's one-time check against an independent method, per model, objective (and shape).
+        self.ghost_checks = GhostChecks()
         self.update_rule = ""
         # D at the last point it was evaluated (that point's shared parameters and the model's
         # buffers, and the value): the D after one probed step is the D before the next.
@@ -199,10 +201,10 @@ class Probe:
         scaled_downstream = split.apply(downstream_grad) if not linear else None
         first_by_part = {c: float(flat_dot(downstream_grad, parts[c])) for c in parts}
         for name in names:
-            dots, self_dots, scores = self._per_sample(name, batches[name], before, downstream_grad, gradients[name],
-                                                       scaled_downstream, split, weights[name])
+            dots, self_dots, scores, squared_norms = self._per_sample(
+                name, batches[name], before, downstream_grad, gradients[name], scaled_downstream, split, weights[name])
             alignment = alignment_stats(dots, self_dots, float(flat_norm(gradients[name])), downstream_norm,
-                                        seed_for(self.seed, step, name))
+                                        seed_for(self.seed, step, name), squared_norms)
             # The objective's part of the actual step against ∇D: its first-order transfer.
             part_norm = float(flat_norm(parts[name]))
             alignment["update_cosine"] = (-first_by_part[name] / (part_norm * downstream_norm)
@@ -296,10 +298,10 @@ class Probe:
     def _per_sample(
         self, name: str, batch: CorruptedBatch | Any, shared: Params, downstream_grad: Params, gradient: Params,
         scaled_downstream: Params | None, split: StepDecomposition, weight: float,
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Every example's ``⟨∇ℓ_i, ∇D⟩``, its ``⟨∇ℓ_i, g_k⟩`` (for the cosine's interval) and its
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Every example's ``⟨∇ℓ_i, ∇D⟩``, its ``⟨∇ℓ_i, g_k⟩`` (for the cosine's interval), its
         first-order score ``⟨∇ℓ_i, A ∇D⟩`` before the weight (``A`` the step's fresh-gradient
-        map), over the whole batch in row order."""
+        map) and its ``‖∇ℓ_i‖²`` (the noise of the batch's mean), over the whole batch in row order."""
         if self.local_batches:
             local, sharded = batch, self.group.distributed
         else:
@@ -308,10 +310,13 @@ class Probe:
         directions = [downstream_grad, gradient]
         if scaled_downstream is not None and weight != 0:
             directions.append(scaled_downstream)
-        per_example, method = per_sample_dots_many(function, shared, directions, self.per_sample_method)
+        per_example, squared_norms, method = per_sample_dots_and_norms(function, shared, directions,
+                                                                       self.per_sample_method, self.ghost_checks)
         self.methods_used.add(method)
+        per_example = [*per_example, squared_norms]
         if sharded:  # every process's rows, in row order
             per_example = self.group.all_gather(per_example)
+        *per_example, squared_norms = per_example
         dots_np, self_np = (t.detach().double().cpu().numpy() for t in per_example[:2])
         if scaled_downstream is None:
             scores = split.scale * dots_np
@@ -319,7 +324,7 @@ class Probe:
             scores = per_example[2].detach().double().cpu().numpy()
         else:
             scores = np.zeros_like(dots_np)
-        return dots_np, self_np, scores
+        return dots_np, self_np, scores, squared_norms.detach().double().cpu().numpy()
 
     def _spectrum(self, curvature: Curvature, shared: Params, downstream_grad: Params,
                   gradients: dict[str, Params]) -> Spectrum:

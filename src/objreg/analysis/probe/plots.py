@@ -67,7 +67,9 @@ def _alignment(report: dict[str, Any]) -> Figure:
             ("cosine", "cosine_ci95", "cosine with ∇D\n(−1 to 1)"),
         )):
             panel = axes[row][column]
-            panel.fill_between(x, [a[band][0] for a in probes], [a[band][1] for a in probes], color=color, alpha=0.2,
+            # A withheld interval (the cosine's where the gradient noise is too large) leaves a gap.
+            intervals = [a[band] or (float("nan"), float("nan")) for a in probes]
+            panel.fill_between(x, [i[0] for i in intervals], [i[1] for i in intervals], color=color, alpha=0.2,
                                linewidth=0, label="95% interval over examples")
             panel.plot(x, [a[key] for a in probes], marker="o", markersize=3, color=color, label="mean over examples")
             panel.axhline(0.0, color="grey", linewidth=0.8)

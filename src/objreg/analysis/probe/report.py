@@ -187,7 +187,8 @@ def report_csv(report: AlignmentReport) -> str:
         for name, a in s["alignment"].items():
             writer.writerow([
                 s["step"], name, s["weights"][name], s["losses"].get(name), a["dot"], *a["ci95"],
-                *a["ci95_bootstrap"], a["cosine"], *a["cosine_ci95"], a["conflict_fraction"], a["grad_norm"],
+                *a["ci95_bootstrap"], a["cosine"], *(a["cosine_ci95"] or (None, None)), a["conflict_fraction"],
+                a["grad_norm"],
                 s["second_order"][pair_key(name, name)], s["update"]["first_order"].get(name),
                 s["downstream_loss"], s["downstream_loss_after"], s["predicted_delta"]["first_order"],
                 s["predicted_delta"]["second_order"], s["actual_delta"], a["update_cosine"],
