@@ -172,3 +172,21 @@ def test_a_run_outside_the_taylor_regime_gets_a_one_line_warning(run):
     assert rendered(True) == []
     (line,) = rendered(False)
     assert line.startswith("warning: outside the Taylor regime at 1 of 2 probed steps")
+
+
+@pytest.mark.e2e
+def test_the_adam_counterfactual_best_weights_realise_their_predicted_gain(run):
+    # One Adam step of the default job: re-running it with the counterfactual's best weights
+    # realises the gain over the weights used that the report predicted, to within 20%.
+    job = ["--pretrain", "mlm,sop", "--downstream", "qa", "--optimizer", "adam", "--lr", "1e-4", "--steps", "1"]
+    result = run(*job, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    best = report["summary"]["counterfactual"]["best"]
+    assert best["weights"] != {"mlm": 1.0, "sop": 1.0} and best["gain_over_used"] > 0
+    weights = ",".join(f"{name}={value!r}" for name, value in best["weights"].items())
+    again = run(*job, "--weights", weights, "--json")
+    assert again.exit_code == 0, again.output
+    rerun = json.loads(again.stdout)
+    realised = report["steps"][0]["actual_delta"] - rerun["steps"][0]["actual_delta"]
+    assert realised == pytest.approx(best["gain_over_used"], rel=0.2), (realised, best)

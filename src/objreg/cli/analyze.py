@@ -242,18 +242,21 @@ def _render(report: dict[str, Any], console: Console) -> None:
         f"model={config['model']} ({config['shared_parameters']:,} shared parameters)  device={config['device']}  "
         f"optimizer={config['optimizer']} lr={config['lr']}  steps={config['steps']}"
     )
-    numbers = ("weight", "dot ⟨∇L,∇D⟩", "95% CI", "cosine", "conflicting", "‖∇L‖", "predicted gain")
+    numbers = ("weight", "dot ⟨∇L,∇D⟩", "95% CI", "cosine", "conflicting", "‖∇L‖",
+               "predicted improvement, 1st+2nd order (+: D fell)")
     table = render.table("Alignment with the downstream gradient (over probes)", "objective", *numbers,
                          numbers=numbers)
     for name, a in summary["alignment"].items():
         table.add_row(
             render.text(name), _weight(config["weights"][name], summary["weights_by_step"].get(name, [])),
             f"{a['dot']:.4g}", f"[{a['ci95'][0]:.3g}, {a['ci95'][1]:.3g}]", f"{a['cosine']:+.3f}",
-            f"{a['conflict_fraction']:.0%}", f"{a['grad_norm']:.3g}", f"{a['first_order_contribution']:+.4g}",
+            f"{a['conflict_fraction']:.0%}", f"{a['grad_norm']:.3g}",
+            f"{a.get('predicted_contribution', a['first_order_contribution']):+.4g}",
         )
     render.show(console, table)
     console.print("dot: mean over probes, t interval over probes; cosine: Σ dot / √(Σ‖∇L‖² Σ‖∇D‖²) over probes, "
-                  "the sign of dot", markup=False, style="dim")
+                  "the sign of dot; predicted improvement: the objective's part of the step, its first-order term "
+                  "and its share of the second-order term, summed over probes", markup=False, style="dim")
     _render_interaction(report["pretrain"], summary["second_order"], console)
     _render_taylor(summary, console)
     _render_spectrum(summary.get("spectrum") or [], console)
