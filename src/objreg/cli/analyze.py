@@ -276,6 +276,17 @@ def _render(report: dict[str, Any], console: Console) -> None:
         console.print(f"counterfactual: best constant weights in the trust region {weights}, predicted improvement "
                       f"{best['first_plus_second_order']:.4g} against {used:.4g} with the weights used "
                       f"({summary['counterfactual']['optimizer_model'].split(':')[0]} model)", markup=False)
+        scope = summary["counterfactual"].get("scope")
+        if scope:
+            console.print(f"  a local estimate: {scope['note']}", markup=False, style="dim")
+    adaptive = summary.get("adaptive")
+    if adaptive:
+        console.print(f"adaptive:{adaptive['rule']}: predicted improvement {adaptive['predicted_improvement']:.4g} "
+                      f"against {adaptive['best_constant_predicted_improvement']:.4g} for the best constant weights "
+                      f"({'beat' if adaptive['beat_best_constant'] else 'did not beat'} them, by the run's local "
+                      f"model)", markup=False)
+        if adaptive["warning"]:
+            console.print(f"warning: {adaptive['warning']}", markup=False)
     regime = summary.get("taylor_regime") or {"inside": True}
     if not regime["inside"]:
         console.print(f"warning: outside the Taylor regime at {len(regime['steps_outside'])} of {summary['probes']} "

@@ -4,13 +4,20 @@
 Between the gradients and the optimizer step, :meth:`Probe.measure` reads, on the shared
 parameters:
 
-* per objective, the per-sample dots ``⟨∇ℓ_i, ∇D⟩`` (alignment, cosine, conflict fraction);
+* per objective, the per-sample dots ``⟨∇ℓ_i, ∇D⟩`` (alignment, cosine, conflict fraction) and
+  every example's ``‖∇ℓ_i‖²`` (the noise ratio of the batch's mean gradient, which bounds where
+  the cosine's interval is reported), ghost's dots checked once against ``jvp``
+  (:class:`~objreg.analysis.math.per_sample.GhostChecks`);
 * ``∇D`` and the Hessian-vector products ``H_D g_k`` (one batched pass), hence
   ``S_ij = g_iᵀ H_D g_j``;
 * the split of the step the optimizer is about to take (:mod:`objreg.analysis.math.optimizers`; under
   Adam, Shapley values over coalitions with their own moments, :mod:`objreg.analysis.math.shapley`),
   each part's alignment with ``∇D``, and the first- and second-order prediction of ``D``'s change
-  for the step (:mod:`objreg.analysis.math.taylor`);
+  for the step (:mod:`objreg.analysis.math.taylor`); sampled Shapley parts get their Monte-Carlo
+  errors;
+* under Adam, the exact one-step counterfactual at other weights
+  (:mod:`objreg.analysis.math.counterfactual`): its stencil's steps are further HVP directions of
+  the same pass, its grid's first-order terms dot products;
 * each pre-training example's share of the first-order term (:mod:`objreg.analysis.probe.attribution`);
 * on the first and the last step, on request, the top of ``H_D``'s spectrum.
 
@@ -20,7 +27,8 @@ the parameters, evaluates ``D`` again (the actual change, in float64:
 rounding floor and the Taylor-regime diagnostic.
 
 A probe changes nothing the trajectory depends on: it reads the optimizer's state without
-changing it and draws no random numbers. It runs with ``model.eval()`` (set by the loop), so a
+changing it and draws random numbers only once, for ``D``'s resolution at the first probe, from
+its own ``resolution`` stream (:mod:`objreg.analysis.math.resolution`). It runs with ``model.eval()`` (set by the loop), so a
 model with dropout still gives a deterministic ``D``, ``∇D`` and ``H_D``.
 
 With several processes, per-sample dots are gathered in row order, ``D``, ``∇D`` and the HVPs
