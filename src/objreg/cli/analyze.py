@@ -242,8 +242,7 @@ def _render(report: dict[str, Any], console: Console) -> None:
         f"model={config['model']} ({config['shared_parameters']:,} shared parameters)  device={config['device']}  "
         f"optimizer={config['optimizer']} lr={config['lr']}  steps={config['steps']}"
     )
-    numbers = ("weight", "dot ⟨∇L,∇D⟩", "95% CI", "cosine", "conflicting", "‖∇L‖",
-               "predicted improvement, 1st+2nd order (+: D fell)")
+    numbers = ("weight", "dot ⟨∇L,∇D⟩", "95% CI", "cosine", "conflicting", "‖∇L‖", "predicted (1st+2nd)")
     table = render.table("Alignment with the downstream gradient (over probes)", "objective", *numbers,
                          numbers=numbers)
     for name, a in summary["alignment"].items():
@@ -255,8 +254,9 @@ def _render(report: dict[str, Any], console: Console) -> None:
         )
     render.show(console, table)
     console.print("dot: mean over probes, t interval over probes; cosine: Σ dot / √(Σ‖∇L‖² Σ‖∇D‖²) over probes, "
-                  "the sign of dot; predicted improvement: the objective's part of the step, its first-order term "
-                  "and its share of the second-order term, summed over probes", markup=False, style="dim")
+                  "the sign of dot; predicted: the improvement of D (+: D fell) from the objective's part of the "
+                  "step, its first-order term and its share of the second-order term, summed over probes",
+                  markup=False, style="dim")
     _render_interaction(report["pretrain"], summary["second_order"], console)
     _render_taylor(summary, console)
     _render_spectrum(summary.get("spectrum") or [], console)
