@@ -29,7 +29,7 @@ OLD_NUMBERS = {
 }
 #: Streams added since, each with a number no stream drawn in the same run has.
 NEW_NUMBERS = {
-    "resolution": 7,  # analysis.math.resolution, in a probe (whose run draws data, corruption, char_noise, permutations)
+    "resolution": 7,  # analysis.math.resolution: a probe's run draws data, corruption, char_noise, permutations
 }
 
 

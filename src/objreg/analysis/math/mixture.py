@@ -379,11 +379,10 @@ def counterfactual(records: Sequence[StepRecord], names: Sequence[str], optimize
                          "rule": TRUST_RULE + (HORIZON_RULE if horizon else "")},
         "model": model.to_dict(),
     }
-    candidates = exact_candidates(records, optimizer, lr, names)
-    if candidates is not None:
-        inside = [(w, value) for w, value in candidates
-                  if np.all(w >= lower - 1e-12 * max(1.0, float(center.sum())))
-                  and np.all(w <= upper + 1e-12 * max(1.0, float(center.sum())))]
+    tolerance = 1e-12 * max(1.0, float(center.sum()))
+    inside = [(w, value) for w, value in exact_candidates(records, optimizer, lr, names) or []
+              if np.all(w >= lower - tolerance) and np.all(w <= upper + tolerance)]
+    if inside:
         best, predicted = max(inside, key=lambda item: item[1]["first_plus_second_order"])
         chosen = "among the weights every probed step evaluated exactly to first order (the grid)"
     else:

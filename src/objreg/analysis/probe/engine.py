@@ -28,8 +28,9 @@ rounding floor and the Taylor-regime diagnostic.
 
 A probe changes nothing the trajectory depends on: it reads the optimizer's state without
 changing it and draws random numbers only once, for ``D``'s resolution at the first probe, from
-its own ``resolution`` stream (:mod:`objreg.analysis.math.resolution`). It runs with ``model.eval()`` (set by the loop), so a
-model with dropout still gives a deterministic ``D``, ``∇D`` and ``H_D``.
+its own ``resolution`` stream (:mod:`objreg.analysis.math.resolution`). It runs with
+``model.eval()`` (set by the loop), so a model with dropout still gives a deterministic ``D``,
+``∇D`` and ``H_D``.
 
 With several processes, per-sample dots are gathered in row order, ``D``, ``∇D`` and the HVPs
 are summed over the processes' chunks (:class:`~objreg.analysis.math.downstream.Downstream`), and
