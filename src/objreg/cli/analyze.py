@@ -63,7 +63,8 @@ def _parse_params(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
                    "multiplicative update), the total weight kept (default: constant).")
 @click.option("--trust-radius", type=float, default=None, metavar="R",
               help="How far the counterfactual best weights, and adaptive:quadratic's weights per probe, may move "
-                   f"from the weights used: each by at most R × the total weight {default('trust_radius')}.")
+                   "from the weights used: each by at most R × the total weight (a run's counterfactual: R over "
+                   f"√(probed steps)) {default('trust_radius')}.")
 @click.option("--adaptive-rate", type=float, default=None, metavar="RATE",
               help=f"adaptive:tartan's largest change of a log-weight per probe {default('adaptive_rate')}.")
 @click.option("--adaptive-smoothing", type=float, default=None, metavar="S",
