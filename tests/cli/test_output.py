@@ -30,7 +30,7 @@ def printed_numbers(report: dict) -> dict[str, list[str]]:
     for name, a in summary["alignment"].items():
         rows[name] = [f"{a['dot']:.4g}", f"[{a['ci95'][0]:.3g}, {a['ci95'][1]:.3g}]", f"{a['cosine']:+.3f}",
                       f"{a['conflict_fraction']:.0%}", f"{a['grad_norm']:.3g}",
-                      f"{a['first_order_contribution']:+.4g}"]
+                      f"{a['predicted_contribution']:+.4g}"]
         if any(w != 1 for w in config["weights"].values()):
             rows[name].append(f"×{config['weights'][name]:g}")
     names = report["pretrain"]

@@ -65,7 +65,8 @@ def _parse_params(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
                    "multiplicative update), the total weight kept (default: constant).")
 @click.option("--trust-radius", type=float, default=None, metavar="R",
               help="How far the counterfactual best weights, and adaptive:quadratic's weights per probe, may move "
-                   f"from the weights used: each by at most R × the total weight {default('trust_radius')}.")
+                   "from the weights used: each by at most R × the total weight (a run's counterfactual: R over "
+                   f"√(probed steps)) {default('trust_radius')}.")
 @click.option("--adaptive-rate", type=float, default=None, metavar="RATE",
               help=f"adaptive:tartan's largest change of a log-weight per probe {default('adaptive_rate')}.")
 @click.option("--adaptive-smoothing", type=float, default=None, metavar="S",
@@ -231,7 +232,7 @@ def _prints() -> bool:
 def _render(report: dict[str, Any], console: Console, threads_used: str | None = None) -> None:
     config, summary = report["config"], report["summary"]
     _render_header(report, console, threads_used)
-    numbers = ("dot ⟨∇L,∇D⟩", "95% CI", "cosine", "conflict", "‖∇L‖", "predicted gain")
+    numbers = ("dot ⟨∇L,∇D⟩", "95% CI", "cosine", "conflict", "‖∇L‖", "pred. 1st+2nd")
     table = render.table("Alignment with the downstream gradient (over probes)", "objective", *numbers,
                          numbers=numbers, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0, 0, 1))
     weighted = _weighted(config["weights"], summary["weights_by_step"])
@@ -240,12 +241,14 @@ def _render(report: dict[str, Any], console: Console, threads_used: str | None =
             render.text(name + (f" ×{_weight(config['weights'][name], summary['weights_by_step'].get(name, []))}"
                                 if weighted else "")),
             f"{a['dot']:.4g}", f"[{a['ci95'][0]:.3g}, {a['ci95'][1]:.3g}]", f"{a['cosine']:+.3f}",
-            f"{a['conflict_fraction']:.0%}", f"{a['grad_norm']:.3g}", f"{a['first_order_contribution']:+.4g}",
+            f"{a['conflict_fraction']:.0%}", f"{a['grad_norm']:.3g}",
+            f"{a.get('predicted_contribution', a['first_order_contribution']):+.4g}",
         )
     render.show(console, table)
     render.prose(console, "dot: mean over probes, t interval over probes; cosine: Σ dot / √(Σ‖∇L‖² Σ‖∇D‖²) over "
-                 "probes, the sign of dot" + ("; ×w: the objective's weight (first → last step)" if weighted else ""),
-                 style="dim")
+                 "probes, the sign of dot" + ("; ×w: the objective's weight (first → last step)" if weighted else "")
+                 + "; pred.: the improvement of D (+: D fell) from the objective's part of the step, its first-order "
+                 "term and its share of the second-order term, summed over probes", style="dim")
     _render_interaction(report["pretrain"], summary["second_order"], console)
     _render_taylor(summary, console)
     _render_spectrum(summary.get("spectrum") or [], console)
@@ -260,6 +263,18 @@ def _render(report: dict[str, Any], console: Console, threads_used: str | None =
         render.prose(console, f"counterfactual: best constant weights in the trust region {weights}, predicted "
                      f"improvement {best['first_plus_second_order']:.4g} against {used:.4g} with the weights used "
                      f"({summary['counterfactual']['optimizer_model'].split(':')[0]} model{still})")
+        scope = summary["counterfactual"].get("scope")
+        if scope:
+            render.prose(console, f"a local estimate: {scope['note']}", first="  ", indent="  ", style="dim")
+    adaptive = summary.get("adaptive")
+    if adaptive:
+        render.prose(console, f"adaptive:{adaptive['rule']}: predicted improvement "
+                     f"{adaptive['predicted_improvement']:.4g} against "
+                     f"{adaptive['best_constant_predicted_improvement']:.4g} for the best constant weights "
+                     f"({'beat' if adaptive['beat_best_constant'] else 'did not beat'} them, by the run's local "
+                     f"model)")
+        if adaptive["warning"]:
+            render.prose(console, f"warning: {adaptive['warning']}")
     regime = summary.get("taylor_regime") or {"inside": True}
     if not regime["inside"]:
         render.prose(console, f"warning: outside the Taylor regime at {len(regime['steps_outside'])} of "

@@ -80,7 +80,9 @@ def _alignment(report: dict[str, Any]) -> Figure:
             ("cosine", "cosine_ci95", "cosine with ∇D\n(−1 to 1)"),
         )):
             panel = axes[row][column]
-            low, mean, high = [a[band][0] for a in probes], [a[key] for a in probes], [a[band][1] for a in probes]
+            # A withheld interval (the cosine's where the gradient noise is too large) leaves a gap.
+            intervals = [a[band] or (float("nan"), float("nan")) for a in probes]
+            low, mean, high = [i[0] for i in intervals], [a[key] for a in probes], [i[1] for i in intervals]
             if sparse:
                 panel.errorbar(x, mean, yerr=[[m - lo for m, lo in zip(mean, low)], [hi - m for m, hi in zip(mean, high)]],
                                fmt="o", markersize=4, capsize=3, color=color, ecolor=color, elinewidth=1,

@@ -133,6 +133,8 @@ class TransferProbe:
             flagged because its split does not describe the step the optimizer took (default:
             flag the record, ``update.decomposition_flagged``, and warn once;
             :mod:`objreg.analysis.probe.split_check`).
+        counterfactual_radius: Under Adam, how far from the weights used (a share of their total)
+            the record's exact counterfactual points reach (``counterfactual.points``).
 
     Raises:
         InvalidParameterError: an argument the probe cannot use (the message names it).
@@ -145,6 +147,7 @@ class TransferProbe:
         hvp_method: str = "auto", eval_dtype: torch.dtype | None = torch.float64, seed: int = 0,
         steps: int | None = None, spectrum: int = 0, batch_coupled: Sequence[str] = (), whole_batches: bool = False,
         decode: Callable[[Sequence[int]], str] | None = None, strict: bool = False,
+        counterfactual_radius: float = 0.25,
     ):
         # DistributedDataParallel's module, torch.compile's original module (the probe's own
         # transforms run the eager module), in any nesting.
@@ -172,7 +175,8 @@ class TransferProbe:
         self.downstream.shared = names
         self.engine = Probe(model, losses, self.downstream, seed=seed, steps=steps if steps is not None else 0,
                             per_sample_method=per_sample_method, hvp_method=hvp_method, spectrum=spectrum,
-                            decode=decode, shared=names, local_batches=not whole_batches)
+                            decode=decode, shared=names, local_batches=not whole_batches,
+                            counterfactual_radius=counterfactual_radius)
         self._narrow = shared is None  # the default: narrowed to what some objective reaches, on first use
         settings = adam_settings(optimizer, self.shared_parameters)  # an unsupported optimizer fails here
         self.coalitions = None
@@ -276,6 +280,7 @@ class TransferProbe:
                                           dict(losses or {}), dict(gradients), self.coalitions)
         self._check_downstream(pending.record["downstream_loss"], f"at step {step}")
         pending.record["weights"] = dict(weights)
+        _in_your_weights(pending.record, weights, weights_in_step)
         self._next_step = step + 1
         self._open_measure_at = self._steps_taken
         return Measurement(pending, taken_at=self._steps_taken, causes=causes)
@@ -427,6 +432,7 @@ class TransferProbe:
             "hvp_method": engine.hvp_method,
             "update_rule": engine.update_rule,
             "methods_used": sorted(engine.methods_used),
+            "downstream_resolution": engine.resolution,
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -471,6 +477,7 @@ class TransferProbe:
         engine.attribution.load_state_dict(state["attribution"])
         engine.hvp_method, engine.update_rule = state["hvp_method"], state["update_rule"]
         engine.methods_used = set(state["methods_used"])
+        engine.resolution = state.get("downstream_resolution")  # measured at the first probe
         self._needs_state = False
 
     def report(self, downstream: str = "downstream", config: Mapping[str, Any] | None = None) -> AlignmentReport:
@@ -654,3 +661,14 @@ def _flagged(update: Any) -> Any:
         if key == "decomposition_residual":
             out["decomposition_flagged"] = True
     return out
+
+
+def _in_your_weights(record: StepRecord, weights: Mapping[str, float], stepped: Mapping[str, float]) -> None:
+    """The counterfactual's weight vectors in the loop's own weights: the split used ``c·α``
+    where the loop rescaled its gradient (clipping), and so did the stencil."""
+    if "counterfactual" not in record:
+        return
+    scale = next((weights[k] / stepped[k] for k in weights if stepped[k]), 1.0)
+    if scale != 1.0:
+        for point in [*record["counterfactual"]["points"], *record["counterfactual"]["grid"]]:
+            point["weights"] = {k: scale * w for k, w in point["weights"].items()}

@@ -24,6 +24,7 @@ from objreg.analysis.parallel.launch import check_same_settings, from_environmen
 from objreg.analysis.probe.report import AlignmentReport, summarise
 from objreg.analysis.probe.writer import RunWriter
 from objreg.analysis.records import StepRecord
+from objreg.analysis.run.adaptive import adaptive_summary
 from objreg.analysis.run.config import AnalysisConfig
 from objreg.analysis.run.contract import check_contracts
 from objreg.analysis.run.failures import resource_errors
@@ -40,6 +41,7 @@ from objreg.analysis.run.overfit import overfit_warning
 from objreg.analysis.run.prepare import check, prepare
 from objreg.analysis.run.resume import load_checkpoint, remove_checkpoint, restore, resumed_config, save_checkpoint
 from objreg.analysis.run.rundir import claim
+from objreg.analysis.run.schedules import adaptive_rule
 from objreg.analysis.run.validation import check_call, check_providers, fields_of
 from objreg.core.registry import Registry
 from objreg.toolkit.cache import cache_dir
@@ -237,6 +239,10 @@ def build_report(
     summary["counterfactual"] = counterfactual(records, list(config.pretrain), config.optimizer, config.lr,
                                                radius=config.trust_radius, low=config.min_weight,
                                                high=config.max_weight)
+    rule = adaptive_rule(config.schedule)
+    if rule is not None:
+        summary["adaptive"] = adaptive_summary(rule, list(config.pretrain), trainer.weights_by_step,
+                                               summary["counterfactual"])
     return AlignmentReport(
         pretrain=list(config.pretrain), downstream=config.downstream, config=report_config, steps=records,
         summary=summary,

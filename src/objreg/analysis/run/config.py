@@ -101,7 +101,8 @@ class AnalysisConfig:
             ``{"mlm": {"mask_prob": 0.2}, "qa": {"doc_stride": 64}}``.
         trust_radius: How far the best weights may lie from the weights used, per weight, as a
             share of the total weight: the counterfactual optimum of the report
-            (:mod:`objreg.analysis.math.mixture`) and, per probe, ``--schedule adaptive:quadratic``.
+            (:mod:`objreg.analysis.math.mixture`; over a run, divided by √(probed steps)), Adam's
+            counterfactual stencil, and, per probe, ``--schedule adaptive:quadratic``.
         adaptive_rate: ``--schedule adaptive:tartan``'s largest change of a log-weight per probe.
         adaptive_smoothing: Share of the past kept when an adaptive rule averages its probes
             (exponential moving average; 0: the latest probe alone).
