@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import codecs
+import fcntl
 import os
+import pty
+import re
+import struct
 import subprocess
+import sys
+import termios
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -95,6 +101,44 @@ def stderr_until():
         pytest.fail(f"the child exited with {process.returncode} before {what}; its stderr:\n{text}")
 
     return read
+
+
+def run_on_terminal(args: list[str], width: int = 80, env: dict[str, str] | None = None,
+                    cwd: Path | None = None) -> tuple[int, str, str]:
+    """``objreg ARGS`` in a fresh process whose stdout is a pseudo-terminal ``width`` columns wide
+    (``COLUMNS`` unset, so the width is the terminal's) and whose stderr is a pipe; returns its exit
+    code, stdout as the terminal would show it (styles and line ends as plain text) and stderr.
+    Also run by ``tests/test_readme.py --write``, which makes README's output block this way."""
+    environment = {k: v for k, v in (os.environ if env is None else env).items() if k not in ("COLUMNS", "LINES")}
+    environment["TERM"] = "xterm"  # a dumb terminal would be taken as 80 columns, whatever its width
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 60, width, 0, 0))
+    with subprocess.Popen([sys.executable, "-m", "objreg", *args], stdin=subprocess.DEVNULL, stdout=follower,
+                          stderr=subprocess.PIPE, env=environment, cwd=cwd) as process:
+        os.close(follower)
+        errors: list[bytes] = []
+        reader = threading.Thread(target=lambda: errors.append(process.stderr.read()), daemon=True)
+        reader.start()
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 65536)  # blocks until the child writes; EIO once it has exited
+            except OSError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(leader)
+        process.wait(timeout=HANG_S)  # bounds a hang only: the output has ended
+        reader.join(timeout=HANG_S)
+    out = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", b"".join(chunks).decode("utf-8", "replace").replace("\r\n", "\n"))
+    return process.returncode, out, b"".join(errors).decode("utf-8", "replace")
+
+
+@pytest.fixture(scope="session")
+def terminal() -> Callable[..., tuple[int, str, str]]:
+    """:func:`run_on_terminal`: ``terminal(args, width=80, env=None)``."""
+    return run_on_terminal
 
 
 @pytest.fixture(scope="session")

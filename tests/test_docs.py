@@ -83,6 +83,14 @@ def render_cli_page() -> str:
 #: What docs/cli.md says about a running `objreg analyze`, before the generated help.
 RUNNING = """## A run of `objreg analyze`: progress, stopping, output
 
+**Threads.** The first line on stderr says how many CPU threads torch computes with and why:
+`--threads N`, `OMP_NUM_THREADS` where set, or `auto`: the CPUs this process may use (its
+affinity and a cgroup's CPU quota, shared among the processes torchrun started on the machine)
+less the one-minute load average of other jobs, at least one. On a busy machine the `objreg`
+command also lets OpenMP's waiting threads sleep (`OMP_WAIT_POLICY=PASSIVE`, set before torch
+loads, where you set no policy). The report's header repeats the count.
+[performance.md](performance.md#threads) gives the measured effect.
+
 **Progress** goes to stderr. On a terminal: one line per finished stage with its time (loading
 the corpus, the tokenizer and the task data, building the model, fitting the downstream head,
 writing the report), then a bar with the steps done, the elapsed time and, from the first
@@ -91,15 +99,18 @@ before and after the step, the change predicted to first and to first plus secon
 the actual change, and each objective's dot (with its 95% interval over examples), cosine and
 share of conflicting examples. Where stderr is not a terminal (`nohup`, CI, `2> log`) the same
 comes as plain lines, one per stage and one per probe, each stamped with the time since the
-start (here the main job of the README, on a 2-core CPU shared with other jobs):
+start (here the main job of the README at commit `ced5898`, 2026-11-27, on a 2-core CPU shared
+with other jobs):
 
 ```text
-[0:00:03] fitting the downstream head (100 steps on 1,024 examples)
-[0:00:20] training with probes: 0/16 steps
-[0:00:23] step 1/16 2.88 s/step, ETA 0:00:43 | D 3.1486 → 3.1585: change +0.009939, predicted +0.01147 (first order), +0.01325 (with second order) | mlm dot -0.9304 cosine -0.007; sop dot -0.2163 cosine -0.018
+[0:00:00] computing with 1 thread (auto: 2 CPUs, load 6.65); --threads N to change
+[0:00:06] fitting the downstream head (100 steps on 1,024 examples)
+[0:00:23] training with probes: 0/16 steps
+[0:00:27] step 1/16 4.47 s/step, ETA 0:01:07 | D 2.7569 → 2.7572: change +0.0002445, predicted -0.002478 (first order), +0.0004041 (with second order) | mlm dot +0.3693 cosine +0.004; sop dot +0.1263 cosine +0.013
 ```
 
-`--json` shows no progress: stdout holds the report and stderr only warnings or an error.
+With `--json`, stdout holds the report and stderr only warnings or an error, and where stderr is
+a terminal the live bar, which leaves nothing behind, so that a long run shows it is alive.
 
 **Stopping.** Ctrl-C (SIGINT) or SIGTERM during training lets the step in flight finish (its
 checkpoint written, with `--out`), then stops; a second one stops at once, abandoning that
@@ -117,9 +128,14 @@ left to torchrun (the processes could otherwise stop after different steps); `--
 continues from the last checkpoint as after `kill -9`.
 
 **Output** goes to stdout. Redirected (`> log.txt`, a pipe), tables keep their natural width
-instead of 80 columns. On a terminal, text columns wrap, numbers never do, and a table too wide
-even then is drawn wider than the terminal rather than cutting a number
-(`tests/cli/test_output.py` compares `> log.txt` with `--json`).
+instead of 80 columns. On a terminal every line of the default report fits an 80-column one
+(`tests/cli/test_width.py` and `tests/test_readme.py` run it on an 80-column pseudo-terminal):
+headers of number columns wrap, text wraps between words, numbers never break, a matrix of many
+objectives becomes a list of its pairs, and a table that cannot fit even so is drawn wider than
+the terminal rather than cutting a number (`tests/cli/test_output.py` compares `> log.txt` with
+`--json`). `objreg list` stacks each entry (its name on one line, its description under it) where
+its tables would not fit, so no name is split, and `objreg experiment list` is one line per
+experiment (`objreg experiment show NAME` for the claim whole, its source and verdict rule).
 """
 
 HOOKS = hook_signatures()
@@ -251,6 +267,24 @@ def test_cli_page_has_current_help(command):
 def test_cli_page_covers_every_builtin_command():
     assert {"objreg", "objreg list", "objreg show", "objreg corrupt", "objreg analyze", "objreg experiment",
             "objreg experiment list", "objreg experiment run"} <= set(HELP)
+
+
+def test_probe_page_names_every_argument_of_the_callback_and_the_probe():
+    import inspect
+
+    pytest.importorskip("transformers")
+    from objreg.analysis.probe.hf_callback import ProbeCallback
+    from objreg.analysis.probe.transfer_probe import TransferProbe
+
+    page = (DOCS / "probe.md").read_text(encoding="utf-8")
+    callback = page.split("## Inside `transformers.Trainer`")[1].split("\n## ")[0]
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\*\*options|\w+)` \| (.*) \|$", callback, re.M)}
+    arguments = [n for n, p in inspect.signature(ProbeCallback.__init__).parameters.items()
+                 if n != "self" and p.kind is not p.VAR_KEYWORD]
+    assert [n for n in rows if n != "**options"] == arguments
+    probe = [n for n in inspect.signature(TransferProbe.__init__).parameters
+             if n not in ("self", "model", "objectives", "downstream", "optimizer", "eval_batches", "weights")]
+    assert [n for n in probe if f"`{n}`" not in rows["**options"]] == []
 
 
 def test_hooks_page_documents_every_field_of_the_types_and_every_head_kind():

@@ -133,7 +133,9 @@ def test_import_objreg_loads_no_analysis_no_scipy_and_no_torch_distributed_of_it
     added = loaded["objreg"]
     assert not [m for m in added if m.startswith(("objreg.analysis", "objreg.experiments", "objreg.cli",
                                                    "objreg.plugins", "scipy", "matplotlib", "torch.distributed"))]
-    assert "objreg.core.registry" in added and "objreg.toolkit.tokenizer" in added  # the probe does see imports
+    assert "objreg.core.hookspecs" in added and "objreg.core.manager" in added  # the probe does see imports
+    # The contract's types (they need torch) load on first use.
+    assert "objreg.core.registry" not in added and "objreg.toolkit.tokenizer" not in added
 
 
 @pytest.mark.parametrize("layer", sorted(NEVER))

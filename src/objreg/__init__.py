@@ -9,9 +9,10 @@ The public API. Plugin authors import from here (and from :mod:`objreg.toolkit`)
     def objreg_objective_info():
         return objreg.ObjectiveInfo(name="myobjective", description="...")
 
-Importing objreg loads the contract and the toolkit only: the analyzer (``analyze``,
-``AnalysisConfig``, ``AlignmentReport``, ``TransferProbe``, ``RunWriter``, ``TensorBoardScalars``,
-``ProbeCallback``) and the experiments load on first use.
+Importing objreg loads the hook markers, the errors and the plugin manager only. Everything else
+loads on first use: the contract's types and the toolkit (they need torch), the analyzer
+(``analyze``, ``AnalysisConfig``, ``AlignmentReport``, ``TransferProbe``, ``RunWriter``,
+``TensorBoardScalars``, ``ProbeCallback``) and the experiments.
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from objreg.core import masks
 from objreg.core.errors import (
     DataError,
     DeviceError,
@@ -36,28 +36,9 @@ from objreg.core.errors import (
     UnknownNameError,
     UnknownObjectiveError,
 )
-from objreg.core.handles import Objective, Task
 from objreg.core.hookspecs import hookimpl, hookspec
 from objreg.core.manager import get_plugin_manager
-from objreg.core.masks import AttentionMask
-from objreg.core.model import Backbone, Model
-from objreg.core.providers import HeadKind, Provider
-from objreg.core.registry import Registry
-from objreg.core.types import (
-    IGNORE_INDEX,
-    Corpus,
-    CorruptedBatch,
-    HeadSpec,
-    ModelOutputs,
-    ObjectiveInfo,
-    Param,
-    TaskData,
-    TokenBatch,
-    Vocabulary,
-)
 from objreg.toolkit.cache import cache_dir
-from objreg.toolkit.randomness import uniform
-from objreg.toolkit.tokenizer import TokenizedCorpus, Tokenizer, split_sentences
 
 if TYPE_CHECKING:
     from objreg.analysis.probe.hf_callback import ProbeCallback
@@ -67,14 +48,52 @@ if TYPE_CHECKING:
     from objreg.analysis.probe.writer import RunWriter
     from objreg.analysis.run.analyze import analyze
     from objreg.analysis.run.config import AnalysisConfig
+    from objreg.core import masks
+    from objreg.core.handles import Objective, Task
+    from objreg.core.masks import AttentionMask
+    from objreg.core.model import Backbone, Model
+    from objreg.core.providers import HeadKind, Provider
+    from objreg.core.registry import Registry
+    from objreg.core.types import (
+        IGNORE_INDEX,
+        Corpus,
+        CorruptedBatch,
+        HeadSpec,
+        ModelOutputs,
+        ObjectiveInfo,
+        Param,
+        TaskData,
+        TokenBatch,
+        Vocabulary,
+    )
+    from objreg.toolkit.randomness import uniform
+    from objreg.toolkit.tokenizer import TokenizedCorpus, Tokenizer, split_sentences
 
 try:
     __version__ = version("objreg")
 except PackageNotFoundError:  # an uninstalled checkout
     __version__ = "0+unknown"
 
-#: Loaded on first use, so that ``import objreg`` (and every plugin) stays light.
+#: Loaded on first use, so that ``import objreg`` (and every plugin) stays light: the contract's
+#: types, which need torch, too, so that a command that needs no torch (``objreg --version``)
+#: does not load it.
 _LAZY = {
+    "masks": ("objreg.core.masks", None),
+    "AttentionMask": ("objreg.core.masks", "AttentionMask"),
+    "Objective": ("objreg.core.handles", "Objective"),
+    "Task": ("objreg.core.handles", "Task"),
+    "Backbone": ("objreg.core.model", "Backbone"),
+    "Model": ("objreg.core.model", "Model"),
+    "HeadKind": ("objreg.core.providers", "HeadKind"),
+    "Provider": ("objreg.core.providers", "Provider"),
+    "Registry": ("objreg.core.registry", "Registry"),
+    **{name: ("objreg.core.types", name) for name in (
+        "IGNORE_INDEX", "Corpus", "CorruptedBatch", "HeadSpec", "ModelOutputs", "ObjectiveInfo", "Param", "TaskData",
+        "TokenBatch", "Vocabulary")},
+    "uniform": ("objreg.toolkit.randomness", "uniform"),
+    "TokenizedCorpus": ("objreg.toolkit.tokenizer", "TokenizedCorpus"),
+    "Tokenizer": ("objreg.toolkit.tokenizer", "Tokenizer"),
+    "split_sentences": ("objreg.toolkit.tokenizer", "split_sentences"),
     "analyze": ("objreg.analysis.run.analyze", "analyze"),
     "AnalysisConfig": ("objreg.analysis.run.config", "AnalysisConfig"),
     "AlignmentReport": ("objreg.analysis.probe.report", "AlignmentReport"),
@@ -157,11 +176,15 @@ __all__ = [
 
 def list_objectives(registry: Registry | None = None) -> list[str]:
     """Sorted names of every pre-training objective, built-in and installed."""
+    from objreg.core.registry import Registry
+
     return (registry or Registry.load()).objectives()
 
 
 def list_tasks(registry: Registry | None = None) -> list[str]:
     """Sorted names of every downstream task, built-in and installed."""
+    from objreg.core.registry import Registry
+
     return (registry or Registry.load()).tasks()
 
 
@@ -172,16 +195,22 @@ def get_objective(name: str, vocab: Vocabulary | None = None, registry: Registry
         UnknownObjectiveError: no objective of that name (the message suggests close matches).
         UnknownNameError / InvalidParameterError: a parameter it does not have, or a bad value.
     """
+    from objreg.core.registry import Registry
+
     return (registry or Registry.load()).get(name, vocab=vocab, **params)
 
 
 def get_task(name: str, registry: Registry | None = None, **params: Any) -> Task:
     """The downstream task ``name`` with ``params`` overriding its defaults."""
+    from objreg.core.registry import Registry
+
     return (registry or Registry.load()).get_task(name, **params)
 
 
 def default_tokenizer(registry: Registry | None = None, cache: Path | None = None) -> Tokenizer:
     """The WordPiece tokenizer of the built-in default corpus (shipped with objreg)."""
+    from objreg.core.registry import Registry
+
     registry = registry or Registry.load()
     directory = cache or cache_dir()
     corpus = registry.load_corpus("default", directory)

@@ -48,13 +48,14 @@ def test_terminal_summary(run, tmp_path, monkeypatch):
     monkeypatch.setenv("COLUMNS", "120")  # as the README's test runs the main job: no wrapped table rows
     result = run("--pretrain", "clm,mlm", *SMALL, "--out", str(tmp_path / "out"))
     assert result.exit_code == 0, result.output
-    for text in ("clm", "mlm", "cosine", "downstream loss", "first-order predicted improvement", "with second order",
+    for text in ("clm", "mlm", "cosine", "downstream loss D", "predicted (first + second)", "counterfactual:",
                  "Second-order interaction", "Taylor prediction", "Update split: sgd",
-                 "Pre-training examples that helped the downstream task most"):
+                 "Pre-training examples that helped the downstream task most", "What this run tells",
+                 "What it cannot tell", "What to run next"):
         assert text in result.stdout
-    # Only the alignment table has side walls: its rows are the objectives (the README test reads them).
-    walled = {line.split("│")[1].strip() for line in result.stdout.splitlines() if line.startswith("│")}
-    assert walled == {"clm", "mlm"}
+    # The alignment table's rows start with the objectives' names.
+    rows = {line.split()[0] for line in result.stdout.splitlines() if line.startswith(("clm ", "mlm "))}
+    assert rows == {"clm", "mlm"}
     for name in ("report.json", "report.csv", "steps.jsonl", "config.json", "alignment.png", "taylor.png"):
         assert (tmp_path / "out" / name).is_file()
 
@@ -166,9 +167,55 @@ def test_a_run_outside_the_taylor_regime_gets_a_one_line_warning(run):
     def rendered(inside):
         out = io.StringIO()
         report["summary"]["taylor_regime"] = {**regime, "inside": inside, "steps_outside": [] if inside else [0]}
-        _render(report, Console(file=out, width=120))
-        return [line for line in out.getvalue().splitlines() if "Taylor regime" in line]
+        _render(report, Console(file=out, width=200))
+        return [line for line in out.getvalue().splitlines() if line.startswith("warning:")]
 
     assert rendered(True) == []
     (line,) = rendered(False)
     assert line.startswith("warning: outside the Taylor regime at 1 of 2 probed steps")
+
+
+def test_the_terminal_says_what_the_counterfactual_is_and_whether_adaptive_weights_oscillated(run):
+    import io
+
+    from rich.console import Console
+
+    from objreg.cli.analyze import _render
+
+    report = json.loads(run("--pretrain", "mlm,sop", *SMALL, "--json").stdout)
+    alignment = report["summary"]["alignment"]["mlm"]
+    assert alignment["predicted_contribution"] == pytest.approx(
+        alignment["first_order_contribution"] + alignment["second_order_share"])
+    # The objectives' shares add up to the run's prediction (to float32 rounding: the parts' first-order
+    # terms against the step read off the parameters).
+    shares = sum(a["predicted_contribution"] for a in report["summary"]["alignment"].values())
+    assert shares == pytest.approx(report["summary"]["predicted_improvement"], rel=1e-4)
+    report["summary"]["adaptive"] = {"rule": "quadratic", "predicted_improvement": 0.1,
+                                     "best_constant_predicted_improvement": 0.2, "beat_best_constant": False,
+                                     "warning": "the weights oscillated (mlm reversed 3 of 4 moves): ..."}
+    out = io.StringIO()
+    _render(report, Console(file=out, width=200))
+    text = out.getvalue()
+    assert "predicted (1st+2nd)" in text and "predicted: the improvement of D (+: D fell)" in text
+    assert f"{alignment['predicted_contribution']:+.4g}" in text
+    assert "a local estimate: over 4 steps the predicted gains" in text
+    assert "adaptive:quadratic: predicted improvement 0.1 against 0.2 for the best constant weights (did not" in text
+    assert "warning: the weights oscillated (mlm reversed 3 of 4 moves)" in text
+
+
+@pytest.mark.e2e
+def test_the_adam_counterfactual_best_weights_realise_their_predicted_gain(run):
+    # One Adam step of the default job: re-running it with the counterfactual's best weights
+    # realises the gain over the weights used that the report predicted, to within 20%.
+    job = ["--pretrain", "mlm,sop", "--downstream", "qa", "--optimizer", "adam", "--lr", "1e-4", "--steps", "1"]
+    result = run(*job, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.stdout)
+    best = report["summary"]["counterfactual"]["best"]
+    assert best["weights"] != {"mlm": 1.0, "sop": 1.0} and best["gain_over_used"] > 0
+    weights = ",".join(f"{name}={value!r}" for name, value in best["weights"].items())
+    again = run(*job, "--weights", weights, "--json")
+    assert again.exit_code == 0, again.output
+    rerun = json.loads(again.stdout)
+    realised = report["steps"][0]["actual_delta"] - rerun["steps"][0]["actual_delta"]
+    assert realised == pytest.approx(best["gain_over_used"], rel=0.2), (realised, best)

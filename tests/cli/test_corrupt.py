@@ -33,7 +33,7 @@ def test_json_rows(run):
     assert data["params"]["mask_prob"] == 0.3
     assert len(data["rows"]) == 2
     for row in data["rows"]:
-        assert set(row) == {"original", "input", "labels", "attention_mask", "extras"}
+        assert set(row) == {"original", "original_ids", "input", "input_ids", "labels", "attention_mask", "extras"}
         T = len(row["input"])
         assert len(row["labels"]) == T
         assert len(row["attention_mask"]) == T and all(len(r) == T for r in row["attention_mask"])

@@ -31,10 +31,14 @@ def test_list_json_names_every_experiment_with_source_and_rule(run):
             "rule": "the between-seed interval of the mean lies above 0.5"} in listed
 
 
-def test_list_table_shows_source_and_rule(run):
+def test_list_shows_a_line_each_and_show_gives_the_rule(run):
     result = run("experiment", "list")
     assert result.exit_code == 0, result.output
-    assert "the test suite" in result.stdout and "between-seed" in result.stdout
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("stand-in")]
+    assert "the test suite: a seeded draw plus one is positive" in line and "between-seed" not in line
+    shown = run("experiment", "show", "stand-in")
+    assert shown.exit_code == 0, shown.output
+    assert "verdict rule: the between-seed interval of the mean lies above 0.5" in shown.stdout
 
 
 def test_run_json_and_out(run, tmp_path):

@@ -128,3 +128,50 @@ def test_a_note_shows_under_the_bar_or_as_a_line(live):
     view.notify("Ctrl-C: stopping once the step in flight has finished")
     shown = rendered(view, console) if live else out.getvalue()
     assert "stopping once the step in flight has finished" in shown
+
+
+def test_without_lines_the_live_display_leaves_nothing_behind():
+    view, out, clock, console = display(live=True)
+    view.lines = False
+    view.event("computing with 1 thread (auto: 2 CPUs, load 1.00)")
+    view.status("loading corpus 'default'")
+    view.status(TRAINING)
+    view.step(0, record(0))
+    assert "training" in rendered(view, console)  # the live bar is there while it runs
+    view.__exit__(None)
+    assert out.getvalue().strip() == ""
+
+
+def test_json_on_a_terminal_shows_a_live_bar_on_stderr_and_only_json_on_stdout():
+    # stderr is a pseudo-terminal, stdout a pipe: as `objreg analyze --json > report.json` in a terminal.
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "OBJREG_LOAD_PLUGINS": "", "TERM": "xterm"}
+    env.pop("COLUMNS", None)
+    with subprocess.Popen([sys.executable, "-m", "objreg", "analyze", "--pretrain", "mlm", *SMALL, "--json"],
+                          stdout=subprocess.PIPE, stderr=follower, stdin=subprocess.DEVNULL, env=env) as process:
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 65536)  # until the child closes the terminal
+            except OSError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        report = json.loads(process.stdout.read())
+        process.wait()
+    os.close(leader)
+    errors = b"".join(chunks).decode("utf-8", "replace")
+    assert process.returncode == 0 and report["pretrain"] == ["mlm"]
+    assert "training" in errors  # the bar was drawn while it ran
+    assert "computing with" not in errors and "✓" not in errors  # but no stage lines

@@ -23,6 +23,8 @@ def seed_result(seed, final):
         "overhead": {"adaptive_quadratic": 3.0 + seed, "adaptive_tartan": 3.5},
         "seconds_per_step": dict.fromkeys(CONDITIONS, 0.1),
         "grid_search": {"best_mlm_weight": 1.5},
+        "adaptive_report": {rule: {"beat_best_constant": seed == 0, "oscillating": ["mlm"] if seed == 2 else []}
+                            for rule in CONDITIONS[2:]},
     }
     return ExperimentResult(am.NAME, am.CLAIM, "confirmed", "", figures, {"seed": seed})
 
@@ -37,6 +39,8 @@ def test_combine_decides_from_the_t_interval_of_the_effect():
                                                                           effects.mean() + half])
     assert combined.verdict == "confirmed"
     assert combined.figures["overhead"]["adaptive_quadratic"]["mean"] == pytest.approx(4.0)
+    assert combined.figures["adaptive_report"]["adaptive_tartan"] == {"beat_best_constant": 1, "oscillated": 1,
+                                                                      "seeds": 3}
     # Adaptive ending higher than the best fixed weights on every seed refutes.
     worse = [{**f, "adaptive_quadratic": f["best_fixed"] + 0.1 + 0.01 * i} for i, f in enumerate(finals)]
     assert am.combine([seed_result(i, f) for i, f in enumerate(worse)], Setting(quick=True)).verdict == "refuted"
@@ -64,4 +68,5 @@ def test_one_tiny_seed_trains_every_condition(monkeypatch):
     for rule in ("adaptive_quadratic", "adaptive_tartan"):
         weights = figures["adaptive_weights"][rule]
         assert [a + b for a, b in zip(weights["mlm"], weights["sop"])] == pytest.approx([2.0] * 2)
+        assert isinstance(figures["adaptive_report"][rule]["beat_best_constant"], bool)
     json.dumps(result.to_dict(), allow_nan=False)

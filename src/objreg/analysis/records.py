@@ -29,9 +29,11 @@ class Alignment(TypedDict):
     cosine: float
     ci95: list[float]  # Student-t interval of the dot over examples
     ci95_bootstrap: list[float]
-    cosine_ci95: list[float]
+    cosine_ci95: list[float] | None  # None: withheld where the noise ratio is above the bound (docs/analysis.md)
     conflict_fraction: float  # share of examples with ⟨∇ℓ_i, ∇D⟩ < 0
     grad_norm: float  # ‖g_k‖
+    grad_norm_sq_unbiased: float  # unbiased ‖E g_k‖²: the U-statistic over pairs of examples (may be ≤ 0)
+    noise_ratio: float | None  # tr Σ / (B ‖E g_k‖²); None where the unbiased ‖E g_k‖² ≤ 0
     update_cosine: float  # cosine of the objective's part of the step with −∇D
 
 
@@ -53,6 +55,7 @@ class Taylor(TypedDict):
     error: FirstAndSecond
     scaled_error: FirstAndSecond
     rounding_floor: float
+    downstream_resolution: NotRequired[float]  # the measured noise of one evaluation of D (once per run)
     second_to_first: float | None
     second_order_helps: bool
     remainder_ratio: float | None
@@ -71,6 +74,7 @@ class Update(TypedDict):
     attribution: str  # "exact" (SGD), "shapley" (Adam), …
     first_order: ByName  # each part's ∇D·d_c
     second_order: ByName  # each pair's ½ d_iᵀ H_D d_j (both orders summed off the diagonal)
+    first_order_standard_error: NotRequired[ByName]  # sampled Shapley parts: the Monte-Carlo error of first_order
 
 
 class Spectrum(TypedDict):
@@ -94,6 +98,30 @@ class FitBeforeAfter(TypedDict):
     after: DownstreamFit
 
 
+class CounterfactualPoint(TypedDict):
+    """The exact one-step counterfactual at one weight vector (Adam): the predicted change of ``D``
+    had the step used these weights, from the optimizer's previous moments."""
+
+    weights: ByName
+    first_order: float  # ∇D·Δθ(α)
+    second_order: float  # ½ Δθ(α)ᵀ H_D Δθ(α)
+
+
+class FirstOrderPoint(TypedDict):
+    """The exact counterfactual's first-order term at one weight vector of the grid (Adam)."""
+
+    weights: ByName
+    first_order: float  # ∇D·Δθ(α)
+
+
+class Counterfactual(TypedDict):
+    """Under Adam, the exact one-step counterfactual (``counterfactual``): to second order at the
+    stencil's weight vectors, to first order on a finer grid along every pair of objectives."""
+
+    points: list[CounterfactualPoint]
+    grid: list[FirstOrderPoint]
+
+
 class StepRecord(TypedDict):
     """One probe step, in the order its keys are written."""
 
@@ -106,6 +134,7 @@ class StepRecord(TypedDict):
     second_order: ByName  # S_ij = g_iᵀ H_D g_j by pair "i,j"
     second_order_asymmetry: float
     spectrum: NotRequired[Spectrum]
+    counterfactual: NotRequired[Counterfactual]  # under Adam, with two objectives or more
     predicted_delta: Prediction
     downstream_loss_after: float
     downstream_fit: NotRequired[FitBeforeAfter]  # with a re-fitted head (downstream_head="refit")

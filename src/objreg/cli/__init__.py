@@ -1,12 +1,15 @@
 """The ``objreg`` command line: a click group of thin commands (one module each).
 
-The group does two things beyond click's: it turns library errors into one line and exit code 1
-(the only place errors are handled), and it asks plugins for extra commands through the
-``objreg_register_commands`` hook, lazily, so built-in commands never pay for it.
+The group does three things beyond click's: it turns library errors into one line and exit code 1
+(the only place errors are handled); it asks plugins for extra commands through the
+``objreg_register_commands`` hook, lazily, so built-in commands never pay for it; and it imports
+each built-in command's module only when that command runs (or help lists it), so ``objreg
+--version`` loads neither torch nor the analyzer.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import warnings
 from collections.abc import Callable, Iterator
@@ -16,16 +19,19 @@ from typing import Any
 import click
 
 import objreg
-from objreg.analysis.run.failures import describe as describe_failure
-from objreg.cli.analyze import analyze
-from objreg.cli.corrupt import corrupt
-from objreg.cli.experiment import experiment
-from objreg.cli.listing import list_command
+from objreg.cli import threads
 from objreg.cli.render import _PLUGIN_MANAGER_KEY, plugin_manager
-from objreg.cli.show import show
 
 RAISE_ERRORS_ENV = "OBJREG_RAISE_ERRORS"
 _PLUGIN_COMMANDS_KEY = "objreg.plugin_commands"
+#: The built-in commands: name → (module, attribute), imported when the command is used.
+BUILTIN = {
+    "list": ("objreg.cli.listing", "list_command"),
+    "show": ("objreg.cli.show", "show"),
+    "corrupt": ("objreg.cli.corrupt", "corrupt"),
+    "analyze": ("objreg.cli.analyze", "analyze"),
+    "experiment": ("objreg.cli.experiment", "experiment"),
+}
 
 
 class ObjregGroup(click.Group):
@@ -56,17 +62,18 @@ class ObjregGroup(click.Group):
             with _errors_as_click_exceptions():
                 scratch = click.Group()
                 plugin_manager(ctx).hook.objreg_register_commands(cli=scratch)
-            root.meta[_PLUGIN_COMMANDS_KEY] = {n: c for n, c in scratch.commands.items() if n not in self.commands}
+            root.meta[_PLUGIN_COMMANDS_KEY] = {n: c for n, c in scratch.commands.items() if n not in BUILTIN}
         return root.meta[_PLUGIN_COMMANDS_KEY]
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         # `objreg --help` lists plugin commands too, so it imports the plugins (but validates and
         # builds nothing).
-        return sorted({*self.commands, *self.plugin_commands(ctx)})
+        return sorted({*BUILTIN, *self.plugin_commands(ctx)})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name in self.commands:  # built-ins: no plugin loading
-            return self.commands[cmd_name]
+        if cmd_name in BUILTIN:  # built-ins: no plugin loading
+            module, attribute = BUILTIN[cmd_name]
+            return getattr(importlib.import_module(module), attribute)
         return self.plugin_commands(ctx).get(cmd_name)
 
     # -- errors -------------------------------------------------------------------------------
@@ -114,6 +121,8 @@ def _errors_as_click_exceptions() -> Iterator[None]:
         if isinstance(error, objreg.ObjregError):
             raise click.ClickException(str(error)) from error
         # A full disk, no memory, a forbidden directory; an installed plugin's exception.
+        from objreg.analysis.run.failures import describe as describe_failure
+
         described = describe_failure(error, pm=_current_plugin_manager())
         if described is not None:
             raise click.ClickException(str(described)) from error
@@ -141,8 +150,6 @@ def make_cli(plugin_manager_factory: Callable[[], Any] = objreg.get_plugin_manag
         OBJREG_TRACE_PLUGINS=1 to print every hook call.
         """
 
-    for command in (list_command, show, corrupt, analyze, experiment):
-        group.add_command(command)
     return group
 
 
@@ -150,7 +157,9 @@ cli = make_cli()
 
 
 def main() -> None:
-    """The ``objreg`` console script."""
+    """The ``objreg`` console script. Before torch loads, a busy machine's OpenMP threads are set
+    to sleep while they wait (:func:`objreg.cli.threads.prepare_environment`)."""
+    threads.prepare_environment()
     cli(prog_name="objreg")
 
 

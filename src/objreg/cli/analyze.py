@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 
 import objreg
-from objreg.cli import options, render
+from objreg.analysis.run.naming import command_line
+from objreg.cli import assessment, options, render, threads
 from objreg.cli.interrupt import Interrupts, Stopped, distributed, exit_code, stopped_message
 from objreg.cli.options import RegistryOption, choices, default
 from objreg.cli.progress import TRAINING, RunDisplay
@@ -63,7 +65,8 @@ def _parse_params(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
                    "multiplicative update), the total weight kept (default: constant).")
 @click.option("--trust-radius", type=float, default=None, metavar="R",
               help="How far the counterfactual best weights, and adaptive:quadratic's weights per probe, may move "
-                   f"from the weights used: each by at most R × the total weight {default('trust_radius')}.")
+                   "from the weights used: each by at most R × the total weight (a run's counterfactual: R over "
+                   f"√(probed steps)) {default('trust_radius')}.")
 @click.option("--adaptive-rate", type=float, default=None, metavar="RATE",
               help=f"adaptive:tartan's largest change of a log-weight per probe {default('adaptive_rate')}.")
 @click.option("--adaptive-smoothing", type=float, default=None, metavar="S",
@@ -122,12 +125,16 @@ def _parse_params(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
               help="Continue the interrupted run written with --out DIR from its last finished step, with the "
                    "settings in DIR/config.json (no other run option with it); ends as an uninterrupted run would "
                    "(default: start a new run).")
+@click.option("--threads", "thread_count", type=click.IntRange(min=1), default=None, metavar="N",
+              help="CPU threads torch computes with (default: auto: the CPUs this process may use less the "
+                   "one-minute load average, at least 1; or OMP_NUM_THREADS where it is set). Also beside --resume.")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print the report as JSON on stdout and nothing else (no progress on stderr).")
+              help="Print the report as JSON on stdout and nothing else (on stderr only warnings and errors, and "
+                   "a live progress bar where stderr is a terminal).")
 @click.pass_context
 def analyze(
     ctx: click.Context, pretrain: str | None, downstream: str | None, params: tuple[str, ...], out_dir: str | None,
-    resume: str | None, as_json: bool, **settings_given: Any,
+    resume: str | None, thread_count: int | None, as_json: bool, **settings_given: Any,
 ) -> None:
     """Train on a weighted mix of pre-training objectives and measure how each one's gradient
     aligns with the downstream task's gradient, how the updates meet the downstream curvature, and
@@ -155,14 +162,20 @@ def analyze(
         settings["out_dir"] = out_dir
     registry = render.registry(ctx)
     settings["registry"] = registry
+    chosen = threads.for_this_machine(thread_count)
     if not _prints():
-        objreg.analyze(names, downstream, **settings)
+        with threads.using(chosen), command_line():
+            objreg.analyze(names, downstream, **settings)
         return
     # Bad settings fail here, in milliseconds and in one line, before any progress is shown.
-    config = _checked_config(names, downstream, settings, resume, registry)
+    with command_line():
+        config = _checked_config(names, downstream, settings, resume, registry)
     total = config.steps
     errors = render.console(stderr=True)
-    display = None if as_json else RunDisplay(errors, total, live=errors.is_terminal)
+    # With --json, stderr carries only warnings and errors, but a terminal gets a live bar (which
+    # leaves nothing behind), so that a long run shows it is alive.
+    display = RunDisplay(errors, total, live=errors.is_terminal, lines=not as_json) \
+        if not as_json or errors.is_terminal else None
     notify = display.notify if display is not None else (lambda message: click.echo(message, err=True))
     interrupts = Interrupts(notify, installed=not distributed())
 
@@ -179,8 +192,10 @@ def analyze(
             display.step(step, record)
         interrupts.after_step(step, total)
 
+    if display is not None:
+        display.event(f"computing with {chosen.describe()}; --threads N to change")
     try:
-        with interrupts, display or nullcontext():
+        with interrupts, display or nullcontext(), threads.using(chosen), command_line():
             report = objreg.analyze(names, downstream, on_step=on_step, on_status=on_status, **settings)
     except Stopped as stop:
         click.echo(stopped_message(stop, out_dir, finished[0], total), err=True)
@@ -189,7 +204,7 @@ def analyze(
         click.echo(report.to_json())
         return
     console = render.console()
-    _render(report.to_dict(), console)
+    _render(report.to_dict(), console, chosen.describe())
     if out_dir:
         console.print(f"Wrote {out_dir}/: report.json, report.csv, steps.jsonl, config.json and PNG plots", markup=False)
 
@@ -217,49 +232,82 @@ def _prints() -> bool:
     return not distributed() or os.environ.get("RANK", "0").strip() in ("", "0")
 
 
-def _render(report: dict[str, Any], console: Console) -> None:
+def _render(report: dict[str, Any], console: Console, threads_used: str | None = None) -> None:
     config, summary = report["config"], report["summary"]
-    console.print(
-        f"[bold]objreg analyze[/bold]  pretrain={','.join(report['pretrain'])}  downstream={report['downstream']}  "
-        f"model={config['model']} ({config['shared_parameters']:,} shared parameters)  device={config['device']}  "
-        f"optimizer={config['optimizer']} lr={config['lr']}  steps={config['steps']}"
-    )
-    numbers = ("weight", "dot ⟨∇L,∇D⟩", "95% CI", "cosine", "conflicting", "‖∇L‖", "predicted gain")
+    _render_header(report, console, threads_used)
+    numbers = ("dot ⟨∇L,∇D⟩", "95% CI", "cosine", "conflict", "‖∇L‖", "pred. 1st+2nd")
     table = render.table("Alignment with the downstream gradient (over probes)", "objective", *numbers,
-                         numbers=numbers)
+                         numbers=numbers, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 0, 0, 1))
+    weighted = _weighted(config["weights"], summary["weights_by_step"])
     for name, a in summary["alignment"].items():
         table.add_row(
-            render.text(name), _weight(config["weights"][name], summary["weights_by_step"].get(name, [])),
+            render.text(name + (f" ×{_weight(config['weights'][name], summary['weights_by_step'].get(name, []))}"
+                                if weighted else "")),
             f"{a['dot']:.4g}", f"[{a['ci95'][0]:.3g}, {a['ci95'][1]:.3g}]", f"{a['cosine']:+.3f}",
-            f"{a['conflict_fraction']:.0%}", f"{a['grad_norm']:.3g}", f"{a['first_order_contribution']:+.4g}",
+            f"{a['conflict_fraction']:.0%}", f"{a['grad_norm']:.3g}",
+            f"{a.get('predicted_contribution', a['first_order_contribution']):+.4g}",
         )
     render.show(console, table)
-    console.print("dot: mean over probes, t interval over probes; cosine: Σ dot / √(Σ‖∇L‖² Σ‖∇D‖²) over probes, "
-                  "the sign of dot", markup=False, style="dim")
+    render.prose(console, "dot: mean over probes, t interval over probes; cosine: Σ dot / √(Σ‖∇L‖² Σ‖∇D‖²) over "
+                 "probes, the sign of dot" + ("; ×w: the objective's weight (first → last step)" if weighted else "")
+                 + "; pred.: the improvement of D (+: D fell) from the objective's part of the step, its first-order "
+                 "term and its share of the second-order term, summed over probes", style="dim")
     _render_interaction(report["pretrain"], summary["second_order"], console)
     _render_taylor(summary, console)
     _render_spectrum(summary.get("spectrum") or [], console)
     _render_attribution(summary.get("attribution"), console)
-    first, both = summary["first_order_relative_error"], summary["taylor_relative_error"]
-    console.print(
-        f"downstream loss {summary['initial_downstream_loss']:.4f} → {summary['final_downstream_loss']:.4f}; "
-        f"first-order predicted improvement {summary['first_order_term']:.4g}, "
-        f"with second order {summary['predicted_improvement']:.4g}, actual {summary['actual_improvement']:.4g}"
-        + (f" (relative error {first:.1%} → {both:.1%})" if first is not None and both is not None else ""),
-        markup=False,
-    )
+    render.prose(console, f"downstream loss D: {summary['initial_downstream_loss']:.4f} → "
+                 f"{summary['final_downstream_loss']:.4f} over {config['steps']} steps")
     best = (summary.get("counterfactual") or {}).get("best")
-    if best is not None:
+    if best is not None and len(report["pretrain"]) > 1:  # one objective has no other weights to compare
         used = summary["counterfactual"]["used"]["first_plus_second_order"]
         weights = ", ".join(f"{k}={v:.3g}" for k, v in best["weights"].items())
-        console.print(f"counterfactual: best constant weights in the trust region {weights}, predicted improvement "
-                      f"{best['first_plus_second_order']:.4g} against {used:.4g} with the weights used "
-                      f"({summary['counterfactual']['optimizer_model'].split(':')[0]} model)", markup=False)
+        still = "; D would still rise" if best["first_plus_second_order"] < 0 else ""
+        render.prose(console, f"counterfactual: best constant weights in the trust region {weights}, predicted "
+                     f"improvement {best['first_plus_second_order']:.4g} against {used:.4g} with the weights used "
+                     f"({summary['counterfactual']['optimizer_model'].split(':')[0]} model{still})")
+        scope = summary["counterfactual"].get("scope")
+        if scope:
+            render.prose(console, f"a local estimate: {scope['note']}", first="  ", indent="  ", style="dim")
+    adaptive = summary.get("adaptive")
+    if adaptive:
+        render.prose(console, f"adaptive:{adaptive['rule']}: predicted improvement "
+                     f"{adaptive['predicted_improvement']:.4g} against "
+                     f"{adaptive['best_constant_predicted_improvement']:.4g} for the best constant weights "
+                     f"({'beat' if adaptive['beat_best_constant'] else 'did not beat'} them, by the run's local "
+                     f"model)")
+        if adaptive["warning"]:
+            render.prose(console, f"warning: {adaptive['warning']}")
     regime = summary.get("taylor_regime") or {"inside": True}
     if not regime["inside"]:
-        console.print(f"warning: outside the Taylor regime at {len(regime['steps_outside'])} of {summary['probes']} "
-                      f"probed steps (the second-order term made the prediction worse); lower --lr "
-                      f"(docs/analysis.md)", markup=False)
+        render.prose(console, f"warning: outside the Taylor regime at {len(regime['steps_outside'])} of "
+                     f"{summary['probes']} probed steps (the second-order term made the prediction worse); lower "
+                     f"--lr (docs/analysis.md)")
+    for heading, items in assessment.assess(report):
+        console.print(heading, markup=False, style="bold")
+        for item in items:
+            render.prose(console, item, first="- ", indent="  ")
+
+
+def _render_header(report: dict[str, Any], console: Console, threads_used: str | None) -> None:
+    """``objreg analyze``, where it ran and what it ran, packed into the console's width."""
+    config = report["config"]
+    device = f"{config['device']}, {threads_used}" if threads_used and config["device"] == "cpu" else config["device"]
+    parts = ["objreg analyze", f"device={device}", f"pretrain={','.join(report['pretrain'])}",
+             f"downstream={report['downstream']}", f"model={config['model']} ({config['shared_parameters']:,} shared "
+             f"parameters)", f"optimizer={config['optimizer']} lr={config['lr']}", f"steps={config['steps']}"]
+    specs = config.get("schedule") or {}
+    adaptive = {spec for spec in specs.values() if str(spec).startswith("adaptive")}
+    if adaptive:
+        parts.append(f"schedule={adaptive.pop()}")
+    elif any(spec != "constant" for spec in specs.values()):
+        parts.append("schedule=" + ",".join(f"{k}={v}" for k, v in specs.items() if v != "constant"))
+    render.fields(console, parts, style="bold")
+
+
+def _weighted(weights: dict[str, float], by_step: dict[str, list[float]]) -> bool:
+    """Whether any weight is other than 1 at some step (a column of ones says nothing)."""
+    return any(w != 1 for w in weights.values()) or any(v != 1 for values in by_step.values() for v in values)
 
 
 def _weight(base: float, by_step: list[float]) -> str:
@@ -270,24 +318,31 @@ def _weight(base: float, by_step: list[float]) -> str:
 
 
 def _secondary(title: str, *columns: str, numbers: tuple[str, ...]) -> Any:
-    """A table without side walls: only the alignment table's rows start with │ (the README test reads them)."""
+    """A table without side walls, a rule under its header."""
     return render.table(title, *columns, numbers=numbers, box=box.SIMPLE, show_edge=False)
 
 
 def _render_interaction(names: list[str], pairs: dict[str, float], console: Console) -> None:
-    table = _secondary("Second-order interaction S_ij = g_iᵀ H_D g_j (mean over probes)", "", *names,
-                       numbers=tuple(names))
-    for i, a in enumerate(names):
-        table.add_row(render.text(a), *[f"{pairs[f'{a},{b}' if i <= j else f'{b},{a}']:.4g}"
-                                        for j, b in enumerate(names)])
-    render.show(console, table)
+    title = "Second-order interaction S_ij = g_iᵀ H_D g_j (mean over probes)"
+    values = {(a, b): pairs[f"{a},{b}" if i <= j else f"{b},{a}"] for i, a in enumerate(names)
+              for j, b in enumerate(names)}
+    table = _secondary(title, "", *names, numbers=tuple(names))
+    for a in names:
+        table.add_row(render.text(a), *[f"{values[a, b]:.4g}" for b in names])
+    wide = console.options.update_width(render.UNBOUNDED_WIDTH)
+    if Measurement.get(console, wide, table).maximum <= console.width:
+        render.show(console, table)
+        return
+    # Too many objectives for a matrix on this terminal: the pairs of its upper triangle, as lines.
+    console.print(title, markup=False)
+    render.fields(console, [f"{a},{b} {values[a, b]:.4g}" for i, a in enumerate(names) for b in names[i:]])
 
 
 def _render_taylor(summary: dict[str, Any], console: Console) -> None:
     probes = summary["probes"]
-    numbers = ("improvement", "relative error", "Pearson r / Spearman ρ vs actual, over steps")
-    table = _secondary(f"Taylor prediction vs what happened (sums over {probes} probed steps; improvement = drop of D)",
-                       "term", *numbers, numbers=numbers)
+    numbers = ("improvement", "relative error", "r / ρ vs actual")
+    table = _secondary(f"Taylor prediction vs what happened (sums over {probes} probed steps)", "term", *numbers,
+                       numbers=numbers)
     correlation = summary["correlation"]
     table.add_row("first order  −Σ ∇D·Δθ", f"{summary['first_order_term']:+.4g}",
                   _percent(summary["first_order_relative_error"]), _pair(correlation["first_order"]))
@@ -299,7 +354,16 @@ def _render_taylor(summary: dict[str, Any], console: Console) -> None:
         if part not in summary["alignment"]:  # the optimizer's own parts (momentum, weight decay)
             table.add_row(render.text(f"  of which first order from {part}"), f"{value:+.4g}", "", "")
     render.show(console, table)
-    console.print(f"Update split: {summary['update_rule']}", markup=False)
+    legend = ("improvement: the drop of D (negative: D rose); relative error: |predicted − actual| / |actual|; "
+              "r / ρ: Pearson and Spearman correlation of predicted and actual changes over the probed steps")
+    if summary["taylor_relative_error"] is None:
+        scaled = summary["taylor_error"]["scaled"]
+        legend += ("; n/a: the steps' actual changes cancel over the run (or are within rounding), so an error "
+                   "relative to their sum says nothing; relative to Σ|∇D·Δθ| the errors are "
+                   f"{_percent(scaled['first_order'])} (first order) and {_percent(scaled['first_plus_second_order'])} "
+                   "(with second order)")
+    render.prose(console, legend, style="dim")
+    render.prose(console, f"Update split: {summary['update_rule']}")
 
 
 def _percent(value: float | None) -> str:
@@ -331,8 +395,8 @@ def _render_attribution(attribution: dict[str, Any] | None, console: Console) ->
     for title, entries in (("helped", attribution["helpful"]), ("hurt", attribution["harmful"])):
         if not entries:
             continue
-        console.print(f"Pre-training examples that {title} the downstream task most (first-order improvement, "
-                      f"of {attribution['examples']} scored):", markup=False)
+        render.prose(console, f"Pre-training examples that {title} the downstream task most (first-order "
+                     f"improvement, of {attribution['examples']} scored):")
         for e in entries:
             line = f"  {e['score']:>+10.3g}  {e['objective']:<8} step {','.join(map(str, e['steps'])):<5} "
             # A terminal line ends where the terminal does (the text cut short); a file gets it whole.

@@ -1,8 +1,10 @@
 """``objreg corrupt NAME --text ...``: see what an objective does to real text.
 
-Tokenises the texts with the default tokenizer, corrupts them with a seeded generator and shows
-the model input, the labels, the extras and the attention mask, token by token. Labels are shown
-by what they are (``ObjectiveInfo.label_kind``): token ids as tokens, class targets as numbers.
+Tokenises the texts with the tokenizer of ``--model`` (default: objreg's default tokenizer; a
+Hugging Face directory's own ``tokenizer.json``), exactly as ``objreg analyze --model`` builds its
+rows, corrupts them with a seeded generator and shows the model input, the labels, the extras and
+the attention mask, token by token (``--json`` adds the token ids). Labels are shown by what they
+are (``ObjectiveInfo.label_kind``): token ids as tokens, class targets as numbers.
 """
 
 from __future__ import annotations
@@ -65,7 +67,9 @@ def corruption_rows(
         labels = corrupted.labels[b].tolist()
         rows.append({
             "original": tokenizer.tokens(batch.input_ids[b]),
+            "original_ids": batch.input_ids[b].tolist(),
             "input": tokenizer.tokens(corrupted.input_ids[b]),
+            "input_ids": corrupted.input_ids[b].tolist(),
             "labels": _tokens_or_none(tokenizer, labels) if kind == "tokens" else
             [None if label == objreg.IGNORE_INDEX else label for label in labels],
             "attention_mask": mask[b].int().tolist(),
@@ -84,13 +88,16 @@ def corruption_rows(
                    "objective's reference defaults).")
 @click.option("--seq-len", type=click.IntRange(min=3), default=None,
               help="Truncate rows to this many tokens [default: fit the longest text].")
+@click.option("--model", default="default", show_default=True, metavar="NAME|DIR",
+              help="The model whose tokenizer builds the rows, as `objreg analyze --model` takes it: a name or a "
+                   "local Hugging Face model directory (its tokenizer.json).")
 @click.option("--char-noise", type=click.FloatRange(0.0, 1.0), default=0.0, show_default=True,
               help="Character noise rate applied to the texts before tokenising (insert/delete/substitute).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @click.pass_context
 def corrupt(
     ctx: click.Context, name: str, texts: tuple[str, ...], seed: int, raw_params: tuple[str, ...],
-    seq_len: int | None, char_noise: float, as_json: bool,
+    seq_len: int | None, model: str, char_noise: float, as_json: bool,
 ) -> None:
     """Corrupt TEXTs with objective NAME and show input, labels and attention mask."""
     from objreg.analysis.run.validation import MAX_SEED, check_integer
@@ -100,13 +107,14 @@ def corrupt(
     # Check the name (unknown, or a downstream task) before the slower tokenizer loading.
     info = registry.get(name).info
     params = parse_params(raw_params, info)
-    tokenizer = objreg.default_tokenizer(registry=registry)
+    tokenizer = _tokenizer(registry, model)
     if char_noise > 0:
         # Its own stream: the corruption below draws the same numbers with or without noise.
         texts = tuple(noise.char_noise(list(texts), char_noise, torch.Generator().manual_seed(seed + 1)))
     batch = objreg.tokenize(list(texts), seq_len, tokenizer)
     # Token frequencies for the inverse_frequency policy, counted on the texts themselves.
     objective = registry.get(name, vocab=selection.vocab_with_counts(tokenizer.vocab, batch), **params)
+    objective.check_architecture(getattr(tokenizer, "architecture", "encoder"))
     corrupted = objective.corrupt(batch, torch.Generator().manual_seed(seed))
     mask = objective.attention_mask(corrupted)
     kind = label_kind(info.label_kind, corrupted.labels, tokenizer.vocab)
@@ -118,12 +126,20 @@ def corrupt(
         return
     console = render.console()
     settings = ", ".join(f"{k}={v}" for k, v in objective.params.items()) or "no parameters"
-    console.print(render.text(f"{name} (seed {seed}; {settings})", "bold"))
+    render.prose(console, f"{name} (seed {seed}; {settings})", style="bold", indent="  ")
     # The terminal view hides padding; JSON keeps it so positions line up with the mask.
     original_padding, input_padding = batch.is_padding.tolist(), corrupted.is_padding.tolist()
     for b, row in enumerate(rows):
         _print_row(console, b, row, original_padding[b], input_padding[b], kind)
     _print_mask(console, rows[0], input_padding[0])
+
+
+def _tokenizer(registry: objreg.Registry, model: str) -> objreg.Tokenizer:
+    """The tokenizer ``objreg analyze --model MODEL`` uses on the default corpus."""
+    if model == "default":
+        return objreg.default_tokenizer(registry=registry)
+    cache = objreg.cache_dir()
+    return registry.load_tokenizer(model, registry.load_corpus("default", cache), cache)
 
 
 def _print_row(
@@ -152,7 +168,8 @@ def _print_row(
 
 def _print_mask(console: Any, row: dict[str, Any], input_padding: list[bool]) -> None:
     positions = [i for i, pad in enumerate(input_padding) if not pad]
-    shown = positions[:MASK_GRID_LIMIT]
+    # As many positions as fit the terminal's width (a row is 17 columns of labels, then 2 a position).
+    shown = positions[: max(8, min(MASK_GRID_LIMIT, (console.width - 17) // 2))]
     note = f" (first {len(shown)} of {len(positions)} positions)" if len(shown) < len(positions) else ""
     console.print(render.text(f"Attention mask of row 0{note}", "bold"))
     console.print(render.text("rows are queries, columns keys; ■ may attend, · may not", "dim"))

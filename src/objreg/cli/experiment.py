@@ -18,15 +18,44 @@ def experiment() -> None:
 @experiment.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def list_experiments(as_json: bool) -> None:
-    """List the experiments: the claim each one tests, its source and its verdict rule."""
+    """List the experiments, one line each: its name, source and claim (`objreg experiment show
+    NAME` gives the claim whole, the source and the verdict rule; --json all of them)."""
     described = objreg.experiments.describe()
     if as_json:
         render.echo_json(described)
         return
-    grid = render.table("Experiments", "name", "claim", "source", "verdict rule")
+    console = render.console()
+    width = max(len(row["name"]) for row in described)
     for row in described:
-        grid.add_row(*(render.text(row[key]) for key in ("name", "claim", "source", "rule")))
-    render.console().print(grid)
+        line = f"{row['name']:<{width}}  {_short_source(row['source'])}: {row['claim']}"
+        # A line per experiment: a terminal's ends at its edge (the claim cut short), a file's holds it whole.
+        if len(line) > console.width:
+            line = line[: console.width - 1] + "…"
+        console.print(render.text(line))
+    console.print(render.text("objreg experiment show NAME: the claim, its source and the verdict rule", "dim"))
+
+
+@experiment.command("show")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def show_experiment(name: str, as_json: bool) -> None:
+    """Show experiment NAME: the claim it tests, its source and its verdict rule."""
+    described = {row["name"]: row for row in objreg.experiments.describe()}
+    if name not in described:
+        raise objreg.UnknownNameError("experiment", name, described)
+    row = described[name]
+    if as_json:
+        render.echo_json(row)
+        return
+    console = render.console()
+    console.print(render.text(row["name"], "bold"))
+    for label, key in (("claim", "claim"), ("source", "source"), ("verdict rule", "rule")):
+        render.prose(console, f"{label}: {row[key]}", indent="    ")
+
+
+def _short_source(source: str) -> str:
+    """``Lan et al. 2020`` of ``Lan et al. 2020, ALBERT: ...``."""
+    return source.split(",", 1)[0]
 
 
 @experiment.command("run", help="Run experiment NAME (or every one with --all) for one or more seeds and print its "

@@ -87,7 +87,8 @@ def list_command(ctx: click.Context, as_json: bool) -> None:
                 render.text(row["description"]),
                 render.text(row["origin"], "dim"),
             )
-        render.show(console, grid) if rows else console.print(render.text(f"{title}: none installed"))
+        render.show_or_stack(console, grid, ("description", "needs num_outputs")) if rows else console.print(
+            render.text(f"{title}: none installed"))
     grid = render.table("Modifiers (set as objective parameters; char_noise applies to the text)",
                         "name", "composes with", "params", "description", "origin")
     for row in data["modifiers"]:
@@ -95,15 +96,16 @@ def list_command(ctx: click.Context, as_json: bool) -> None:
         params = ", ".join(f"{p['name']}={p['default']}" for p in row["params"])
         grid.add_row(render.text(row["name"], "bold"), render.text(composes), render.text(params),
                      render.text(row["description"]), render.text(row["origin"], "dim"))
-    render.show(console, grid)
+    render.show_or_stack(console, grid, ("composes with", "params", "description"))
     grid = render.table("Providers (--model, --corpus, tokenizers)", "kind", "name", "description", "origin")
     for row in data["providers"]:
         grid.add_row(render.text(row["kind"]), render.text(row["name"], "bold"), render.text(row["description"]),
                      render.text(row["origin"], "dim"))
-    render.show(console, grid) if data["providers"] else console.print(render.text("Providers: none installed"))
+    render.show_or_stack(console, grid, ("description", "origin")) if data["providers"] else console.print(
+        render.text("Providers: none installed"))
     grid = render.table("Head kinds (HeadSpec.kind; the host builds them on any backbone)", "kind", "description",
                         "needs num_outputs", "origin")
     for row in data["head_kinds"]:
         grid.add_row(render.text(row["name"], "bold"), render.text(row["description"]),
                      render.text("yes" if row["needs_outputs"] else "no"), render.text(row["origin"], "dim"))
-    render.show(console, grid)
+    render.show_or_stack(console, grid, ("description", "needs num_outputs"))

@@ -61,13 +61,16 @@ class RunDisplay:
         total: Steps in the run, when known up front (a resumed run reads its config).
         live: Draw a live display (a terminal) rather than plain lines.
         clock: Seconds, monotonic (tests pass their own).
+        lines: Print the finished stages and events (False: the live display alone, which
+            leaves nothing behind; what ``--json`` shows on a terminal).
     """
 
     def __init__(self, console: Console, total: int | None, live: bool,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, lines: bool = True):
         self.console = console
         self.total = total
         self.live = live
+        self.lines = lines
         self.clock = clock
         self.started = clock()
         self.stage: tuple[str, float] | None = None
@@ -124,6 +127,10 @@ class RunDisplay:
                 self._line(f"step {self._steps_text()} {self._timing_text()} | {probe_summary(record)} | "
                            f"{alignment_summary(record)}")
 
+    def event(self, message: str) -> None:
+        """A line that is neither a stage nor a step (the threads chosen, say)."""
+        self._line(message)
+
     def notify(self, message: str) -> None:
         """A note under the bar (live) or a line (plain): e.g. that the run stops after this step."""
         self.note = message
@@ -150,6 +157,8 @@ class RunDisplay:
     def _line(self, message: str, took: float | None = None) -> None:
         """Live: a finished stage with the seconds it took (or an event, without). Plain: a line
         stamped with the time since the start."""
+        if not self.lines:
+            return
         if self.live and took is None:
             self.console.print(Text("·", style="dim") + Text(" " * 10) + Text(message))
         elif self.live:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+import textwrap
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -130,3 +131,56 @@ def _at_least(out: Console, width: int) -> Iterator[None]:
         yield
     finally:
         out.width = before
+
+
+def fields(out: Console, parts: Sequence[str], style: str | None = None) -> None:
+    """``parts`` on as few lines as the console's width allows, two spaces apart (a part wider
+    than the console gets a line of its own and wraps between words)."""
+    lines: list[str] = []
+    for part in parts:
+        if lines and len(lines[-1]) + 2 + len(part) <= out.width:
+            lines[-1] += "  " + part
+        else:
+            lines.append(part)
+    for line in lines:
+        prose(out, line, style=style)
+
+
+def prose(out: Console, line: str, style: str | None = None, indent: str = "", first: str = "") -> None:
+    """``line`` wrapped at the console's width between words, never inside one (a number stays
+    whole), continuation lines indented by ``indent``; ``first`` starts the first line."""
+    wrapped = textwrap.fill(line, width=out.width, initial_indent=first, subsequent_indent=indent,
+                            break_long_words=False, break_on_hyphens=False)
+    out.print(Text(wrapped, style=style or ""), soft_wrap=True)
+
+
+def show_or_stack(out: Console, grid: Table, long: Sequence[str]) -> None:
+    """``grid`` as a table where it fits the console at its natural width; else each row stacked:
+    its other cells on one line, then each cell of the ``long`` columns (named by header) wrapped
+    below it, indented. Words are never split, so no identifier is broken across lines."""
+    wide = out.options.update_width(UNBOUNDED_WIDTH)
+    if Measurement.get(out, wide, grid).maximum <= out.width:
+        out.print(grid)
+        return
+    if grid.title:
+        out.print(Text(str(grid.title), style="italic"))
+    columns = [(str(column.header), [_plain(cell) for cell in column.cells]) for column in grid.columns]
+    short = [(header, cells) for header, cells in columns if header not in long]
+    stacked = [(header, cells) for header, cells in columns if header in long]
+    for row in range(grid.row_count):
+        heading = [cells[row] for _, cells in short if cells[row]]
+        if heading and len("  ".join(heading)) <= out.width:
+            out.print(Text(heading[0], style="bold") + Text("".join(f"  {cell}" for cell in heading[1:])),
+                      soft_wrap=True)
+        elif heading:  # a long value (a default, say): wrapped between words like the rest
+            prose(out, "  ".join(heading), indent="    ")
+        for header, cells in stacked:
+            if cells[row]:
+                label = f"{header}: " if len(stacked) > 1 else ""
+                prose(out, label + cells[row], first="    ", indent="    ")
+
+
+def _plain(cell: Any) -> str:
+    if isinstance(cell, Text):
+        return cell.plain
+    return Text.from_markup(str(cell)).plain

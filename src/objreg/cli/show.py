@@ -32,7 +32,7 @@ def show(ctx: click.Context, name: str, as_json: bool) -> None:
         render.echo_json(data)
         return
     console = render.console()
-    console.print(render.text(f"{data['name']}: {data['description']}", "bold"))
+    render.prose(console, f"{data['name']}: {data['description']}", style="bold", indent="  ")
     facts = render.table("", "", "")
     facts.show_header = False
     facts.add_row(render.text("kind"), render.text(data["kind"]))
@@ -50,10 +50,10 @@ def show(ctx: click.Context, name: str, as_json: bool) -> None:
         for p in data["params"]:
             params.add_row(render.text(p["name"], "bold"), render.text(p["default"]), render.text(p["type"]),
                            render.text(_bounds(p)), render.text(p["help"]))
-        console.print(params)
+        render.show_or_stack(console, params, ("allowed", "help"))
     else:
         console.print(render.text("Parameters: none"))
     if data["references"]:
         console.print(render.text("References:", "bold"))
         for reference in data["references"]:
-            console.print(render.text(f"  {reference}"))
+            render.prose(console, reference, first="  ", indent="    ")

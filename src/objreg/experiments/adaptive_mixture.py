@@ -115,6 +115,9 @@ def _train(config: Config, setting: Setting, registry: Registry, seed: int, **ho
         # condition) left out: the training step plus the probes the condition needs.
         "seconds_per_step": float(np.mean(np.diff(finished)[:-1])) if len(finished) > 2 else None,
         "counterfactual_best": (summary["counterfactual"]["best"] or {}).get("weights"),
+        # Adaptive runs: did the rule beat the best constant weights of its own run's local model,
+        # and did its weights oscillate (summary.adaptive)?
+        "adaptive": summary.get("adaptive"),
     }
 
 
@@ -163,6 +166,10 @@ def run(setting: Setting) -> ExperimentResult:
         "adaptive_weights": {name: runs[name]["weights_by_step"] for name in ("adaptive_quadratic",
                                                                                "adaptive_tartan")},
         "uniform_counterfactual_best": runs["uniform"]["counterfactual_best"],
+        "adaptive_report": {name: {key: runs[name]["adaptive"][key] for key in
+                                   ("beat_best_constant", "predicted_improvement",
+                                    "best_constant_predicted_improvement", "reversals", "oscillating")}
+                            for name in ("adaptive_quadratic", "adaptive_tartan")},
     }
     verdict = "confirmed" if effect > 0 else "refuted" if effect < 0 else "inconclusive"
     reason = (f"one seed: D(best fixed, mlm={best_w:g}) − D(adaptive:quadratic) = {effect:+.4g} "
@@ -209,6 +216,13 @@ def combine(results: list[ExperimentResult], setting: Setting) -> ExperimentResu
         "seconds_per_step": {n: interval([f["seconds_per_step"][n] for f in figures
                                           if f["seconds_per_step"][n] is not None]) for n in names},
         "best_mlm_weight_by_seed": [f["grid_search"]["best_mlm_weight"] for f in figures],
+        # Per rule, over seeds: how often it beat its run's best constant weights (by the run's own
+        # local model), and how often its weights oscillated.
+        "adaptive_report": {rule: {"beat_best_constant": sum(f["adaptive_report"][rule]["beat_best_constant"]
+                                                             for f in figures),
+                                   "oscillated": sum(bool(f["adaptive_report"][rule]["oscillating"]) for f in figures),
+                                   "seeds": len(figures)}
+                            for rule in figures[0]["adaptive_report"]},
     }
     plots = [plot(figures, setting.out_dir / f"{NAME}.png")] if setting.out_dir is not None else []
     return ExperimentResult(NAME, CLAIM, verdict, reason, combined,

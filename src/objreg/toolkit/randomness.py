@@ -20,6 +20,7 @@ name                                  number  what it feeds
 ``permutations``                      5       the Shapley split's sampled permutations of many objectives
 ``misspellings``                      6       character noise of the noise-robustness experiment
 ``random_tokens``                     6       tokens drawn at random to compare gradients with
+``resolution``                        7       the direction along which a probe measures ``D``'s resolution
 ``paired_rows``                       11      the rows every condition of the span-length experiment shares
 ``downstream_head``                   12      the downstream task's head under ``--downstream-head refit``
 ====================================  ======  ==============================================================
@@ -47,6 +48,7 @@ STREAMS: dict[str, int] = {
     "permutations": 5,
     "misspellings": 6,
     "random_tokens": 6,
+    "resolution": 7,
     "paired_rows": 11,
     "downstream_head": 12,
 }

@@ -3,15 +3,24 @@
 A row is ``[CLS] sentence_1 sentence_2 ... [SEP]`` from consecutive sentences of one document,
 right-padded to the batch's length. Word ids (for whole-word masking) come from the backend's
 pre-tokeniser, so they work for any tokenizer, not only ``##`` WordPiece.
+
+A document is encoded as one running text, its sentences joined by single spaces, and its tokens
+are then cut at the sentence boundaries (:meth:`Tokenizer.encode_documents`): a row's tokens are
+what the model's own tokenizer gives for that text. Encoding each sentence on its own would
+differ for a byte-level BPE (GPT-2, RoBERTa, Llama 3), which keeps the space before a word in the
+word's token (``ĠUnlike``): alone, a sentence's first word has no space and becomes other tokens
+(``Un like``). For WordPiece and Metaspace tokenizers the two are the same.
 """
 
 from __future__ import annotations
 
 import re
 import struct
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from itertools import chain
+from itertools import accumulate, chain
+from typing import Any
 
 import torch
 
@@ -99,6 +108,24 @@ class Tokenizer:
             out.append((list(enc.ids), words))
         return out
 
+    def encode_documents(self, documents: Sequence[Sequence[str]]) -> list[list[tuple[list[int], list[int]]]]:
+        """Token ids and word ids (within the sentence) of each sentence of each document, no
+        special tokens, cut out of one encoding of the document's running text: its sentences,
+        stripped, joined by single spaces (an empty sentence gets no tokens). A sentence starts at
+        the first token of the word (the pre-tokeniser's) that holds its first character, so a space
+        the tokenizer keeps with a word goes with that word (byte-level BPE's ``ĠUnlike``)."""
+        texts, starts = [], []
+        for document in documents:
+            parts = [sentence.strip() for sentence in document]
+            begin, at = [], 0
+            for part in parts:
+                begin.append(at if part else None)
+                at += len(part) + 1 if part else 0
+            texts.append(" ".join(part for part in parts if part))
+            starts.append(begin)
+        encodings = self.backend.encode_batch(texts, add_special_tokens=False)  # type: ignore[attr-defined]
+        return [_cut(encoding, begin) for begin, encoding in zip(starts, encodings)]
+
     def encode_with_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Token ids and their character offsets in ``text`` (no special tokens), for mapping
         character spans (e.g. SQuAD answers) to tokens."""
@@ -107,7 +134,7 @@ class Tokenizer:
 
     def batch_from_documents(self, documents: Sequence[Sequence[str]], seq_len: int) -> TokenBatch:
         """One row per document: ``[CLS]`` + its sentences + ``[SEP]``, truncated to ``seq_len``."""
-        rows = [_Chunk(i, tuple(self.encode_sentences(doc))) for i, doc in enumerate(documents)]
+        rows = [_Chunk(i, tuple(sentences)) for i, sentences in enumerate(self.encode_documents(documents))]
         return self.assemble(rows, seq_len)
 
     def batch_from_texts(self, texts: Sequence[str], seq_len: int | None = None) -> TokenBatch:
@@ -115,10 +142,10 @@ class Tokenizer:
         if isinstance(texts, str):
             raise InvalidParameterError("batch_from_texts takes a list of texts, not a single string")
         documents = [split_sentences(t) for t in texts]
+        encoded = self.encode_documents(documents)
         if seq_len is None:
-            lengths = [sum(len(ids) for ids, _ in self.encode_sentences(d)) + 2 for d in documents]
-            seq_len = max(lengths, default=2)
-        return self.batch_from_documents(documents, seq_len)
+            seq_len = max((sum(len(ids) for ids, _ in d) + 2 for d in encoded), default=2)
+        return self.assemble([_Chunk(i, tuple(d)) for i, d in enumerate(encoded)], seq_len)
 
     def assemble(self, chunks: Sequence[_Chunk], seq_len: int) -> TokenBatch:
         """Frame each chunk as ``[CLS] ... [SEP]``, truncate to ``seq_len``, pad to the longest row.
@@ -264,6 +291,42 @@ class Tokenizer:
         return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)  # type: ignore[attr-defined]
 
 
+def _cut(encoding: Any, starts: Sequence[int | None]) -> list[tuple[list[int], list[int]]]:
+    """One document's encoding cut into its sentences, which start at the characters ``starts``
+    (``None``: an empty sentence); word ids renumbered from 0 in each sentence."""
+    ids = encoding.ids
+    words = [-1 if w is None else w for w in encoding.word_ids]
+    cuts = [None if start is None else _first_token(encoding, words, start) for start in starts]
+    stops, stop = [], len(ids)
+    for cut in reversed(cuts):
+        stops.append(stop)
+        stop = stop if cut is None else cut
+    sentences = []
+    for cut, stop in zip(cuts, reversed(stops)):
+        if cut is None:
+            sentences.append(([], []))
+            continue
+        sentence_words = words[cut:stop]
+        first = min((w for w in sentence_words if w >= 0), default=0)
+        if first:
+            sentence_words = [w - first if w >= 0 else -1 for w in sentence_words]
+        sentences.append((ids[cut:stop], sentence_words))
+    return sentences
+
+
+def _first_token(encoding: Any, words: list[int], start: int) -> int:
+    """The first token of the word that holds the character ``start`` (a word's space may be a
+    token of its own, ``Ġ``, before the token of its first letter); where no token holds it (a
+    character the tokenizer drops), the first token that ends after it."""
+    token = encoding.char_to_token(start)
+    if token is None:
+        return bisect_left(list(accumulate((end for _, end in encoding.offsets), max)), start + 1)
+    word = words[token]
+    while token > 0 and word >= 0 and words[token - 1] == word:
+        token -= 1
+    return token
+
+
 @dataclass(frozen=True)
 class _Chunk:
     document: int
@@ -289,14 +352,11 @@ class TokenizedCorpus:
         self.corpus = corpus
         self.seq_len = seq_len
         budget = seq_len - 2
-        sentences = [s for doc in corpus.documents for s in doc]
-        encoded = iter(tokenizer.encode_sentences(sentences))
         chunks: list[_Chunk] = []
-        for d, doc in enumerate(corpus.documents):
+        for d, sentences in enumerate(tokenizer.encode_documents(corpus.documents)):
             current: list[tuple[list[int], list[int]]] = []
             used = 0
-            for _ in doc:
-                ids, words = next(encoded)
+            for ids, words in sentences:
                 if not ids:
                     continue
                 if current and used + len(ids) > budget:

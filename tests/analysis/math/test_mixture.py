@@ -104,3 +104,19 @@ def test_trust_region_without_a_feasible_point_is_one_clear_error():
     model = _random_model(2, 0)
     with pytest.raises(InvalidParameterError, match="add up to the total weight"):
         maximise(model, np.array([0.0, 0.0]), np.array([0.5, 0.5]), 2.0)
+
+
+def test_the_run_level_counterfactual_is_labelled_local_and_shrinks_its_trust_region(tiny_trainer):
+    lr = 5e-4
+    records = tiny_trainer("sgd", lr=lr, steps=4).run()
+    summary = counterfactual(records, NAMES, "sgd", lr, radius=0.4)
+    region = summary["trust_region"]
+    assert region["given_radius"] == 0.4 and region["radius"] == pytest.approx(0.2)  # 0.4 / √4
+    assert all(abs(w - 1.0) <= 0.2 * 2 + 1e-12 for w in summary["best"]["weights"].values())
+    scope = summary["scope"]
+    assert scope["probed_steps"] == 4 and scope["measured_horizon"] == 4
+    assert scope["measured_gain_error"]["median"] > 0.1 and "local estimate" in scope["kind"]
+    # The last probed step alone, with the radius as given: exactly its own one-step optimum.
+    last = counterfactual(records[-1:], NAMES, "sgd", lr, radius=0.4, horizon=False)
+    assert summary["recent"]["best"] == last["best"] and summary["recent"]["used"] == last["used"]
+    assert "recent" not in last

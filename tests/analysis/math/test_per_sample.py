@@ -15,7 +15,7 @@ FAST_METHODS = [m for m in per_sample.METHODS if m not in ("auto", "loop")]  # t
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).abs().max() / b.abs().max())
+    return float((a - b).abs().max().detach() / b.abs().max().detach())
 
 
 def loop_grads(fn: ObjectiveFunction, shared: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -398,3 +398,119 @@ def test_ghost_has_a_closed_form_for_gpt2_conv1d(monkeypatch, direction):
     dots = ghost.dots_ghost(fn, shared, v)
     assert not generic  # every module owning parameters has a closed-form rule, Conv1D included
     assert rel_err(dots, per_sample.dots_loop(fn, shared, v)) <= 1e-8
+
+
+# -- squared gradient norms, and ghost's checks -----------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["clm", "mlm", "sop"])
+def test_ghost_norms_equal_the_loops_squared_gradient_norms(build, direction, name):
+    # mlm's decoder is the token embedding: its norm needs the cross terms of both uses.
+    fn, shared = build(name)
+    if name == "clm":
+        fn.model.backbone.token_embedding.padding_idx = fn.batch.input_ids[0, 3].item()
+    reference = (loop_grads(fn, shared) ** 2).sum(1)
+    dots, norms = ghost.dots_and_norms_ghost(fn, shared, [direction(shared)])
+    assert norms is not None and rel_err(norms, reference) <= 1e-8
+    assert rel_err(per_sample.per_sample_sq_norms(fn, shared), reference) <= 1e-8  # the fallback's vmap
+
+
+def test_norms_of_a_module_without_a_ghost_rule_come_from_per_example_gradients(build, direction):
+    fn, _ = build("sop")
+    fn.model.backbone.final_norm = ScaledNorm(fn.model.hidden_size)
+    fn = ObjectiveFunction(fn.model, fn.objective, fn.batch, fn.mask)
+    shared = detached(shared_parameters(fn.model))
+    assert ghost.dots_and_norms_ghost(fn, shared, [direction(shared)])[1] is None
+    dots, norms, method = per_sample.per_sample_dots_and_norms(fn, shared, [direction(shared)])
+    assert method == "ghost" and rel_err(norms, (loop_grads(fn, shared) ** 2).sum(1)) <= 1e-8
+
+
+class RowsAndPositions(nn.Module):
+    """Token and position embeddings, a relative-position bias and a linear read-out; its
+    per-row loss is ℓ_i. ``positions``: look positions up per row ([B, T]) or once ([T])."""
+
+    def __init__(self, positions="per_row", bias=False):
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        self.tokens, self.positions, self.relative = nn.Embedding(11, 6), nn.Embedding(8, 6), nn.Embedding(15, 1)
+        self.out = nn.Linear(6, 3)
+        for p in self.parameters():
+            p.data = torch.randn(p.shape, generator=generator)
+        self.double()
+        self.per_row, self.bias = positions == "per_row", bias
+
+    def forward(self, ids):
+        b, t = ids.shape
+        positions = torch.arange(t).expand(b, t) if self.per_row else torch.arange(t)
+        x = self.tokens(ids) + self.positions(positions)  # (B, T, 6)
+        if self.bias:  # T5's relative-position bias: one [T, T] table shared by every row
+            relative = torch.arange(t)[None, :] - torch.arange(t)[:, None] + 7
+            scores = x @ x.transpose(1, 2) / 6 + self.relative(relative).squeeze(-1)  # (B, T, T)
+            x = torch.softmax(scores, -1) @ x
+        return self.out(x)  # (B, T, 3)
+
+
+def rows_function(model, backward=False):
+    ids = torch.randint(11, (5, 5), generator=torch.Generator().manual_seed(2))  # T = B: the coincidence
+    labels = torch.randint(3, (5, 5), generator=torch.Generator().manual_seed(3))
+
+    def loss(m, batch):
+        logits = m(batch["ids"])
+        losses = nn.functional.cross_entropy(logits.transpose(1, 2), batch["labels"], reduction="none").mean(1)
+        if backward and losses.requires_grad:  # a loss that also runs a backward of its own (to log a norm)
+            losses.sum().backward(retain_graph=True)
+        return losses
+
+    fn = ObjectiveFunction(model, CallableLoss("rows", loss), {"ids": ids, "labels": labels},
+                           shared=[n for n, _ in model.named_parameters()])
+    return fn, {n: p.detach() for n, p in model.named_parameters()}
+
+
+def test_ghost_refuses_an_embedding_looked_up_once_for_every_row(direction):
+    # pos(arange(T)) with T = B: its output [T, H] passes for a batch, and ghost would give each
+    # example the positions' gradient of the whole batch.
+    fn, shared = rows_function(RowsAndPositions(positions="shared"))
+    v = direction(shared)
+    with pytest.raises(ghost.GhostUnsupportedError, match="per-row embedding"):
+        ghost.dots_ghost(fn, shared, v)
+    dots, method = per_sample.per_sample_dots(fn, shared, v)
+    assert method == "jvp" and rel_err(dots, per_sample.dots_loop(fn, shared, v)) <= 1e-8
+
+
+def test_ghost_refuses_a_loss_that_runs_its_own_backward(direction):
+    fn, shared = rows_function(RowsAndPositions(), backward=True)
+    v = direction(shared)
+    with pytest.raises(ghost.GhostUnsupportedError, match="backward pass of its own"):
+        ghost.dots_ghost(fn, shared, v)
+    dots, method = per_sample.per_sample_dots(fn, shared, v)
+    reference = per_sample.dots_loop(*rows_function(RowsAndPositions()), v)
+    assert method == "jvp" and rel_err(dots, reference) <= 1e-8
+
+
+def test_the_check_against_jvp_catches_a_shared_bias_that_passes_for_a_batch(direction):
+    fn, shared = rows_function(RowsAndPositions(bias=True))
+    v = direction(shared)
+    reference = per_sample.dots_loop(fn, shared, v)
+    assert rel_err(ghost.dots_ghost(fn, shared, v), reference) > 1e-3  # silently wrong on its own
+    checks = per_sample.GhostChecks()
+    with pytest.warns(UserWarning, match="ghost per-example dots of 'rows' differ from jvp"):
+        (dots,), norms, method = per_sample.per_sample_dots_and_norms(fn, shared, [v], checks=checks)
+    assert method == "jvp" and rel_err(dots, reference) <= 1e-8
+    assert rel_err(norms, (loop_grads(fn, shared) ** 2).sum(1)) <= 1e-8
+    assert checks.failures[0]["objective"] == "rows" and checks.failures[0]["relative_difference"] > 1e-3
+    # From then on that model and objective go to jvp at once, without ghost.
+    assert per_sample.per_sample_dots_and_norms(fn, shared, [v], checks=checks)[2] == "jvp"
+
+
+def test_ghost_is_checked_once_per_model_and_objective_and_for_shapes_where_a_size_is_the_batchs(
+        build, direction, monkeypatch):
+    fn, shared = build("sop")
+    v = direction(shared)
+    checks = per_sample.GhostChecks()
+    calls = []
+    original = checks.compare
+    monkeypatch.setattr(checks, "compare", lambda *a: calls.append(1) or original(*a))
+    for _ in range(3):
+        assert per_sample.per_sample_dots_and_norms(fn, shared, [v], checks=checks)[2] == "ghost"
+    assert len(calls) == 1 and not checks.failures
+    assert fn.batch_size not in fn.batch.input_ids.shape[1:]

@@ -9,12 +9,15 @@ from scipy import stats as scipy_stats
 
 from objreg.analysis.math.stats import (
     BOOTSTRAP_RESAMPLES,
+    NOISE_RATIO_CAP,
     alignment_stats,
     autocorrelated_mean_ci95,
     bootstrap_ci95,
     correlation,
     cosine_ci95,
+    cosine_noise_bound,
     expanded_tail,
+    gradient_noise,
     mean_ci95,
     percentile_interval,
     seed_for,
@@ -154,3 +157,75 @@ def test_seeds_are_stable_and_distinguish_names():
     assert seed_for(0, 3, "mlm") == seed_for(0, 3, "mlm")
     assert seed_for(0, 3, "mlm") != seed_for(0, 3, "sop")
     assert all(0 <= part < 2**32 for part in seed_for(-1, 2**40, "x"))
+
+
+def test_the_unbiased_squared_norm_of_the_mean_gradient_and_the_noise_ratio():
+    rng = np.random.default_rng(1)
+    g = rng.normal(size=(6, 4)) + np.array([1.0, -2.0, 0.5, 0.0])
+    mean = g.mean(0)
+    unbiased, ratio = gradient_noise((g * g).sum(1), float(mean @ mean))
+    pairs = [g[i] @ g[j] for i in range(6) for j in range(6) if i != j]
+    assert unbiased == pytest.approx(np.mean(pairs), rel=1e-12)  # the U-statistic over pairs i ≠ j
+    trace = np.trace(np.cov(g.T, ddof=1))
+    assert ratio == pytest.approx(trace / (6 * unbiased), rel=1e-12)
+    # Unbiased: over many batches its mean is ‖E g‖² (= 5.25), where ‖ḡ‖²'s is ‖E g‖² + tr Σ / B.
+    draws = rng.normal(size=(4000, 8, 4)) * 2.0 + np.array([1.0, -2.0, 0.5, 0.0])
+    means = draws.mean(1)
+    estimates = [gradient_noise((d * d).sum(1), float(m @ m))[0] for d, m in zip(draws, means)]
+    assert np.mean(estimates) == pytest.approx(5.25, abs=0.1)
+    assert np.mean((means * means).sum(1)) == pytest.approx(5.25 + 16 / 8, abs=0.1)
+    # Noise that swamps the mean: U ≤ 0, no ratio.
+    assert gradient_noise([1.0, 1.0], 0.0) == (-1.0, None)
+
+
+def test_the_cosine_interval_is_withheld_where_the_noise_ratio_passes_its_bound():
+    dots, self_dots = np.array([1.0, 1.2, 0.8, 1.1]), np.array([1.0, 1.1, 0.9, 1.0])
+    quiet = alignment_stats(dots, self_dots, 1.0, 1.5, squared_norms=np.full(4, 1.01))
+    assert quiet["noise_ratio"] == pytest.approx(0.01 / 3 / (1 - 0.01 / 3)) and quiet["cosine_ci95"] is not None
+    assert quiet["grad_norm_sq_unbiased"] == pytest.approx((16 - 4.04) / 12)
+    noisy = alignment_stats(dots, self_dots, 1.0, 1.5, squared_norms=np.full(4, 2.0))
+    assert noisy["noise_ratio"] == pytest.approx(0.5) and noisy["cosine_ci95"] is None
+    swamped = alignment_stats(dots, self_dots, 1.0, 1.5, squared_norms=np.full(4, 5.0))
+    assert swamped["noise_ratio"] is None and swamped["cosine_ci95"] is None
+    # The bound: the cap, or lower where the cosine's bias |c|(√(1+r) − 1) passes a quarter of the half-width.
+    assert cosine_noise_bound(0.0, 0.1) == NOISE_RATIO_CAP
+    assert cosine_noise_bound(0.8, 0.01) == pytest.approx((1 + 0.25 * 0.01 / 0.8) ** 2 - 1)
+    assert "noise_ratio" not in alignment_stats(dots, self_dots, 1.0, 1.5)  # without norms: as before
+
+
+def simulated_reported_coverage(dimension, cosine, ratio, trials, rng, batch=16):
+    """Batches of ``batch`` gradients ``μ + σ z_i`` in ``dimension`` directions at noise ratio
+    ``ratio``: how often the cosine's interval covers ``cosine`` over all batches, over those
+    where the probe reports it, and the share reported (benchmarks.intervals runs a grid)."""
+    mu, direction = np.zeros(dimension), np.zeros(dimension)
+    mu[0], direction[0], direction[1] = 1.0, cosine, np.sqrt(1 - cosine**2)
+    sigma = np.sqrt(ratio * batch / dimension)
+    hits, reported = [], []
+    for _ in range(trials):
+        g = mu + sigma * rng.standard_normal((batch, dimension))
+        mean = g.mean(0)
+        stats = alignment_stats(g @ direction, g @ mean, float(np.linalg.norm(mean)), 1.0,
+                                squared_norms=(g * g).sum(1))
+        _, low, high = cosine_ci95(g @ direction, g @ mean, 1.0, float(np.linalg.norm(mean)))
+        hits.append(low <= cosine <= high)
+        reported.append(stats["cosine_ci95"] is not None)
+    hits, reported = np.array(hits), np.array(reported)
+    return {"all": hits.mean(), "reported": hits[reported].mean() if reported.any() else None,
+            "share_reported": reported.mean()}
+
+
+@pytest.mark.parametrize("dimension, cosine, ratio", [(20, 0.5, 0.1), (200, 0.8, 0.003), (200, 0.5, 0.01)])
+def test_reported_cosine_intervals_cover_about_95_percent_and_the_withheld_would_not(dimension, cosine, ratio):
+    # The intervals reported cover ≥ 90%; where the noise ratio is far above the bound every one
+    # is withheld, and the interval would have covered less than half the time.
+    coverage = simulated_reported_coverage(dimension, cosine, ratio, 600, np.random.default_rng(dimension))
+    assert coverage["reported"] >= 0.9 and coverage["share_reported"] > 0.3, coverage
+    collapsed = simulated_reported_coverage(200, 0.8, 0.1, 300, np.random.default_rng(5))
+    assert collapsed["all"] < 0.5 and collapsed["share_reported"] == 0.0, collapsed
+
+
+def test_the_interval_over_probe_steps_covers_85_percent_at_rho_0_9():
+    # The stated limit of the AR(1) widening: strongly autocorrelated probes (ρ = 0.9) get 85%.
+    series = ar1(0.9, 16, 3000, np.random.default_rng(9))
+    coverage = np.mean([out["low"] <= 0 <= out["high"] for out in map(autocorrelated_mean_ci95, series)])
+    assert 0.8 <= coverage <= 0.9, coverage

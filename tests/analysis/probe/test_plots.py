@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 from objreg.analysis.probe import plots
 from objreg.analysis.probe.report import pooled_cosine, summarise
@@ -85,3 +86,38 @@ def test_the_taylor_plot_labels_its_axes_in_words(tmp_path):
     assert scatter.get_xlabel() == "actual change in D (loss units)"
     written = plots.write_plots(report({"mlm": [1.0] * 4}), tmp_path)
     assert [p.name for p in written] == ["alignment.png", "taylor.png"] and all(p.stat().st_size for p in written)
+
+
+def sparse_report() -> dict:
+    """Probes at steps 0, 4, 8 and 9 (``--probe-every 4`` over ten steps)."""
+    steps = [probe(t, {"mlm": 0.5 - 0.1 * t}, {"mlm": 2.0}, 3.0, {"mlm": 1.0}) for t in (0, 4, 8, 9)]
+    return {"pretrain": ["mlm"], "downstream": "qa", "steps": steps,
+            "summary": {"weights_by_step": {"mlm": [1.0] * 10}, "spectrum": []}}
+
+
+def step_ticks(axes, figure) -> list[float]:
+    FigureCanvasAgg(figure).draw()
+    return [t for t in axes.get_xticks() if axes.get_xlim()[0] <= t <= axes.get_xlim()[1]]
+
+
+def test_sparse_probes_are_markers_with_error_bars_on_whole_steps():
+    figure = plots._alignment(sparse_report())
+    for axes in visible_axes(figure):
+        probes = [line for line in axes.get_lines() if list(line.get_xdata()) == [0, 4, 8, 9]]
+        # The probes' markers and the error bars' caps: none of them a line joining the probes.
+        assert all(line.get_linestyle() == "None" for line in probes)
+        assert [line.get_marker() for line in probes].count("o") == 1
+        assert not axes.collections or all(len(c.get_paths()) == 4 for c in axes.collections)  # an error bar each
+        assert all(float(t).is_integer() for t in step_ticks(axes, figure))
+    taylor = plots._taylor(sparse_report())
+    over_steps = taylor.axes[0]
+    assert all(line.get_linestyle() == "None" for line in over_steps.get_lines() if len(line.get_xdata()) == 4)
+    assert all(float(t).is_integer() for t in step_ticks(over_steps, taylor))
+
+
+def test_dense_probes_keep_their_lines_and_bands_and_whole_steps():
+    figure = plots._alignment(report({"mlm": [1.0] * 4}))
+    for axes in visible_axes(figure):
+        assert len(axes.collections) == 1  # the band
+        assert any(line.get_linestyle() == "-" for line in axes.get_lines())
+        assert all(float(t).is_integer() for t in step_ticks(axes, figure))

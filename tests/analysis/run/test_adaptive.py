@@ -6,18 +6,23 @@ from __future__ import annotations
 import copy
 import math
 
+import numpy as np
 import pytest
 
 import objreg
-from objreg.analysis.run.adaptive import QuadraticRule, TartanRule, make_rule
+from objreg.analysis.run.adaptive import QuadraticRule, TartanRule, adaptive_summary, make_rule, resolved_first
 
 LR = 0.1
 START = {"mlm": 1.0, "sop": 1.0}
 
 
-def sgd_record(dots, s=(0.0, 0.0, 0.0), weights=START):
-    """A probe record with what the SGD model reads: each ``c_k`` and ``S``."""
-    return {"weights": dict(weights), "alignment": {n: {"dot": d} for n, d in zip(START, dots)},
+def sgd_record(dots, s=(0.0, 0.0, 0.0), weights=START, half_widths=None):
+    """A probe record with what the SGD model reads: each ``c_k`` and ``S``, and with
+    ``half_widths`` each dot's 95% interval over its batch."""
+    alignment = {n: {"dot": d} for n, d in zip(START, dots)}
+    for (n, d), h in zip(zip(START, dots), half_widths or ()):
+        alignment[n]["ci95"] = [d - h, d + h]
+    return {"weights": dict(weights), "alignment": alignment,
             "second_order": {"mlm,mlm": s[0], "mlm,sop": s[1], "sop,sop": s[2]}}
 
 
@@ -47,6 +52,46 @@ def test_tartan_rule_is_a_multiplicative_update_rescaled_to_the_total():
     # α ∝ exp(rate · c / max|c|) = (e^0.5, e^-0.25), scaled to a total of 2.
     up, down = math.exp(0.5), math.exp(-0.25)
     assert weights == pytest.approx({"mlm": 2 * up / (up + down), "sop": 2 * down / (up + down)}, rel=1e-12)
+
+
+@pytest.mark.parametrize("name", ["quadratic", "tartan"])
+def test_rules_hold_still_on_dots_their_batches_cannot_tell_apart(name):
+    """Single-batch dots that flip sign within their noise: unshrunk, the rules chase each flip
+    (the quadratic rule from bound to bound); shrunk by the batches' intervals, they hold."""
+    flips = [sgd_record([d, -d], half_widths=[3.0, 3.0]) for d in (1.0, -1.0, 1.2, -0.8, 1.0, -1.1)]
+    noisy = make_rule(name, START, optimizer="sgd", lr=LR, smoothing=0.0)
+    chased = make_rule(name, START, optimizer="sgd", lr=LR, smoothing=0.0)
+    held = [noisy.update(r) for r in flips]
+    chasing = [chased.update({**r, "alignment": {n: {"dot": a["dot"]} for n, a in r["alignment"].items()}})
+               for r in flips]
+    assert all(w == pytest.approx(START) for w in held)
+    assert adaptive_summary(name, list(START), [START, *held], _counterfactual())["oscillating"] == []
+    summary = adaptive_summary(name, list(START), [START, *chasing], _counterfactual())
+    assert summary["oscillating"] == ["mlm", "sop"] and summary["reversals"]["mlm"] >= 4
+    assert "oscillated (mlm reversed" in summary["warning"]
+
+
+def test_a_resolved_signal_still_moves_the_weights():
+    # The same dots with intervals that exclude each other: the quadratic rule moves as unshrunk.
+    rule = QuadraticRule(START, optimizer="sgd", lr=LR, radius=0.25, smoothing=0.0)
+    assert rule.update(sgd_record([2.0, -1.0], half_widths=[0.5, 0.5])) == pytest.approx({"mlm": 1.5, "sop": 0.5})
+    # The shrinkage is soft thresholding of each coefficient's difference from their mean by its error.
+    # Mean −0.2, differences (−1.8, 1.2, 0.6) shrunk by (0.5, 2.0, 0.1) to (−1.3, 0, 0.5).
+    assert resolved_first(np.array([-2.0, 1.0, 0.4]), np.array([0.5, 2.0, 0.1])) == pytest.approx([-1.5, -0.2, 0.3])
+
+
+def _counterfactual(used=0.1, best=0.2):
+    return {"used": {"first_plus_second_order": used}, "best": {"first_plus_second_order": best},
+            "constant_mean_weights": {"first_plus_second_order": best}}
+
+
+def test_the_summary_says_whether_the_rule_beat_the_best_constant_weights():
+    steps = [START, {"mlm": 1.5, "sop": 0.5}, {"mlm": 1.5, "sop": 0.5}, {"mlm": 2.0, "sop": 0.0}]
+    beaten = adaptive_summary("quadratic", list(START), steps, _counterfactual(used=0.1, best=0.2))
+    assert beaten["beat_best_constant"] is False and beaten["warning"] is None
+    assert beaten["moves"] == {"mlm": 2, "sop": 2} and beaten["reversals"] == {"mlm": 0, "sop": 0}
+    assert adaptive_summary("quadratic", list(START), steps, _counterfactual(used=0.3, best=0.2))[
+        "beat_best_constant"] is True
 
 
 def test_both_rules_keep_the_total_and_the_bounds():
@@ -121,8 +166,10 @@ def test_bad_adaptive_settings_are_one_clear_error(settings, message):
 
 @pytest.mark.e2e
 def test_an_interrupted_adaptive_run_resumes_to_the_uninterrupted_report(tmp_path):
+    # quadratic: its second-order term moves the weights even where 4 rows a batch leave the
+    # first-order signal within its noise (which holds tartan's weights still).
     settings = dict(steps=3, batch_size=4, seq_len=48, eval_size=8, head_fit_size=16, head_warmup_steps=2,
-                    optimizer="adam", lr=1e-3, schedule="adaptive:tartan", adaptive_rate=1.0)
+                    optimizer="adam", lr=1e-3, schedule="adaptive:quadratic")
 
     class Stop(Exception):
         pass

@@ -35,8 +35,11 @@ def test_report_shape(small_report):
         assert "relative_error" not in step  # relative to a change that can vanish: replaced by taylor
         assert set(step["second_order"]) == {"mlm,mlm", "mlm,sop", "sop,sop"}
         assert set(step["predicted_delta"]) == {"first_order", "second_order"}
-        assert set(step["taylor"]) == {"error", "scaled_error", "rounding_floor", "second_to_first",
-                                       "second_order_helps", "remainder_ratio", "inside_regime"}
+        assert set(step["taylor"]) == {"error", "scaled_error", "rounding_floor", "downstream_resolution",
+                                       "second_to_first", "second_order_helps", "remainder_ratio", "inside_regime"}
+        # One resolution for the run, and the floor holds it for both evaluations of D.
+        assert step["taylor"]["downstream_resolution"] == report["steps"][0]["taylor"]["downstream_resolution"]
+        assert step["taylor"]["rounding_floor"] >= 2 * step["taylor"]["downstream_resolution"]
         assert set(step["update"]) >= {"norm", "norms", "conditioning", "decomposition_residual", "attribution",
                                        "first_order", "second_order"}
         assert set(step["update"]["norms"]) == {"mlm", "sop"} and step["update"]["attribution"] == "linear"
@@ -46,7 +49,12 @@ def test_report_shape(small_report):
                               "update_cosine"}
             assert a["ci95"][0] <= a["dot"] <= a["ci95"][1]
             assert a["ci95_bootstrap"][0] <= a["dot"] <= a["ci95_bootstrap"][1]
-            assert a["cosine_ci95"][0] <= a["cosine"] <= a["cosine_ci95"][1]
+            # The cosine's interval, where the noise ratio lets it be reported.
+            assert a["cosine_ci95"] is None or a["cosine_ci95"][0] <= a["cosine"] <= a["cosine_ci95"][1]
+            unbiased = a["grad_norm_sq_unbiased"]
+            assert (a["noise_ratio"] is None) == (unbiased <= 0)
+            if unbiased > 0:  # tr Σ / B = ‖g‖² − U, over U
+                assert a["noise_ratio"] == pytest.approx((a["grad_norm"] ** 2 - unbiased) / unbiased, rel=1e-6)
             assert 0.0 <= a["conflict_fraction"] <= 1.0 and -1.0 <= a["cosine"] <= 1.0
             # SGD: the objective's part is −η α_k g_k, so its direction's cosine is the gradient's.
             assert a["update_cosine"] == pytest.approx(a["cosine"], rel=1e-9, abs=1e-15)

@@ -131,3 +131,26 @@ def test_a_run_directory_holds_its_fingerprint_and_tokenizer(tmp_path):
     assert record["settings"]["corpus"] == str(tmp_path / "c.txt")
     assert record["plugins"]["mlm"] == "objreg (built-in)"
     assert (out / "tokenizer.json").is_file()
+    # Finished: no lock file left behind, and the directory is still known as a finished run of objreg's.
+    assert (out / "report.json").is_file() and not (out / LOCK_FILE).exists()
+    with pytest.raises(objreg.InvalidParameterError, match="already holds a finished run"):
+        claim(out, resume=False)
+    with pytest.raises(objreg.InvalidParameterError, match="already finished"):
+        objreg.analyze(resume=str(out))
+
+
+def test_an_unfinished_run_keeps_its_lock_file_and_a_finished_one_removes_it(tmp_path):
+    unfinished = claim(tmp_path / "a", resume=False)
+    unfinished.release(finished=True)  # no report.json: not finished, whatever the caller says
+    assert (tmp_path / "a" / LOCK_FILE).exists()
+    done = claim(tmp_path / "b", resume=False)
+    (tmp_path / "b" / "report.json").write_text("{}")
+    done.release(finished=True)
+    assert not (tmp_path / "b" / LOCK_FILE).exists()
+    done.release(finished=True)  # twice: nothing more to do
+
+
+def test_a_foreign_run_json_does_not_make_a_directory_objregs(tmp_path):
+    (tmp_path / "run.json").write_text('{"runs": 3}')
+    with pytest.raises(objreg.InvalidParameterError, match="did not write"):
+        claim(tmp_path, resume=False)

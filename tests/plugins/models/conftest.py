@@ -121,3 +121,71 @@ def dots_auto_and_loop() -> Callable[..., tuple[torch.Tensor, str, torch.Tensor]
         return auto, method, dots_loop(function, shared, direction)
 
     return dots
+
+
+#: Llama 3's pre-tokenising pattern (its tokenizer.json's Split), before a ByteLevel without regex.
+LLAMA3_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+                  r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def _bpe_pipeline(style: str) -> tuple[object, list[str], dict[str, str]]:
+    """The ``tokenizers`` pipeline of ``style`` (gpt2, roberta, llama3), its special tokens and the
+    settings its tokenizer_config.json holds."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.decoder = decoders.ByteLevel()
+    if style == "gpt2":
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        return tokenizer, ["<|endoftext|>"], {}
+    if style == "roberta":  # as roberta-base's tokenizer.json: GPT-2's pre-tokeniser, <s> ... </s> around rows
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.post_processor = processors.RobertaProcessing(("</s>", 2), ("<s>", 0))
+        return tokenizer, ["<s>", "<pad>", "</s>", "<unk>", "<mask>"], {}
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(LLAMA3_PATTERN), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    return tokenizer, ["<|begin_of_text|>", "<|end_of_text|>"], {"bos_token": "<|begin_of_text|>",
+                                                                  "eos_token": "<|end_of_text|>"}
+
+
+def train_bpe(directory: Path, style: str) -> int:
+    """A byte-level BPE tokenizer.json of ``style`` (``gpt2``, ``roberta`` or ``llama3``) trained
+    offline on a few KB of text, with that style's special tokens; returns its vocabulary size."""
+    import json
+
+    from tokenizers import pre_tokenizers, trainers
+
+    tokenizer, specials, settings = _bpe_pipeline(style)
+    text = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")[:8000].splitlines()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(text, trainer)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    if settings:
+        (directory / "tokenizer_config.json").write_text(json.dumps(settings))
+    return tokenizer.get_vocab_size()
+
+
+def train_unigram_metaspace(directory: Path) -> int:
+    """A T5-style tokenizer.json: Unigram behind a Metaspace pre-tokeniser that puts ``▁`` before
+    the text, with ``</s>``, ``<pad>`` and ``<unk>``; returns its vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.Unigram())
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tokenizer.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    text = (Path(__file__).resolve().parents[3] / "README.md").read_text(encoding="utf-8")[:8000].splitlines()
+    trainer = trainers.UnigramTrainer(vocab_size=300, special_tokens=["<pad>", "</s>", "<unk>"], unk_token="<unk>")
+    tokenizer.train_from_iterator(text, trainer)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    return tokenizer.get_vocab_size()
+
+
+@pytest.fixture(scope="session")
+def tokenizer_trainers() -> dict[str, Callable[[Path], int]]:
+    """:func:`train_bpe` by style (``gpt2``, ``roberta``, ``llama3``) and ``unigram`` for
+    :func:`train_unigram_metaspace`, for tests that build directories of their own."""
+    return {**{style: (lambda directory, style=style: train_bpe(directory, style)) for style in
+               ("gpt2", "roberta", "llama3")}, "unigram": train_unigram_metaspace}

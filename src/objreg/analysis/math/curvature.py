@@ -106,7 +106,8 @@ class Curvature:
                     raise
                 raise InvalidParameterError(
                     f"Hessian-vector products need forward-mode or double-backward derivatives, and this model "
-                    f"has neither ({str(error).splitlines()[0]}); use the math attention path (config attention='math')"
+                    f"has neither ({str(error).splitlines()[0]}); use attention that has them (a Hugging Face model: "
+                    f"attn_implementation=\"eager\"; objreg's Transformer: attention='math')"
                 ) from None
             self.method = second
             return result

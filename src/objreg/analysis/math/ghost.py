@@ -10,6 +10,20 @@ tied weight gets a term at each use, which sums to its one gradient). It needs f
 yields the dots too. It attributes gradient by the row it flows through, which is ``∇ℓ_i`` only
 when the model treats rows independently and ``ℓ_i`` depends on its own row alone: never used
 for batch-coupled losses (``ObjectiveInfo.batch_coupled``).
+
+Where the model breaks that silently, ghost refuses (:class:`GhostUnsupportedError`, and ``auto``
+moves on to ``jvp``): an embedding looked up with a one-dimensional index tensor (``pos(arange(T))``
+is not per-row, and when ``T = B`` its output passes for a batch), and a loss that runs a backward
+pass of its own (its gradient would reach the hooks too). Other coincidences (a relative-position
+bias ``[T, T, h]`` when ``T = B``) are caught by the probe's one-time comparison with ``jvp``
+(:class:`objreg.analysis.math.per_sample.GhostChecks`).
+
+The same pass also gives every example's squared gradient norm ``‖∇ℓ_i‖²`` (``norms=True``): a
+linear layer's per-example weight gradient is ``Σ_t g_t x_tᵀ``, whose squared norm is
+``Σ_{t,s} (g_t·g_s)(x_t·x_s)`` (the "ghost norm"), an embedding's is ``Σ_t e_{id_t} g_tᵀ`` with
+``Σ_{t,s} [id_t = id_s] g_t·g_s``, a LayerNorm's and a bias's are formed directly; a parameter used
+at several places (a tied decoder) adds the cross terms of its uses. Any other module owning
+shared parameters has no such rule (:attr:`GhostDots.norms_unsupported` says which).
 """
 
 from __future__ import annotations
@@ -107,7 +121,8 @@ class GhostDots:
     depends on row i alone (never for ``ObjectiveInfo.batch_coupled``).
     """
 
-    def __init__(self, model: nn.Module, direction: Params, batch_size: int, more: Sequence[Params] = ()):
+    def __init__(self, model: nn.Module, direction: Params, batch_size: int, more: Sequence[Params] = (),
+                 norms: bool = False):
         self.model = model
         self.direction = direction
         self.more = list(more)
@@ -115,6 +130,15 @@ class GhostDots:
         self.roots: list[torch.Tensor] = []
         self.contributions: list[torch.Tensor] = []
         self.more_contributions: list[list[torch.Tensor]] = [[] for _ in self.more]
+        self.norms = norms
+        # Each parameter's per-example gradient, use by use: ("dense", [B, ...]), ("factored", left
+        # [B, N, p], right [B, N, q]) for Σ_t left_t right_tᵀ, or ("ids", ids [B, N], right [B, N, q]).
+        self.uses: dict[str, list[tuple]] = {}
+        self.norms_unsupported: str | None = None
+        # Whether gradients reaching the hooks now belong to the pass being measured (False while
+        # the loss runs: a backward of its own would add to the contributions).
+        self.collecting = True
+        self.foreign_backward = False
         self._replaying = False
         self._handles: list[Any] = []
 
@@ -140,6 +164,22 @@ class GhostDots:
         """``[B]`` for each of the further directions ``more``."""
         return [self._total(parts) for parts in self.more_contributions]
 
+    def squared_norms(self) -> torch.Tensor | None:
+        """``[B]``: every example's ``‖∇ℓ_i‖²`` on the parameters of ``direction`` (with
+        ``norms=True``); None where a module has no rule for it (:attr:`norms_unsupported`)."""
+        if not self.norms or self.norms_unsupported is not None:
+            return None
+        like = next(iter(self.direction.values()))
+        total = torch.zeros(self.batch_size, dtype=torch.float64, device=like.device)
+        for uses in self.uses.values():
+            for i, a in enumerate(uses):
+                for j, b in enumerate(uses[: i + 1]):
+                    inner = _use_inner(a, b)
+                    if inner is None:
+                        self.norms_unsupported = "a parameter used both as a dense and as a factored gradient"
+                        return None
+                    total = total + (1.0 if i == j else 2.0) * inner.double()
+        return total
     def _total(self, contributions: list[torch.Tensor]) -> torch.Tensor:
         like = next(iter(self.direction.values()))
         total = torch.zeros(self.batch_size, dtype=like.dtype, device=like.device)
@@ -151,6 +191,12 @@ class GhostDots:
         def forward_hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
             if self._replaying:
                 return None
+            if _plain_embedding(module) and args and isinstance(args[0], torch.Tensor) and args[0].dim() < 2:
+                raise GhostUnsupportedError(
+                    f"ghost dots need per-row embedding look-ups; {type(module).__name__} was called with an index "
+                    f"tensor of shape {tuple(args[0].shape)} (positions shared by every row, say): pass ids of "
+                    f"shape [B, T]"
+                )
             if not isinstance(output, torch.Tensor) or output.dim() == 0 or output.shape[0] != self.batch_size:
                 raise GhostUnsupportedError(
                     f"ghost dots need every module owning shared parameters to return one batch-first tensor; "
@@ -166,14 +212,53 @@ class GhostDots:
             values = {local: getattr(module, local) for local in own}
 
             def on_gradient(g: torch.Tensor) -> None:
+                if not self.collecting:
+                    self.foreign_backward = True
+                    return
                 self.contributions.append(self._dot(module, values, args, kwargs, g, d))
                 for parts, other in zip(self.more_contributions, others):
                     parts.append(self._dot(module, values, args, kwargs, g, other))
+                if self.norms:
+                    self._collect_uses(module, args, kwargs, g, own)
 
             output.register_hook(on_gradient)
             return output
 
         return forward_hook
+
+    def _collect_uses(self, module: nn.Module, args: tuple, kwargs: dict, g: torch.Tensor, own: dict[str, str]) -> None:
+        """This call's share of each of its parameters' per-example gradients (for the norms)."""
+        if self.norms_unsupported is not None:
+            return
+        simple_call = len(args) == 1 and not kwargs
+        b = g.shape[0]
+        for local, name in own.items():
+            use = None
+            if simple_call and (type(module) is nn.Linear or _conv1d(module)):
+                x = args[0].reshape(b, -1, args[0].shape[-1])
+                grad = g.reshape(b, -1, g.shape[-1])
+                if local == "weight":  # nn.Linear stores [out, in]: Σ g xᵀ; Conv1D [in, out]: Σ x gᵀ
+                    use = ("factored", grad, x) if type(module) is nn.Linear else ("factored", x, grad)
+                elif local == "bias":
+                    use = ("dense", grad.sum(1))
+            elif simple_call and type(module) is nn.LayerNorm:
+                shape = module.normalized_shape
+                grad = _per_example_sum(g, len(shape))
+                if local == "weight":
+                    normalised = F.layer_norm(args[0], shape, None, None, module.eps)
+                    use = ("dense", _per_example_sum(g * normalised, len(shape)))
+                elif local == "bias":
+                    use = ("dense", grad)
+            elif simple_call and _plain_embedding(module) and local == "weight":
+                ids = args[0].reshape(b, -1)
+                grad = g.reshape(b, -1, g.shape[-1])
+                if module.padding_idx is not None:  # that row gets no gradient
+                    grad = grad.masked_fill((ids == module.padding_idx).unsqueeze(-1), 0.0)
+                use = ("ids", ids, grad)
+            if use is None:
+                self.norms_unsupported = f"{type(module).__name__} (its parameter {local!r}) has no ghost-norm rule"
+                return
+            self.uses.setdefault(name, []).append(use)
 
     def _dot(
         self, module: nn.Module, values: Params, args: tuple, kwargs: dict, g: torch.Tensor, d: Params
@@ -196,6 +281,26 @@ class GhostDots:
         return _batched_dot(tangent, g)
 
 
+def _use_inner(a: tuple, b: tuple) -> torch.Tensor | None:
+    """``[B]``: the per-example inner product of two uses' gradients of one parameter (see
+    :attr:`GhostDots.uses`); None for a dense use against a factored one."""
+    if a[0] == "dense" and b[0] == "dense":
+        return _batched_dot(a[1], b[1])
+    if "dense" in (a[0], b[0]):
+        return None
+    right = torch.bmm(a[2], b[2].transpose(1, 2))  # (B, N_a, N_b): r_t · r_s
+    if a[0] == "factored" and b[0] == "factored":
+        left = torch.bmm(a[1], b[1].transpose(1, 2))  # l_t · l_s
+    elif a[0] == "ids" and b[0] == "ids":
+        left = (a[1].unsqueeze(2) == b[1].unsqueeze(1)).to(right.dtype)  # the same row of the table
+    else:  # a dense left vector against a one-hot one: the dense vector's entry at the id
+        dense, ids = (a, b) if a[0] == "factored" else (b, a)
+        left = torch.gather(dense[1], 2, ids[1].unsqueeze(1).expand(-1, dense[1].shape[1], -1))
+        if dense is b:
+            left = left.transpose(1, 2)
+    return (left * right).sum((1, 2))
+
+
 def dots_ghost(fn: ObjectiveFunction, shared: Params, direction: Params) -> torch.Tensor:
     """``[B]``: one forward and one input-gradient-only backward (see the module docstring).
 
@@ -208,15 +313,34 @@ def dots_ghost(fn: ObjectiveFunction, shared: Params, direction: Params) -> torc
 
 def dots_ghost_many(fn: ObjectiveFunction, shared: Params, directions: Sequence[Params]) -> list[torch.Tensor]:
     """:func:`dots_ghost` for several directions from the one forward and backward pass."""
+    return dots_and_norms_ghost(fn, shared, directions, norms=False)[0]
+
+
+def dots_and_norms_ghost(fn: ObjectiveFunction, shared: Params, directions: Sequence[Params],
+                         norms: bool = True) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """:func:`dots_ghost_many`, and with ``norms`` every example's ``‖∇ℓ_i‖²`` from the same pass
+    (None where a module has no rule for it).
+
+    Raises:
+        InvalidParameterError: the objective couples the examples of a batch.
+        GhostUnsupportedError: a module owning shared parameters does not map batch-first tensors,
+            an embedding's index tensor is not per-row, or the loss ran a backward pass of its own.
+    """
     if fn.objective.info.batch_coupled:
         raise InvalidParameterError(
             f"{fn.objective.name!r} couples the examples of a batch (in-batch negatives); ghost dot products "
             f"attribute gradient by row and are not ⟨∇ℓ_i, v⟩ there: use method='jvp'"
         )
     first, *more = [{n: direction[n] for n in shared} for direction in directions]
-    with GhostDots(fn.model, first, fn.batch_size, more) as ghost, torch.enable_grad():
+    with GhostDots(fn.model, first, fn.batch_size, more, norms=norms) as ghost, torch.enable_grad():
+        ghost.collecting = False
         losses = fn({n: t.detach() for n, t in shared.items()})
+        ghost.collecting = True
         if ghost.roots and losses.requires_grad:
             # Only the roots are asked for, so autograd skips every weight gradient.
             torch.autograd.grad(losses.sum(), ghost.roots, allow_unused=True)
-    return [d.to(losses.dtype) for d in [ghost.dots(), *ghost.more_dots()]]
+    if ghost.foreign_backward:
+        raise GhostUnsupportedError("the loss ran a backward pass of its own, whose gradients reached the ghost "
+                                    "hooks too: ghost dots would count them; use method='jvp'")
+    dots = [d.to(losses.dtype) for d in [ghost.dots(), *ghost.more_dots()]]
+    return dots, ghost.squared_norms()

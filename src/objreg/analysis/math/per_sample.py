@@ -16,18 +16,27 @@ Three exact ways to get all B dot products without materialising a per-sample gr
 ``loop``, moving on only when the model lacks what a method needs. ``vmap(grad)`` and the loop
 are kept as independent references and for the quantities that need the gradients themselves,
 optionally projected to ``k`` dimensions (Johnson–Lindenstrauss) so memory stays O(B·k).
+
+Ghost dots are exact only where the model keeps the rows of a batch apart, which it cannot check
+for itself (a relative-position bias ``[T, T, h]`` looks like a batch when ``T = B``), so the
+probe compares them once with an independent method (:class:`GhostChecks`) and uses that method
+where they disagree. :func:`per_sample_dots_and_norms` also gives every example's squared
+gradient norm ``‖∇ℓ_i‖²`` (the noise of a batch's mean gradient): from ghost's own pass where its
+rules cover the model, else from per-example gradients.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 import torch
 from torch.func import grad, jacrev, jvp, vmap
 
 from objreg.analysis.math.functional import ObjectiveFunction, Params, requiring_grad
-from objreg.analysis.math.ghost import dots_ghost, dots_ghost_many
+from objreg.analysis.math.ghost import dots_and_norms_ghost, dots_ghost, dots_ghost_many
 from objreg.core.errors import InvalidParameterError
 
 #: Every per-sample method with one line saying what it does: the one list that validation, the
@@ -199,12 +208,12 @@ def per_sample_dots(
     (B backward passes), moving on only when the model lacks what a method needs (fused attention
     kernels have no forward mode nor double backward, but ghost dots run through them).
     """
-    if method not in METHODS:
+    if method not in METHODS and method != "auto_without_ghost":
         raise InvalidParameterError(f"per-sample method must be one of {', '.join(METHODS)}, got {method!r}")
-    if method != "auto":
+    if method not in ("auto", "auto_without_ghost"):
         return _COMPUTE[method](fn, shared, direction), method
     candidates = ["ghost", "jvp", "double_backward"]
-    if fn.objective.info.batch_coupled:
+    if fn.objective.info.batch_coupled or method == "auto_without_ghost":  # the reference ghost is checked against
         candidates.remove("ghost")
     for name in candidates:
         try:
@@ -230,3 +239,119 @@ def per_sample_dots_many(
                 raise
     first, used = per_sample_dots(fn, shared, directions[0], method)
     return [first, *(per_sample_dots(fn, shared, d, used)[0] for d in directions[1:])], used
+
+
+# -- ghost checked, and squared norms ---------------------------------------------------------------
+
+
+def per_sample_sq_norms(fn: ObjectiveFunction, shared: Params, chunk_size: int = 4) -> torch.Tensor:
+    """``[B]``: every example's ``‖∇ℓ_i‖²`` from its gradient: ``vmap(grad)`` over chunks of
+    ``chunk_size`` examples (batch-coupled losses: chunks of the Jacobian's rows), else one
+    backward per example of ``ℓ_i`` computed on the whole batch (any model and batch)."""
+    try:
+        if fn.objective.info.batch_coupled:
+            parts = list(_coupled_grad_chunks(fn, shared, chunk_size))
+        else:
+            parts = [per_sample_grads(part, shared) for part in fn.chunks(chunk_size)]
+        return torch.cat([sum((g.flatten(1).double() ** 2).sum(1) for g in part.values()) for part in parts])
+    except (NotImplementedError, RuntimeError, AttributeError, TypeError):
+        pass  # a model vmap cannot run, or a batch that cannot be sliced: one backward per example
+    params = requiring_grad(shared)
+    losses = fn(params)
+    out = []
+    for i in range(losses.shape[0]):
+        grads = torch.autograd.grad(losses[i], list(params.values()), retain_graph=True, allow_unused=True)
+        out.append(sum(float((g.double() ** 2).sum()) for g in grads if g is not None))
+    return torch.tensor(out, dtype=torch.float64, device=losses.device)
+
+
+def _shapes(value: Any) -> list[tuple[int, ...]]:
+    """The shapes of every tensor in a batch (tensors, tuples, lists, dicts, named tuples)."""
+    if isinstance(value, torch.Tensor):
+        return [tuple(value.shape)]
+    if isinstance(value, Mapping):
+        return [s for v in value.values() for s in _shapes(v)]
+    if isinstance(value, (tuple, list)):
+        return [s for v in value for s in _shapes(v)]
+    return []
+
+
+class GhostChecks:
+    """Ghost's comparison with an independent method (``jvp``, else ``double_backward``, else the
+    per-example ``loop``): once per model and objective, and again for every batch shape in which
+    a dimension other than the first equals the batch size (where a tensor shared by the rows, a
+    position table or a relative-position bias, passes ghost's test of a batch-first output).
+    Where they disagree, ``auto`` uses the other method for that model and objective (for that
+    shape) from then on, and a warning says so; :attr:`failures` lists them."""
+
+    def __init__(self) -> None:
+        self.verdicts: dict[tuple, str | None] = {}  # key → None (agreed) or the method used instead
+        self.failures: list[dict[str, Any]] = []
+
+    def key(self, fn: ObjectiveFunction) -> tuple:
+        shapes = _shapes(fn.batch)
+        coincidence = any(size == fn.batch_size for shape in shapes for size in shape[1:])
+        return (id(fn.model), fn.objective.name, tuple(shapes) if coincidence else None)
+
+    def instead(self, fn: ObjectiveFunction) -> str | None:
+        """The method that replaced ghost for this call's model, objective and shape (None: ghost)."""
+        return self.verdicts.get(self.key(fn))
+
+    def due(self, fn: ObjectiveFunction) -> bool:
+        return self.key(fn) not in self.verdicts
+
+    def compare(self, fn: ObjectiveFunction, shared: Params, direction: Params, ghost: torch.Tensor
+                ) -> tuple[torch.Tensor, str] | None:
+        """Check ghost's dots with ``direction`` against the reference; None where they agree,
+        else the reference's dots and method (recorded, and warned about)."""
+        reference, method = per_sample_dots(fn, shared, direction, "auto_without_ghost")
+        scale = float(reference.double().norm())
+        difference = float((ghost.double() - reference.double()).norm())
+        tolerance = 1e4 * float(torch.finfo(reference.dtype).eps) if reference.is_floating_point() else 1e-3
+        agree = difference <= tolerance * scale or (scale == 0 and difference == 0)
+        self.verdicts[self.key(fn)] = None if agree else method
+        if agree:
+            return None
+        failure = {"objective": fn.objective.name, "batch_shapes": _shapes(fn.batch), "method": method,
+                   "relative_difference": difference / scale if scale > 0 else None}
+        self.failures.append(failure)
+        warnings.warn(
+            f"ghost per-example dots of {fn.objective.name!r} differ from {method}'s by "
+            f"{failure['relative_difference']:.3g} (relative) on batch shapes {failure['batch_shapes']}: the "
+            f"model does not keep the rows apart where ghost assumes it does; using {method}", stacklevel=3)
+        return reference, method
+
+
+def per_sample_dots_and_norms(
+    fn: ObjectiveFunction, shared: Params, directions: list[Params], method: str = "auto",
+    checks: GhostChecks | None = None,
+) -> tuple[list[torch.Tensor], torch.Tensor, str]:
+    """:func:`per_sample_dots_many`, checked by ``checks`` where ghost gave them (``auto``: the
+    other method where the check fails), and every example's squared gradient norm (from ghost's
+    pass where its rules cover the model, else :func:`per_sample_sq_norms`); returns the dots,
+    the norms and the method."""
+    if method not in METHODS:
+        raise InvalidParameterError(f"per-sample method must be one of {', '.join(METHODS)}, got {method!r}")
+    dots, norms, used = None, None, None
+    instead = checks.instead(fn) if checks is not None else None
+    ghost_allowed = method == "ghost" or (method == "auto" and not fn.objective.info.batch_coupled and not instead)
+    if ghost_allowed:
+        try:
+            dots, norms = dots_and_norms_ghost(fn, shared, directions)
+            used = "ghost"
+        except (NotImplementedError, RuntimeError) as error:
+            if method == "ghost" or not derivative_unsupported(error):
+                raise
+        if used == "ghost" and checks is not None and checks.due(fn):
+            replaced = checks.compare(fn, shared, directions[0], dots[0])
+            if replaced is not None and method == "auto":
+                reference, used = replaced
+                dots = [reference, *(per_sample_dots(fn, shared, d, used)[0] for d in directions[1:])]
+                norms = None
+    if dots is None:
+        start = instead or ("auto_without_ghost" if method == "auto" else method)
+        first, used = per_sample_dots(fn, shared, directions[0], start)
+        dots = [first, *(per_sample_dots(fn, shared, d, used)[0] for d in directions[1:])]
+    if norms is None:
+        norms = per_sample_sq_norms(fn, shared)
+    return dots, norms, used

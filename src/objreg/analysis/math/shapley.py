@@ -26,12 +26,15 @@ by construction: ``m_S`` holds only ``S``'s past gradients.
 
 ``n`` players need ``2ⁿ − 2`` tracked coalitions (``∅`` is zero and ``N`` is the optimizer's),
 each two tensors the size of the shared parameters: up to :data:`MAX_EXACT_PLAYERS` players
-all of them are tracked and the values are exact Shapley values. Above that a fixed, seeded set
-of :data:`SAMPLED_PERMUTATIONS` permutations (antithetic pairs: each with its reverse) is drawn
-at the start, and ``φ_k`` is the mean over them of ``k``'s marginal step ``u_{P∪{k}} − u_P``
-(``P`` the players before ``k``): the usual Monte-Carlo estimate of the Shapley value, still
-exact in sum (each permutation's marginals telescope to ``u_N``) and still bounded, with at
-most ``SAMPLED_PERMUTATIONS·(n−1)`` coalitions tracked.
+(four objectives and Adam's coupled weight decay) all of them are tracked and the values are
+exact Shapley values. Above that a fixed, seeded set of :data:`SAMPLED_PERMUTATIONS` permutations
+(antithetic pairs: each with its reverse) is drawn at the start, and ``φ_k`` is the mean over
+them of ``k``'s marginal step ``u_{P∪{k}} − u_P`` (``P`` the players before ``k``): the usual
+Monte-Carlo estimate of the Shapley value, still exact in sum (each permutation's marginals
+telescope to ``u_N``) and still bounded, with at most ``SAMPLED_PERMUTATIONS·(n−1)`` coalitions
+tracked. Its Monte-Carlo error is reported: the antithetic pairs are independent draws, so the
+standard error of a part's first-order term ``∇D·φ_k`` is the standard deviation of the pairs'
+estimates over ``√(pairs)`` (:meth:`CoalitionMoments.first_order_errors`).
 """
 
 from __future__ import annotations
@@ -45,8 +48,8 @@ import torch
 from objreg.analysis.math.functional import Params
 from objreg.toolkit.randomness import stream
 
-MAX_EXACT_PLAYERS = 4
-SAMPLED_PERMUTATIONS = 8
+MAX_EXACT_PLAYERS = 5
+SAMPLED_PERMUTATIONS = 16
 
 
 def exact_coefficients(n: int) -> dict[int, list[float]]:
@@ -104,7 +107,8 @@ class CoalitionMoments:
         else:
             self.exact = False
             generator = stream(seed, "permutations")
-            self.coefficients = permutation_coefficients(n, sampled_permutations(n, SAMPLED_PERMUTATIONS, generator))
+            self.permutations = sampled_permutations(n, SAMPLED_PERMUTATIONS, generator)
+            self.coefficients = permutation_coefficients(n, self.permutations)
         self.full = 2**n - 1
         self.tracked = [mask for mask in self.coefficients if mask != self.full]
         self.exp_avg: dict[int, Params] = {}
@@ -166,6 +170,28 @@ class CoalitionMoments:
             for player, total in zip(self.players, totals):
                 parts[player][name] = total
         return parts
+
+    def first_order_errors(self, full_step: Params, downstream_grad: Params, lr: float, beta1: float, beta2: float,
+                           eps: float) -> dict[str, float]:
+        """The Monte-Carlo standard error of each player's first-order term ``∇D·φ_k`` (sampled
+        values only): each antithetic pair of permutations is one independent estimate of the
+        Shapley value, ``∇D·φ_k`` is the mean of the pairs' ``∇D``-projections, and its standard
+        error their standard deviation over ``√(pairs)``. ``downstream_grad``: ``∇D``, zero
+        where the step leaves a parameter alone."""
+        if self.exact:
+            return {}
+        projected = {}  # ∇D·u_S for every coalition any permutation passes through
+        for mask in self.coefficients:
+            projected[mask] = sum(
+                float((downstream_grad[name] * (full_step[name] if mask == self.full else self.coalition_step(
+                    mask, name, lr, beta1, beta2, eps, like))).sum())
+                for name, like in full_step.items())
+        pairs = [self.permutations[i:i + 2] for i in range(0, len(self.permutations), 2)]
+        estimates = [[sum(c[k] * projected[mask] for mask, c in permutation_coefficients(len(self.players),
+                                                                                          pair).items())
+                      for k in range(len(self.players))] for pair in pairs]
+        spread = torch.tensor(estimates, dtype=torch.float64).std(dim=0, correction=1) / math.sqrt(len(pairs))
+        return dict(zip(self.players, map(float, spread)))
 
     def state_dict(self) -> dict[str, Any]:
         return {

@@ -14,6 +14,12 @@ per-sample alignment, and the correlation of predicted with actual changes.
 * :func:`autocorrelated_mean_ci95` widens the t interval of a series' mean by its lag-1
   autocorrelation (an AR(1) effective sample size), for summaries over probe steps, which are a
   trajectory and not independent draws.
+* :func:`gradient_noise` is the noise of a batch's mean gradient from every example's squared
+  gradient norm: the unbiased ``‖E g‖²`` (a U-statistic) and the noise ratio
+  ``r = tr Σ / (B ‖E g‖²)``. The cosine ``x̄ / (‖ḡ‖ ‖∇D‖)`` is biased toward 0 by the factor
+  ``1/√(1 + r)`` (``E‖ḡ‖² = ‖E g‖² (1 + r)``), which no interval around it covers once the bias is
+  a sizeable share of the interval: :func:`alignment_stats` withholds ``cosine_ci95`` (None)
+  above :func:`cosine_noise_bound` (``python -m benchmarks.intervals`` simulates the coverage).
 """
 
 from __future__ import annotations
@@ -41,6 +47,13 @@ def mean_ci95(values: Sequence[float] | np.ndarray) -> tuple[float, float, float
         return mean, mean, mean
     low, high = stats.t.interval(0.95, df=x.size - 1, loc=mean, scale=sem)
     return mean, float(low), float(high)
+
+
+def standard_error_of(interval: Sequence[float]) -> float:
+    """The standard error a 95% interval stands for: half its width over 1.96 (the normal
+    quantile; for a t interval over few values this overstates the error slightly, 9% at 16)."""
+    low, high = (float(v) for v in interval)
+    return (high - low) / 2 / 1.959963984540054
 
 
 BOOTSTRAP_RESAMPLES = 4000
@@ -153,19 +166,51 @@ def autocorrelated_mean_ci95(values: Sequence[float] | np.ndarray) -> dict[str, 
     return out
 
 
+#: The cosine's interval is withheld above this noise ratio whatever else holds: there the noise
+#: ratio's own estimate is too rough to correct by (the coverage simulation of benchmarks.intervals).
+NOISE_RATIO_CAP = 0.1
+#: ... and where its bias ``|c| (√(1 + r) − 1)`` exceeds this share of the interval's half-width.
+BIAS_SHARE = 0.25
+
+
+def gradient_noise(squared_norms: Sequence[float] | np.ndarray, mean_norm_sq: float) -> tuple[float, float | None]:
+    """``(U, r)`` for a batch of ``B`` examples: ``U = (B² ‖ḡ‖² − Σ_i ‖∇ℓ_i‖²) / (B (B−1))``, the
+    unbiased estimate of ``‖E g‖²`` (the mean of ``⟨∇ℓ_i, ∇ℓ_j⟩`` over pairs ``i ≠ j``), and the noise
+    ratio ``r = tr Σ̂ / (B U)`` with ``tr Σ̂ / B = ‖ḡ‖² − U`` (None where ``U ≤ 0``: the mean gradient is
+    not resolved above its noise). ``mean_norm_sq``: ``‖ḡ‖²``. Fewer than two examples: ``(‖ḡ‖², None)``."""
+    squared = np.asarray(squared_norms, dtype=np.float64)
+    b = squared.size
+    if b < 2:
+        return float(mean_norm_sq), None
+    unbiased = (b * b * float(mean_norm_sq) - float(squared.sum())) / (b * (b - 1))
+    return unbiased, (float(mean_norm_sq) - unbiased) / unbiased if unbiased > 0 else None
+
+
+def cosine_noise_bound(cosine: float, half_width: float) -> float:
+    """The largest noise ratio at which the cosine's interval is reported: ``NOISE_RATIO_CAP``, or
+    less where the cosine's bias ``|c| (√(1 + r) − 1)`` would pass ``BIAS_SHARE`` of the
+    interval's half-width ``h``: ``r ≤ (1 + BIAS_SHARE·h/|c|)² − 1``."""
+    if cosine == 0:
+        return NOISE_RATIO_CAP
+    return min(NOISE_RATIO_CAP, (1 + BIAS_SHARE * half_width / abs(cosine)) ** 2 - 1)
+
+
 def alignment_stats(dots: np.ndarray, self_dots: np.ndarray, grad_norm: float, downstream_norm: float,
-                    seed: Sequence[int] | int = 0) -> dict[str, object]:
+                    seed: Sequence[int] | int = 0, squared_norms: np.ndarray | None = None) -> dict[str, object]:
     """Summary of per-sample dots ``⟨∇ℓ_i, ∇D⟩`` for one objective at one probe.
 
     ``dot`` is their mean, which equals ``⟨∇L, ∇D⟩`` for ``L = mean_i ℓ_i``, with a Student-t
     (``ci95``) and an expanded-percentile bootstrap (``ci95_bootstrap``) interval over examples;
     ``cosine`` divides it by both gradient norms, and ``cosine_ci95`` is its delta-method interval
     (:func:`cosine_ci95`, from ``self_dots`` ``⟨∇ℓ_i, ∇L⟩``); ``conflict_fraction`` is the share
-    of examples whose gradient points away from the downstream gradient.
+    of examples whose gradient points away from the downstream gradient. With ``squared_norms``
+    (every example's ``‖∇ℓ_i‖²``): ``grad_norm_sq_unbiased`` and ``noise_ratio``
+    (:func:`gradient_noise`), and ``cosine_ci95`` is None where the noise ratio is undefined or
+    above :func:`cosine_noise_bound`.
     """
     mean, low, high = mean_ci95(dots)
     cosine, cosine_low, cosine_high = cosine_ci95(dots, self_dots, downstream_norm, grad_norm)
-    return {
+    out: dict[str, object] = {
         "dot": mean,
         "cosine": cosine,
         "ci95": [low, high],
@@ -174,3 +219,10 @@ def alignment_stats(dots: np.ndarray, self_dots: np.ndarray, grad_norm: float, d
         "conflict_fraction": float(np.mean(np.asarray(dots) < 0)),
         "grad_norm": grad_norm,
     }
+    if squared_norms is not None:
+        unbiased, ratio = gradient_noise(squared_norms, grad_norm * grad_norm)
+        out["grad_norm_sq_unbiased"] = unbiased
+        out["noise_ratio"] = ratio
+        if ratio is None or ratio > cosine_noise_bound(cosine, (cosine_high - cosine_low) / 2):
+            out["cosine_ci95"] = None
+    return out

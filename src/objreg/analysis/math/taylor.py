@@ -96,16 +96,21 @@ def inside_regime(error1: float, error2: float, scale: float, floor: float) -> b
 
 
 def rounding_floor(downstream_before: float, downstream_after: float, evaluation_roundoff: float,
-                   grad_norm: float, step_norm: float, model_roundoff: float) -> float:
-    """How far rounding alone can move the comparison of one step: the resolution of the
-    evaluated change, ``u_D (|D(θ_t)| + |D(θ_{t+1})|)`` (``u_D`` the unit roundoff of the dtype
-    ``D`` is evaluated in), plus the rounding of the first-order term formed in the model's dtype,
-    ``u · ‖∇D‖ ‖Δθ‖``. An estimate, not a bound: errors near it are rounding."""
-    return evaluation_roundoff * (abs(downstream_before) + abs(downstream_after)) + model_roundoff * grad_norm * step_norm
+                   grad_norm: float, step_norm: float, model_roundoff: float, resolution: float = 0.0) -> float:
+    """How far rounding alone can move the comparison of one step: the resolution of each of the
+    two evaluations of ``D``, ``max(u_D |D|, ρ_D)`` (``u_D`` the unit roundoff of the dtype ``D`` is
+    evaluated in; ``ρ_D`` the resolution measured for this model, which exceeds ``u_D |D|`` where
+    the model computes parts of ``D`` in a lower precision whatever its dtype:
+    :mod:`objreg.analysis.math.resolution`), plus the rounding of the first-order term formed in
+    the model's dtype, ``u · ‖∇D‖ ‖Δθ‖``. An estimate, not a bound: errors near it are rounding."""
+    return (max(evaluation_roundoff * abs(downstream_before), resolution)
+            + max(evaluation_roundoff * abs(downstream_after), resolution) + model_roundoff * grad_norm * step_norm)
 
 
-def taylor_errors(first: float, second: float, actual: float, floor: float) -> dict[str, Any]:
-    """The errors of one step's prediction and its Taylor-regime diagnostic (module docstring)."""
+def taylor_errors(first: float, second: float, actual: float, floor: float,
+                  resolution: float | None = None) -> dict[str, Any]:
+    """The errors of one step's prediction and its Taylor-regime diagnostic (module docstring);
+    ``resolution``: ``D``'s measured resolution, recorded beside the floor it enters."""
     error1, error2 = abs(first - actual), abs(first + second - actual)
     scale = abs(first)
     return {
@@ -113,6 +118,7 @@ def taylor_errors(first: float, second: float, actual: float, floor: float) -> d
         "scaled_error": {"first_order": error1 / scale if scale > 0 else None,
                          "first_plus_second_order": error2 / scale if scale > 0 else None},
         "rounding_floor": floor,
+        **({"downstream_resolution": resolution} if resolution is not None else {}),
         "second_to_first": abs(second) / scale if scale > 0 else None,
         "second_order_helps": error2 < error1,
         "remainder_ratio": error2 / error1 if error1 > 0 else None,

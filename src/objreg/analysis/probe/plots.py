@@ -3,6 +3,9 @@ the counterfactual weights.
 
 Panels only for what varies (the weights only where a schedule moves them), one row per
 objective so that confidence bands never overlap, and axes labelled in words with their units.
+Training steps are whole numbers on every axis; where the probes are sparse (``--probe-every``),
+each probe is a marker with its interval as an error bar, never a line joining probes across the
+steps between them that nobody measured.
 
 matplotlib is imported here only, and this module only when plots are written, so the CLI starts
 fast. Figures are drawn on the Agg canvas directly (no pyplot: no global figure state, no GUI
@@ -46,6 +49,15 @@ def _varies(values: list[float]) -> bool:
     return any(v != values[0] for v in values)
 
 
+def _sparse(steps: list[int]) -> bool:
+    """Whether steps between probes went unmeasured (a line would join probes across them)."""
+    return any(b - a > 1 for a, b in zip(steps, steps[1:]))
+
+
+def _steps_axis(panel: Any) -> None:
+    panel.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _alignment(report: dict[str, Any]) -> Figure:
     """One row per objective (its own band, so intervals never overlap): the dot product and the
     cosine with ∇D over the probe steps, each with its 95% interval over examples; a weights panel
@@ -53,6 +65,7 @@ def _alignment(report: dict[str, Any]) -> Figure:
     steps = report["steps"]
     names = report["pretrain"]
     x = [s["step"] for s in steps]
+    sparse = _sparse(x)
     weights = {name: report["summary"].get("weights_by_step", {}).get(name) or [s["weights"][name] for s in steps]
                for name in names}
     scheduled = any(_varies(w) for w in weights.values())
@@ -67,9 +80,17 @@ def _alignment(report: dict[str, Any]) -> Figure:
             ("cosine", "cosine_ci95", "cosine with ∇D\n(−1 to 1)"),
         )):
             panel = axes[row][column]
-            panel.fill_between(x, [a[band][0] for a in probes], [a[band][1] for a in probes], color=color, alpha=0.2,
-                               linewidth=0, label="95% interval over examples")
-            panel.plot(x, [a[key] for a in probes], marker="o", markersize=3, color=color, label="mean over examples")
+            # A withheld interval (the cosine's where the gradient noise is too large) leaves a gap.
+            intervals = [a[band] or (float("nan"), float("nan")) for a in probes]
+            low, mean, high = [i[0] for i in intervals], [a[key] for a in probes], [i[1] for i in intervals]
+            if sparse:
+                panel.errorbar(x, mean, yerr=[[m - lo for m, lo in zip(mean, low)], [hi - m for m, hi in zip(mean, high)]],
+                               fmt="o", markersize=4, capsize=3, color=color, ecolor=color, elinewidth=1,
+                               label="mean over examples, 95% interval")
+            else:
+                panel.fill_between(x, low, high, color=color, alpha=0.2, linewidth=0,
+                                   label="95% interval over examples")
+                panel.plot(x, mean, marker="o", markersize=3, color=color, label="mean over examples")
             panel.axhline(0.0, color="grey", linewidth=0.8)
             panel.set_ylabel(label)
             panel.set_title(f"{name}: {'dot product' if key == 'dot' else 'cosine'} with the downstream gradient",
@@ -87,6 +108,7 @@ def _alignment(report: dict[str, Any]) -> Figure:
         axes[-1][1].set_visible(False)
     for panel in axes[-1]:
         panel.set_xlabel("training step")
+        _steps_axis(panel)  # the axes share x: one locator sets every row
     figure.suptitle(f"How each pre-training objective's gradient aligns with the downstream gradient "
                     f"({report['downstream']}), per probe step")
     return figure
@@ -100,9 +122,11 @@ def _taylor(report: dict[str, Any]) -> Figure:
     actual = [s["actual_delta"] for s in steps]
     figure = Figure(figsize=(11, 4.5), layout="constrained")
     over_steps, scatter = figure.subplots(1, 2)
-    over_steps.plot(x, actual, marker="o", color="black", label="actual change")
-    over_steps.plot(x, first, marker="x", linestyle="--", label="predicted, first order")
-    over_steps.plot(x, both, marker="+", linestyle=":", label="predicted, first + second order")
+    lines = ("none", "none", "none") if _sparse(x) else ("-", "--", ":")
+    over_steps.plot(x, actual, marker="o", linestyle=lines[0], color="black", label="actual change")
+    over_steps.plot(x, first, marker="x", linestyle=lines[1], label="predicted, first order")
+    over_steps.plot(x, both, marker="+", linestyle=lines[2], label="predicted, first + second order")
+    _steps_axis(over_steps)
     over_steps.axhline(0.0, color="grey", linewidth=0.8)
     over_steps.set(title="Change in the downstream loss at each step (below 0: it fell)", xlabel="training step",
                    ylabel="change in downstream loss D (loss units)")

@@ -87,6 +87,10 @@ def summarise(
             # Probes where the raw gradient and the objective's actual part disagree on the sign of its effect.
             "sign_disagreements": sum(1 for a, gain in zip(rows, parts) if a["dot"] * gain < 0),
         }
+    for name, share in second_order_shares(steps).items():
+        if name in alignment:
+            alignment[name]["second_order_share"] = share
+            alignment[name]["predicted_contribution"] = alignment[name]["first_order_contribution"] + share
     first = [s["predicted_delta"]["first_order"] for s in steps]
     second = [s["predicted_delta"]["second_order"] for s in steps]
     actual = [s["actual_delta"] for s in steps]
@@ -146,6 +150,23 @@ def summarise(
     return summary
 
 
+def second_order_shares(steps: list[StepRecord]) -> dict[str, float]:
+    """Each part's share of the second-order term, as an improvement summed over the probes: its
+    own pair ``½ d_kᵀ H_D d_k`` and half of every pair ``d_kᵀ H_D d_j`` it is in. With each part's
+    first-order term it gives the part's share of the whole prediction (the shares add up to
+    ``second_order_term``), where the first-order term alone can be mostly cancelled by the
+    second-order one."""
+    shares: dict[str, float] = {}
+    for s in steps:
+        parts = list(s["update"]["first_order"])
+        names = {pair_key(a, b): (a, b) for i, a in enumerate(parts) for b in parts[i:]}
+        for key, value in s["update"]["second_order"].items():
+            a, b = names[key]
+            for part in {a, b}:
+                shares[part] = shares.get(part, 0.0) - (value if a == b else value / 2)
+    return shares
+
+
 def pooled_cosine(dots: list[float], norms: list[float], downstream_norms: list[float]) -> float:
     """``Σ_t c_t / √(Σ_t ‖g_t‖² · Σ_t ‖∇D_t‖²)``: the cosine between the probes' gradients laid
     end to end and the downstream gradients laid end to end. Its sign is the sign of the mean dot,
@@ -187,7 +208,8 @@ def report_csv(report: AlignmentReport) -> str:
         for name, a in s["alignment"].items():
             writer.writerow([
                 s["step"], name, s["weights"][name], s["losses"].get(name), a["dot"], *a["ci95"],
-                *a["ci95_bootstrap"], a["cosine"], *a["cosine_ci95"], a["conflict_fraction"], a["grad_norm"],
+                *a["ci95_bootstrap"], a["cosine"], *(a["cosine_ci95"] or (None, None)), a["conflict_fraction"],
+                a["grad_norm"],
                 s["second_order"][pair_key(name, name)], s["update"]["first_order"].get(name),
                 s["downstream_loss"], s["downstream_loss_after"], s["predicted_delta"]["first_order"],
                 s["predicted_delta"]["second_order"], s["actual_delta"], a["update_cosine"],

@@ -29,7 +29,8 @@ import math
 import sys
 import warnings
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +59,7 @@ from objreg.analysis.probe.arguments import (
     shared_names,
     user_group,
 )
+from objreg.analysis.probe.attention import check_attention, derivable_attention
 from objreg.analysis.probe.engine import Pending, Probe
 from objreg.analysis.probe.report import AlignmentReport, summarise
 from objreg.analysis.probe.split_check import (
@@ -138,6 +140,8 @@ class TransferProbe:
             flagged because its split does not describe the step the optimizer took (default:
             flag the record, ``update.decomposition_flagged``, and warn once;
             :mod:`objreg.analysis.probe.split_check`).
+        counterfactual_radius: Under Adam, how far from the weights used (a share of their total)
+            the record's exact counterfactual points reach (``counterfactual.points``).
 
     Raises:
         InvalidParameterError: an argument the probe cannot use (the message names it).
@@ -150,6 +154,7 @@ class TransferProbe:
         hvp_method: str = "auto", eval_dtype: torch.dtype | None = torch.float64, seed: int = 0,
         steps: int | None = None, spectrum: int = 0, batch_coupled: Sequence[str] = (), whole_batches: bool = False,
         decode: Callable[[Sequence[int]], str] | None = None, strict: bool = False,
+        counterfactual_radius: float = 0.25,
         downstream_head: nn.Module | Sequence[str] | None = None, fit_batches: Any = None,
     ):
         # DistributedDataParallel's module, torch.compile's original module (the probe's own
@@ -159,6 +164,7 @@ class TransferProbe:
             model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model._orig_mod
         if not isinstance(model, nn.Module):
             raise InvalidParameterError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        check_attention(model)
         while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):  # accelerate's wrapper
             optimizer = optimizer.optimizer
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -178,7 +184,8 @@ class TransferProbe:
         self.downstream.shared = names
         self.engine = Probe(model, losses, self.downstream, seed=seed, steps=steps if steps is not None else 0,
                             per_sample_method=per_sample_method, hvp_method=hvp_method, spectrum=spectrum,
-                            decode=decode, shared=names, local_batches=not whole_batches)
+                            decode=decode, shared=names, local_batches=not whole_batches,
+                            counterfactual_radius=counterfactual_radius)
         self._narrow = shared is None  # the default: narrowed to what some objective reaches, on first use
         settings = adam_settings(optimizer, self.shared_parameters)  # an unsupported optimizer fails here
         self.coalitions = None
@@ -282,6 +289,7 @@ class TransferProbe:
                                           dict(losses or {}), dict(gradients), self.coalitions)
         self._check_downstream(pending.record["downstream_loss"], f"at step {step}")
         pending.record["weights"] = dict(weights)
+        _in_your_weights(pending.record, weights, weights_in_step)
         self._next_step = step + 1
         self._open_measure_at = self._steps_taken
         return Measurement(pending, taken_at=self._steps_taken, causes=causes)
@@ -433,6 +441,7 @@ class TransferProbe:
             "hvp_method": engine.hvp_method,
             "update_rule": engine.update_rule,
             "methods_used": sorted(engine.methods_used),
+            "downstream_resolution": engine.resolution,
             "downstream": self.downstream.state_dict() if isinstance(self.downstream, RefitDownstream) else None,
         }
 
@@ -483,6 +492,7 @@ class TransferProbe:
         engine.attribution.load_state_dict(state["attribution"])
         engine.hvp_method, engine.update_rule = state["hvp_method"], state["update_rule"]
         engine.methods_used = set(state["methods_used"])
+        engine.resolution = state.get("downstream_resolution")  # measured at the first probe
         if state["downstream"] is not None:
             self.downstream.load_state_dict(state["downstream"])
         self._needs_state = False
@@ -542,8 +552,11 @@ class TransferProbe:
     def _weights_of(self, weights: Mapping[str, float] | None) -> dict[str, float]:
         return self.weights if weights is None else checked_weights(weights, list(self.engine.objectives))
 
-    def _quiet(self) -> Quiet:
-        return Quiet(self.model)
+    @contextmanager
+    def _quiet(self) -> Iterator[None]:
+        """The model in ``eval()`` mode, the random generators restored after, attention differentiable."""
+        with Quiet(self.model), derivable_attention():
+            yield
 
     def _optimizer_steps(self) -> int:
         """The optimizer's step count on the shared parameters (0 before its first step)."""
@@ -665,3 +678,14 @@ def _flagged(update: Any) -> Any:
         if key == "decomposition_residual":
             out["decomposition_flagged"] = True
     return out
+
+
+def _in_your_weights(record: StepRecord, weights: Mapping[str, float], stepped: Mapping[str, float]) -> None:
+    """The counterfactual's weight vectors in the loop's own weights: the split used ``c·α``
+    where the loop rescaled its gradient (clipping), and so did the stencil."""
+    if "counterfactual" not in record:
+        return
+    scale = next((weights[k] / stepped[k] for k in weights if stepped[k]), 1.0)
+    if scale != 1.0:
+        for point in [*record["counterfactual"]["points"], *record["counterfactual"]["grid"]]:
+            point["weights"] = {k: scale * w for k, w in point["weights"].items()}

@@ -19,7 +19,9 @@ read over probes with an exponential moving average (``smoothing`` the share kep
   meta-gradient's scale: ``rate`` is the largest change of a log-weight per probe.
 
 Their state (:meth:`state_dict`) goes into the run's checkpoint, so an adaptive run resumes
-exactly.
+exactly. :func:`adaptive_summary` says after the run whether the weights the rule chose beat the
+best constant weights of the run's counterfactual (both local estimates, docs/analysis.md) and
+whether the weights oscillated.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from objreg.analysis.math.mixture import Quadratic, maximise, step_model, trust_box
+from objreg.analysis.math.stats import standard_error_of
 from objreg.analysis.records import StepRecord
 from objreg.core.errors import InvalidParameterError
 
@@ -86,13 +89,21 @@ class Rule:
         self.low, self.high = float(min_weight), (float(max_weight) if max_weight is not None else self.total)
         self.radius, self.rate = radius, rate
         self.model: Quadratic | None = None  # the smoothed per-step model
+        # The variance of the smoothed model's first-order coefficients from the batches' noise.
+        self.noise = np.zeros(len(self.names))
         self.probes = 0
 
     def update(self, record: StepRecord) -> dict[str, float]:
         """Take a finished probe record; the weights for the steps until the next probe."""
         latest = step_model(record, self.optimizer, self.lr, self.names)
-        self.model = latest if self.model is None else (
-            self.model.scaled(self.smoothing) + latest.scaled(1 - self.smoothing))
+        variance = first_order_noise(record, latest, self.optimizer, self.lr, self.names) ** 2
+        if self.model is None:
+            self.model, self.noise = latest, variance
+        else:
+            s = self.smoothing
+            self.model = self.model.scaled(s) + latest.scaled(1 - s)
+            # The variance of an average of independent measurements: weights squared.
+            self.noise = s * s * self.noise + (1 - s) * (1 - s) * variance
         self.probes += 1
         alpha = self._next(np.array([self.weights[n] for n in self.names]))
         self.weights = dict(zip(self.names, map(float, alpha)))
@@ -101,14 +112,20 @@ class Rule:
     def _next(self, alpha: np.ndarray) -> np.ndarray:
         raise NotImplementedError
 
+    def resolved(self) -> np.ndarray:
+        """The smoothed first-order coefficients with what their noise cannot resolve shrunk away."""
+        return resolved_first(self.model.first, np.sqrt(self.noise))
+
     def state_dict(self) -> dict[str, Any]:
         return {"weights": dict(self.weights), "probes": self.probes,
-                "model": self.model.to_dict() if self.model is not None else None}
+                "model": self.model.to_dict() if self.model is not None else None,
+                "noise": [float(v) for v in self.noise]}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.weights = {n: float(state["weights"][n]) for n in self.names}
         self.probes = int(state["probes"])
         self.model = Quadratic.from_dict(self.names, state["model"]) if state["model"] is not None else None
+        self.noise = np.array(state.get("noise", [0.0] * len(self.names)), dtype=np.float64)
 
 
 class QuadraticRule(Rule):
@@ -118,7 +135,11 @@ class QuadraticRule(Rule):
 
     def _next(self, alpha: np.ndarray) -> np.ndarray:
         lower, upper = trust_box(alpha, self.radius, self.low, self.high)
-        return maximise(self.model, lower, upper, self.total)
+        model = self.model.with_first(self.resolved())
+        best = maximise(model, lower, upper, self.total)
+        gain = model.improvement(best)["first_plus_second_order"] - model.improvement(alpha)["first_plus_second_order"]
+        scale = max(abs(model.improvement(alpha)["first_plus_second_order"]), 1e-300)
+        return best if gain > 1e-12 * scale else alpha  # nothing to gain (a flat model): stay
 
 
 class TartanRule(Rule):
@@ -127,10 +148,44 @@ class TartanRule(Rule):
     name = "tartan"
 
     def _next(self, alpha: np.ndarray) -> np.ndarray:
-        gain = -self.model.first  # the first-order improvement per unit weight
-        scale = float(np.abs(gain).max())
-        target = alpha * np.exp(self.rate * gain / scale) if scale > 0 else alpha
+        gain = -self.resolved()  # the first-order improvement per unit weight, its noise shrunk away
+        scale = float(np.abs(self.model.first).max())
+        if not np.any(gain - gain.mean()) or scale == 0:
+            return alpha  # nothing resolved: keep the weights
+        target = alpha * np.exp(self.rate * gain / scale)
         return rescale(target, self.total, self.low, self.high)
+
+
+def first_order_noise(record: StepRecord, model: Quadratic, optimizer: str, lr: float,
+                      names: Sequence[str]) -> np.ndarray:
+    """The standard error of each objective's first-order coefficient per unit weight in the
+    step model of ``record``, from the noise of its dot over the batch (the record's
+    ``alignment.<k>.ci95``; 0 where a record has none). Under SGD the coefficient is ``−η c_k``,
+    so its error is ``η`` times the dot's. Under Adam the coefficient is not a multiple of the
+    dot; it is given the dot's relative error (an objective whose dot is within its noise of 0
+    is unresolved), an approximation."""
+    out = np.zeros(len(names))
+    for i, name in enumerate(names):
+        alignment = record["alignment"][name]
+        interval = alignment.get("ci95")
+        if not interval:
+            continue
+        se = standard_error_of(interval)
+        if optimizer == "sgd":
+            out[i] = lr * se
+        else:
+            dot = abs(float(alignment["dot"]))
+            out[i] = abs(float(model.first[i])) * (se / dot if dot > se * 1e-12 else 1.0)
+    return out
+
+
+def resolved_first(first: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    """``first`` with each coefficient's difference from their mean soft-thresholded by its
+    standard error ``noise``: ``m + sign(d_k) max(0, |d_k| − σ_k)``. Only differences between
+    objectives move weight at a fixed total, so the mean is kept."""
+    mean = float(first.mean()) if first.size else 0.0
+    d = first - mean
+    return mean + np.sign(d) * np.maximum(np.abs(d) - noise, 0.0)
 
 
 def rescale(target: np.ndarray, total: float, low: float, high: float) -> np.ndarray:
@@ -146,6 +201,49 @@ def rescale(target: np.ndarray, total: float, low: float, high: float) -> np.nda
         lo, hi = (mid, hi) if np.clip(mid * target, low, high).sum() < total else (lo, mid)
     alpha = np.clip(hi * target, low, high)
     return alpha * (total / alpha.sum()) if alpha.sum() > 0 else alpha
+
+
+#: An objective's weights oscillate when they reverse direction at least this many times, and in
+#: at least half of their moves.
+OSCILLATION_REVERSALS = 2
+
+
+def reversals(values: Sequence[float]) -> tuple[int, int]:
+    """``(moves, reversals)`` of a weight over the steps: how often it changed, and how often a
+    change went the other way from the change before it."""
+    scale = max((abs(v) for v in values), default=0.0)
+    changes = [b - a for a, b in zip(values, values[1:]) if abs(b - a) > 1e-12 * max(scale, 1.0)]
+    return len(changes), sum(1 for a, b in zip(changes, changes[1:]) if a * b < 0)
+
+
+def adaptive_summary(rule: str, names: Sequence[str], weights_by_step: Sequence[Mapping[str, float]],
+                     counterfactual: Mapping[str, Any]) -> dict[str, Any]:
+    """The report's ``summary.adaptive``: whether the weights the rule chose beat the best
+    constant weights of the run's counterfactual (the improvement each is predicted, by the same
+    local model: ``counterfactual.used`` against ``counterfactual.best``), and whether the weights
+    oscillated (an objective's weight reversed direction at least
+    :data:`OSCILLATION_REVERSALS` times and in at least half of its moves), with a warning."""
+    moves = {n: reversals([float(w[n]) for w in weights_by_step]) for n in names}
+    oscillating = [n for n, (count, back) in moves.items() if back >= OSCILLATION_REVERSALS and 2 * back >= count]
+    used = counterfactual["used"]["first_plus_second_order"]
+    best = counterfactual.get("best")
+    constant = best["first_plus_second_order"] if best else counterfactual["constant_mean_weights"][
+        "first_plus_second_order"]
+    warning = None
+    if oscillating:
+        which = ", ".join(f"{n} reversed {moves[n][1]} of {moves[n][0]} moves" for n in oscillating)
+        warning = (f"the weights oscillated ({which}): the rule followed noise; raise --adaptive-smoothing or "
+                   f"--probe-every, or lower --trust-radius")
+    return {
+        "rule": rule,
+        "predicted_improvement": used,
+        "best_constant_predicted_improvement": constant,
+        "beat_best_constant": used > constant,
+        "moves": {n: count for n, (count, _) in moves.items()},
+        "reversals": {n: back for n, (_, back) in moves.items()},
+        "oscillating": oscillating,
+        "warning": warning,
+    }
 
 
 def make_rule(rule: str, weights: Mapping[str, float], **options: Any) -> Rule:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from objreg.analysis.parallel.launch import check_same_settings, from_environmen
 from objreg.analysis.probe.report import AlignmentReport, summarise
 from objreg.analysis.probe.writer import RunWriter
 from objreg.analysis.records import StepRecord
+from objreg.analysis.run.adaptive import adaptive_summary
 from objreg.analysis.run.config import AnalysisConfig
 from objreg.analysis.run.contract import check_contracts
 from objreg.analysis.run.failures import resource_errors
@@ -34,9 +36,12 @@ from objreg.analysis.run.fingerprint import (
     write_fingerprint,
 )
 from objreg.analysis.run.loop import StepCallback, Trainer
+from objreg.analysis.run.naming import option, speaks_keywords
+from objreg.analysis.run.overfit import overfit_warning
 from objreg.analysis.run.prepare import check, prepare
 from objreg.analysis.run.resume import load_checkpoint, remove_checkpoint, restore, resumed_config, save_checkpoint
 from objreg.analysis.run.rundir import claim
+from objreg.analysis.run.schedules import adaptive_rule
 from objreg.analysis.run.validation import check_call, check_providers, fields_of
 from objreg.core.registry import Registry
 from objreg.toolkit.cache import cache_dir
@@ -45,6 +50,7 @@ from objreg.toolkit.cache import cache_dir
 WriterFactory = Callable[[Path], RunWriter]
 
 
+@speaks_keywords
 def analyze(
     pretrain: Sequence[str] | str | None = None,
     downstream: str | None = None,
@@ -133,7 +139,10 @@ def _run(
         if resume is not None:
             group.agree(lambda: check_resumable(Path(resume), registry))
     try:
-        return _run_claimed(config, registry, group, out_dir, resume, on_step, status, cache, make_writer)
+        report = _run_claimed(config, registry, group, out_dir, resume, on_step, status, cache, make_writer)
+        if claimed is not None:
+            claimed.release(finished=True)  # a finished run leaves no lock file behind
+        return report
     finally:
         if claimed is not None:
             claimed.release()
@@ -167,6 +176,8 @@ def _run_claimed(
                                writer.write_config(report_config), writer.start_steps()))
 
     def record_step(step: int, record: StepRecord | None) -> None:
+        if step == 0 and record is not None and group.is_main:
+            _warn_if_overfitted(report_config, record)
         if writing:
 
             def write() -> None:
@@ -205,6 +216,16 @@ def _settings_of(config: AnalysisConfig, out_dir: str | Path | None, resume: str
             for name, value in given.items()}
 
 
+def _warn_if_overfitted(report_config: dict[str, Any], record: StepRecord) -> None:
+    refit = record.get("downstream_fit")
+    fit = ({"loss_after": refit["before"]["fit_loss"], "examples": report_config["downstream_fit"]["examples"]}
+           if refit else report_config.get("head_warmup") or {})
+    names = {name: option(name) for name in ("head_fit_size", "head_warmup_steps")}
+    message = overfit_warning(fit, record["downstream_loss"], names, refit=refit is not None)
+    if message is not None:
+        warnings.warn(message, stacklevel=2)
+
+
 def build_report(
     config: AnalysisConfig, report_config: dict[str, Any], trainer: Trainer, records: list[StepRecord]
 ) -> AlignmentReport:
@@ -223,6 +244,10 @@ def build_report(
     summary["counterfactual"] = counterfactual(records, list(config.pretrain), config.optimizer, config.lr,
                                                radius=config.trust_radius, low=config.min_weight,
                                                high=config.max_weight)
+    rule = adaptive_rule(config.schedule)
+    if rule is not None:
+        summary["adaptive"] = adaptive_summary(rule, list(config.pretrain), trainer.weights_by_step,
+                                               summary["counterfactual"])
     return AlignmentReport(
         pretrain=list(config.pretrain), downstream=config.downstream, config=report_config, steps=records,
         summary=summary,

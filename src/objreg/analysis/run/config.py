@@ -14,6 +14,7 @@ from objreg.analysis.math.curvature import HVP_METHODS
 from objreg.analysis.math.per_sample import METHODS as PER_SAMPLE_METHODS
 from objreg.analysis.parallel.devices import resolve_device
 from objreg.analysis.run.adaptive import check_options
+from objreg.analysis.run.naming import speaks_keywords
 from objreg.analysis.run.schedules import parse_schedules
 from objreg.analysis.run.validation import check_schedules, check_settings
 from objreg.core.errors import InvalidParameterError
@@ -107,7 +108,8 @@ class AnalysisConfig:
             ``{"mlm": {"mask_prob": 0.2}, "qa": {"doc_stride": 64}}``.
         trust_radius: How far the best weights may lie from the weights used, per weight, as a
             share of the total weight: the counterfactual optimum of the report
-            (:mod:`objreg.analysis.math.mixture`) and, per probe, ``--schedule adaptive:quadratic``.
+            (:mod:`objreg.analysis.math.mixture`; over a run, divided by √(probed steps)), Adam's
+            counterfactual stencil, and, per probe, ``--schedule adaptive:quadratic``.
         adaptive_rate: ``--schedule adaptive:tartan``'s largest change of a log-weight per probe.
         adaptive_smoothing: Share of the past kept when an adaptive rule averages its probes
             (exponential moving average; 0: the latest probe alone).
@@ -148,6 +150,7 @@ class AnalysisConfig:
     min_weight: float = 0.0
     max_weight: float | None = None
 
+    @speaks_keywords
     def __post_init__(self) -> None:
         check_settings(self)  # types, ranges and sizes first: docs/reliability.md
         pretrain = tuple(self.pretrain)

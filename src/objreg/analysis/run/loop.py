@@ -60,8 +60,8 @@ class Trainer:
         schedules: Weight multiplier per objective (constant when absent).
         adaptive: An adaptive rule (:mod:`objreg.analysis.run.adaptive`) that sets the weights from
             the probes instead: told each finished probe record, asked for each step's weights.
-        per_sample_method, hvp_method, spectrum, decode: What the probe measures with
-            (:class:`~objreg.analysis.probe.engine.Probe`).
+        per_sample_method, hvp_method, spectrum, decode, counterfactual_radius: What the probe
+            measures with (:class:`~objreg.analysis.probe.engine.Probe`).
         seed: Seeds data and corruption streams and the probe's statistics.
     """
 
@@ -86,6 +86,7 @@ class Trainer:
         spectrum: int = 0,
         decode: Callable[[Sequence[int]], str] | None = None,
         adaptive: Rule | None = None,
+        counterfactual_radius: float = 0.25,
     ):
         self.model = model
         self.objectives = dict(objectives)
@@ -112,7 +113,7 @@ class Trainer:
         self.probe = TransferProbe(
             model, self.objectives, downstream, self.optimizer, weights=self.weights, shared=list(self.shared),
             per_sample_method=per_sample_method, hvp_method=hvp_method, seed=seed, steps=steps, spectrum=spectrum,
-            decode=decode, whole_batches=True,
+            decode=decode, whole_batches=True, counterfactual_radius=counterfactual_radius,
         )
         self.next_step = 0
         self.adaptive = adaptive

@@ -4,8 +4,12 @@ Besides the outputs (:mod:`objreg.analysis.probe.writer`) and the fingerprint
 (:mod:`objreg.analysis.run.fingerprint`: ``run.json`` and ``tokenizer.json``), a run directory holds
 ``.objreg.lock``: locked (``fcntl.flock``, exclusive) by the process running in the directory, for
 the life of the run; a second run or resume on it is refused at once. The kernel drops the lock
-when the process ends, however it ends. The file is never removed (removing a lock file races
-with a process about to lock it); its presence also marks the directory as one objreg ran in.
+when the process ends, however it ends. An unfinished run leaves the file (removing a lock file
+races with a process about to lock it; its presence also marks the directory as one objreg ran
+in); a finished run removes it, with the lock still held, as its last act
+(:meth:`RunDirectory.release` with ``finished``): a racing process could then lock only a
+directory that every run refuses (it holds ``report.json``), and the fingerprint ``run.json``
+marks the directory as objreg's.
 
 A fresh run (:func:`claim`) refuses a directory that holds a finished run, an interrupted run
 (pointing to ``--resume``) or files objreg did not write; it may take over a directory where an
@@ -18,6 +22,7 @@ lock file's) is refused, fresh or resumed.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from pathlib import Path
 
@@ -45,10 +50,15 @@ class RunDirectory:
         self.path = path
         self._lock = lock
 
-    def release(self) -> None:
-        if self._lock is not None:
-            os.close(self._lock)  # closing the descriptor drops the flock
-            self._lock = None
+    def release(self, finished: bool = False) -> None:
+        """Drop the lock; ``finished`` (the run wrote ``report.json``): remove the lock file first."""
+        if self._lock is None:
+            return
+        if finished and (self.path / "report.json").is_file():
+            with contextlib.suppress(OSError):
+                (self.path / LOCK_FILE).unlink()
+        os.close(self._lock)  # closing the descriptor drops the flock
+        self._lock = None
 
     def __enter__(self) -> RunDirectory:
         return self
@@ -133,13 +143,23 @@ def _present(directory: Path) -> list[str]:
 
 
 def _check_not_foreign(directory: Path, option: str) -> None:
-    """Files a run writes, in a directory objreg never ran in (no lock file): someone else's."""
+    """Files a run writes, in a directory objreg never ran in (no lock file, no fingerprint of
+    objreg's): someone else's."""
     present = _present(directory)
-    if present and not (directory / LOCK_FILE).exists():
+    if present and not (directory / LOCK_FILE).exists() and not _fingerprinted(directory):
         raise InvalidParameterError(
             f"{option} {str(directory)!r} holds files objreg did not write there ({', '.join(present)}); "
             f"choose an empty or new directory"
         )
+
+
+def _fingerprinted(directory: Path) -> bool:
+    """Whether ``run.json`` is an objreg run's fingerprint (it names the objreg version it ran)."""
+    try:
+        data = json.loads((directory / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and {"objreg", "settings"} <= set(data)
 
 
 def _check_fresh(directory: Path, option: str) -> None:

@@ -134,8 +134,9 @@ def _assemble(
     """Rows ``[CLS] subwords [SEP]`` with the tag at each word's first subword (every subword with
     ``label_all_tokens``), cut to ``seq_len``; ``None`` when no sentence has a token."""
     vocab = tokenizer.vocab
-    words = [w for s in sentences for w in s.words]
-    pieces = iter(ids for ids, _ in tokenizer.encode_sentences(words))  # one word at a time
+    # Each word's tokens as they are in its sentence's running text (a byte-level BPE keeps the
+    # space before a word in its first token; alone, the word would get other tokens).
+    pieces = iter(ids for encoded in tokenizer.encode_documents([s.words for s in sentences]) for ids, _ in encoded)
     rows = []
     for sentence in sentences:
         ids, labels, word_ids = [vocab.cls_id], [objreg.IGNORE_INDEX], [-1]
