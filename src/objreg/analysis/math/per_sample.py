@@ -307,6 +307,9 @@ class GhostChecks:
         reference, method = per_sample_dots(fn, shared, direction, "auto_without_ghost")
         scale = float(reference.double().norm())
         difference = float((ghost.double() - reference.double()).norm())
+        if not (math.isfinite(scale) and math.isfinite(difference)):
+            return None  # a NaN direction (D diverged) decides nothing; the probe refuses it after
+
         tolerance = 1e4 * float(torch.finfo(reference.dtype).eps) if reference.is_floating_point() else 1e-3
         agree = difference <= tolerance * scale or (scale == 0 and difference == 0)
         self.verdicts[self.key(fn)] = None if agree else method
