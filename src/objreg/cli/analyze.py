@@ -101,7 +101,8 @@ def _parse_params(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
               help=f"With --downstream-head frozen: linear-probe steps fitting the head first, 0 for none "
                    f"{default('head_warmup_steps')}.")
 @click.option("--head-fit-size", type=int, default=None,
-              help=f"Examples that fit the downstream head, apart from the evaluation set {default('head_fit_size')}.")
+              help="Examples that fit the downstream head, apart from the evaluation set (default: 256 with a "
+                   "re-fitted head, 1024 with a frozen one).")
 @click.option("--per-sample-method", default=None, metavar="METHOD",
               help=choices("per_sample_method", "How the per-example dots ⟨∇ℓ_i, ∇D⟩ are taken"))
 @click.option("--hvp-method", default=None, metavar="METHOD",

@@ -323,11 +323,14 @@ class RefitCurvature:
         hessian: ``A = ∂²_hh F`` at ``h*`` (float64, flattened head).
         sizes: The fit and evaluation sets' examples (every process's).
         method: The Hessian-vector product method of the evaluation set and of the joint path.
+        eval_head_gradient: ``∂_h D_E`` at ``h*`` (flattened, float64) where the fit already took
+            it: the evaluation set's backbone pass is then shared by the gradient and the products.
     """
 
     def __init__(self, fit: list[Any], evaluation: list[ObjectiveFunction], shared: Params, head: Params,
                  hessian: torch.Tensor, sizes: tuple[int, int], method: str = "auto", group: Group | None = None,
-                 max_directions: int = 4):
+                 max_directions: int = 4, eval_head_gradient: torch.Tensor | None = None):
+        self.eval_head_gradient = eval_head_gradient
         self.fit, self.evaluation = fit, evaluation
         self.shared, self.head, self.hessian = shared, head, hessian
         self.fit_rows, self.eval_rows = sizes
@@ -404,8 +407,12 @@ class RefitCurvature:
         forward mode) and to pull cotangents back (``φ'ᵀ c``); everything else is taken on the
         head and the features (:class:`_HeadSide`)."""
         thetas, heads = list(self.shared), list(self.head)
-        gradient_e, _ = self._run(self.evaluation, self.eval_rows, [])
-        (v,) = self._solve([{n: gradient_e[n] for n in heads}])
+        if self.eval_head_gradient is None or not directions:
+            gradient_e, _ = self._run(self.evaluation, self.eval_rows, [])
+            slope = _flat(gradient_e, heads)
+        else:
+            slope = self.eval_head_gradient
+        (v,) = self._solve([_unflat(slope, self.head)])
         with torch.no_grad():
             sides = [_HeadSide(chunk, chunk.features(self.shared), self.head, v) for chunk in self.fit]
         # ∂²_θh F v = φ'ᵀ c with c = ∂_φ g, and the curvature of ⟨c, φ(θ)⟩: the backbone's part of G's.
@@ -413,14 +420,15 @@ class RefitCurvature:
                              total=1, group=self.group)
         pulled_c, curved = backbone.gradient_and_products(directions)
         self.method = backbone.method
-        gradient = {n: gradient_e[n] - pulled_c[n] for n in thetas}
         if not directions:
-            return gradient, []
+            return {n: gradient_e[n] - pulled_c[n] for n in thetas}, []
         moved = [side.chunk.moved(self.shared, directions) for side in sides]  # φ' w, chunk by chunk
         sums = [self.group.all_reduce_sum(_sum_params([side.mixed(m[k]) for side, m in zip(sides, moved)], self.head))
                 for k in range(len(directions))]
         lifts = self._solve([{n: -m[n] for n in heads} for m in sums])  # J w = −A⁻¹ ∂²_hθ F w
-        _, products_e = self._run(self.evaluation, self.eval_rows, [self._lift(w, j) for w, j in zip(directions, lifts)])
+        gradient_e, products_e = self._run(self.evaluation, self.eval_rows,
+                                           [self._lift(w, j) for w, j in zip(directions, lifts)])
+        gradient = {n: gradient_e[n] - pulled_c[n] for n in thetas}
         thirds = [[side.third(m[k], jw) for k, jw in enumerate(lifts)] for side, m in zip(sides, moved)]
         head_g = [self.group.all_reduce_sum(_sum_params([t[k][1] for t in thirds], self.head))
                   for k in range(len(directions))]
@@ -505,6 +513,7 @@ class RefitDownstream(Downstream):
     hint: torch.Tensor | None = field(init=False, default=None, repr=False)
     last_fit: HeadFit | None = field(init=False, default=None, repr=False)
     last_fit_error: float = field(init=False, default=0.0, repr=False)
+    last_slope: torch.Tensor | None = field(init=False, default=None, repr=False)
     _fitted_at: Params | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -559,6 +568,7 @@ class RefitDownstream(Downstream):
         # D*'s error from stopping the solve short: ∂_h D_E · A⁻¹ ∇_h F (to first order).
         slope = self.group.all_reduce_sum(_flat(torch.func.grad(evaluation.total)(fit.head), list(self.head)))
         self.last_fit, self.last_fit_error = fit, abs(float(slope.double() @ fit.remaining.double())) / self.size
+        self.last_slope = slope.double() / self.size
         self.start, self.hint = fit.head, fit.hessian
         self._fitted_at = {n: t.detach().clone() for n, t in named_shared(model, self.shared).items()}
         return value
@@ -576,7 +586,7 @@ class RefitDownstream(Downstream):
         params = dict(model.named_parameters())
         head = {n: t.to(params[n].dtype) for n, t in self.last_fit.head.items()}
         return RefitCurvature(fit, evaluation, dict(shared), head, self.last_fit.hessian,
-                              (self.fit_set.size, self.size), method, self.group)
+                              (self.fit_set.size, self.size), method, self.group, eval_head_gradient=self.last_slope)
 
     def fit_summary(self) -> DownstreamFit:
         """The last fit, for the probe record: the fit set's loss and ``‖∇_h F‖`` where it stopped

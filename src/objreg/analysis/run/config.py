@@ -20,6 +20,11 @@ from objreg.analysis.run.validation import check_schedules, check_settings
 from objreg.core.errors import InvalidParameterError
 
 OPTIMIZERS = ("sgd", "adam", "adamw")
+#: The default fit set of a re-fitted head: each probe's derivatives pass through it, so its size
+#: sets the probe's cost (docs/performance.md); four times the default evaluation set.
+REFIT_FIT_SIZE = 256
+#: The default fit set of a frozen head, fitted once before training.
+FROZEN_FIT_SIZE = 1024
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 #: Every setting with a fixed set of values: each accepted value, in order, with one line saying
@@ -87,7 +92,8 @@ class AnalysisConfig:
         head_warmup_steps: With a frozen head, steps fitting it on its own split, backbone frozen,
             before training, so ``∇D`` reflects a fitted probe rather than a random head.
         head_fit_size: Examples in that split, disjoint from the evaluation set (a small split
-            overfits the probe: docs/analysis.md).
+            overfits the probe: docs/analysis.md). Default: :data:`REFIT_FIT_SIZE` for a re-fitted
+            head (every probe passes through them), :data:`FROZEN_FIT_SIZE` for a frozen one.
         per_sample_method: How the per-example dots ``⟨∇ℓ_i, ∇D⟩`` are taken: ``auto`` tries
             ``ghost``, ``jvp``, ``double_backward`` and the per-example ``loop`` in that order and
             takes the first the model supports (``ghost`` is skipped for batch-coupled
@@ -136,7 +142,7 @@ class AnalysisConfig:
     probe_every: int = 1
     eval_size: int = 64
     head_warmup_steps: int = 100
-    head_fit_size: int = 1024
+    head_fit_size: int | None = None
     downstream_head: str = "refit"
     per_sample_method: str = "auto"
     hvp_method: str = "auto"
@@ -152,6 +158,9 @@ class AnalysisConfig:
 
     @speaks_keywords
     def __post_init__(self) -> None:
+        if self.head_fit_size is None:
+            fit_size = REFIT_FIT_SIZE if self.downstream_head == "refit" else FROZEN_FIT_SIZE
+            object.__setattr__(self, "head_fit_size", fit_size)
         check_settings(self)  # types, ranges and sizes first: docs/reliability.md
         pretrain = tuple(self.pretrain)
         if not pretrain:
