@@ -196,7 +196,7 @@ def test_the_terminal_says_what_the_counterfactual_is_and_whether_adaptive_weigh
     out = io.StringIO()
     _render(report, Console(file=out, width=200))
     text = out.getvalue()
-    assert "predicted (1st+2nd)" in text and "predicted: the improvement of D (+: D fell)" in text
+    assert "pred. 1st+2nd" in text and "pred.: the improvement of D (+: D fell)" in text
     assert f"{alignment['predicted_contribution']:+.4g}" in text
     assert "a local estimate: over 4 steps the predicted gains" in text
     assert "adaptive:quadratic: predicted improvement 0.1 against 0.2 for the best constant weights (did not" in text
