@@ -29,8 +29,11 @@ def _tells(report: dict[str, Any]) -> list[str]:
     moved = "fell" if after < before else "rose" if after > before else "stayed"
     mix = "+".join(report["pretrain"])
     helps_or_not = {"fell": "helped", "rose": "did not help", "stayed": "did not change"}[moved]
-    tells = [f"D, the {task} loss on {config['downstream_examples']} held-out examples, {moved} from {before:.4f} to "
-             f"{after:.4f} over {config['steps']} steps: here {mix} pre-training {helps_or_not} {task}."]
+    head = (f"of a probe re-fitted at each step on {config['head_fit_size']:,} others"
+            if config.get("downstream_head", "frozen") == "refit" else "through the head fitted before training")
+    tells = [f"D, the {task} loss on {config['downstream_examples']} held-out examples {head}, {moved} from "
+             f"{before:.4f} to {after:.4f} over {config['steps']} steps: here {mix} pre-training {helps_or_not} "
+             f"{task}."]
     alignment = summary["alignment"]
     above = [n for n, a in alignment.items() if a["ci95"][0] > 0]
     below = [n for n, a in alignment.items() if a["ci95"][1] < 0]
