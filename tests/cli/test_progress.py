@@ -16,7 +16,7 @@ from objreg.cli import make_cli
 from objreg.cli.progress import TRAINING, RunDisplay, clock_text
 
 SMALL = ["--steps", "2", "--batch-size", "4", "--seq-len", "48", "--eval-size", "8", "--head-warmup-steps", "5",
-         "--head-fit-size", "16"]
+         "--head-fit-size", "16", "--downstream-head", "frozen"]
 
 
 def record(step: int) -> dict:
@@ -106,8 +106,7 @@ def test_the_cli_logs_stages_and_probes_where_stderr_is_no_terminal():
     assert result.exit_code == 0, result.output
     log = result.stderr
     for stage in ("loading corpus 'default'", "loading downstream data for 'qa'", "building model 'default'",
-                  "the downstream head is re-fitted at every probe, on 16 examples",
-                  "training with probes: 0/2 steps"):
+                  "fitting the downstream head (5 steps on 16 examples)", "training with probes: 0/2 steps"):
         assert stage in log, stage
     probes = [line for line in log.splitlines() if re.match(r"\[\d+:\d\d:\d\d\] step \d/2 ", line)]
     assert len(probes) == 2 and all("mlm dot" in p and "sop dot" in p and "ETA" in p for p in probes)

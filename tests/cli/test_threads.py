@@ -15,7 +15,7 @@ import objreg
 from objreg.cli import make_cli, threads
 
 SMALL = ["--pretrain", "mlm", "--steps", "1", "--batch-size", "2", "--seq-len", "32", "--eval-size", "4",
-         "--head-warmup-steps", "1", "--head-fit-size", "4"]
+         "--head-warmup-steps", "1", "--head-fit-size", "4", "--downstream-head", "frozen"]
 
 
 @pytest.mark.parametrize(("cpus", "load", "expected"), [

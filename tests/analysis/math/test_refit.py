@@ -22,8 +22,10 @@ SMALL = dict(steps=1, batch_size=2, seq_len=32, eval_size=8, head_fit_size=16, d
 def refit_setup(registry, downstream="qa", **settings):
     """A float64 model with its re-fitted downstream, as ``objreg analyze`` builds them."""
     config = AnalysisConfig(pretrain=("mlm",), downstream=downstream, **{**SMALL, **settings})
-    trainer, _ = prepare(config, registry, objreg.cache_dir())
+    stages = []
+    trainer, _ = prepare(config, registry, objreg.cache_dir(), stages.append)
     assert isinstance(trainer.probe.downstream, RefitDownstream)
+    assert "the downstream head is re-fitted at every probe, on 16 examples" in stages
     return trainer.model, trainer.probe.downstream
 
 
