@@ -50,12 +50,13 @@ def _tells(report: dict[str, Any]) -> list[str]:
     if spans:
         share = ", ".join(f"{alignment[n]['conflict_fraction']:.0%}" for n in spans)
         tells.append(f"{_names(spans)}: the dot's 95% interval spans zero, so over {summary['probes']} probes "
-                     f"{'it is' if len(spans) == 1 else 'none is'} measurably aligned with {task} or opposed to it "
+                     f"{'it is not' if len(spans) == 1 else 'none is'} measurably aligned with {task} or opposed to it "
                      f"(conflicting examples: {share}).")
     regime, error = summary.get("taylor_regime") or {"inside": True}, summary["taylor_relative_error"]
     if not regime["inside"]:
-        tells.append(f"{len(regime['steps_outside'])} of {summary['probes']} probed steps are outside the Taylor "
-                     f"regime: there the predicted parts do not account for what the step did to D.")
+        outside = len(regime["steps_outside"])
+        tells.append(f"{outside} of {summary['probes']} probed steps {'is' if outside == 1 else 'are'} outside the "
+                     f"Taylor regime: there the predicted parts do not account for what the step did to D.")
     elif error is not None:
         tells.append(f"The Taylor prediction holds: with its second-order term it is {error:.1%} off the actual "
                      f"change of D, so the parts in the tables account for what the steps did.")

@@ -45,7 +45,7 @@ from objreg.toolkit.tokenizer import TokenizedCorpus, Tokenizer
 #: Rows per chunk of a re-fitted head's fit set: the fit's work on the head runs per chunk, so
 #: fewer, larger chunks cost less overhead (docs/performance.md); each still bounds the memory
 #: of one pass through the backbone.
-FIT_CHUNK = 64
+FIT_CHUNK = 32
 
 
 def check(config: AnalysisConfig, registry: Registry) -> torch.device:
