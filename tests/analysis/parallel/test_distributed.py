@@ -18,6 +18,8 @@ from objreg.analysis.parallel import launch
 from objreg.analysis.parallel.group import Group, ProcessGroup, shard_bounds
 from objreg.analysis.parallel.launch import from_environment
 from objreg.analysis.probe.writer import RunWriter
+from objreg.analysis.run.config import AnalysisConfig
+from objreg.analysis.run.prepare import FIT_CHUNK, fit_chunk, prepare
 from objreg.core.errors import DataError, DeviceError, InvalidParameterError, NonFiniteLossError, UnknownNameError
 from objreg.plugins.models import transformer
 
@@ -170,6 +172,24 @@ def test_a_batch_smaller_than_the_processes_is_refused():
     launch.check_batch(3, group)
 
 
+def test_every_process_holds_a_chunk_of_the_refit_set():
+    # Downstream deals chunk j to process j mod world_size; a process without a chunk would run
+    # the fit's collectives on other shapes than the rest (gloo aborts).
+    for processes in range(1, 9):
+        for rows in range(processes, 200):
+            size = fit_chunk(rows, processes)
+            chunks = len(range(0, rows, size))
+            assert size >= 1 and chunks >= processes, (rows, processes, size)
+            assert size == min(FIT_CHUNK, rows) or processes > 1
+
+
+def test_a_refit_set_smaller_than_the_processes_is_refused():
+    group = ProcessGroup(0, 3, "gloo", torch.device("cpu"))
+    config = AnalysisConfig(pretrain=("mlm",), downstream="qa", **{**RUN, "head_fit_size": 2, "batch_size": 6})
+    with pytest.raises(InvalidParameterError, match="head_fit_size gives 2 fit examples for 3 processes"):
+        prepare(config, tiny_registry(), objreg.cache_dir(), group=group)
+
+
 # -- two processes ------------------------------------------------------------------------------------
 
 
@@ -285,12 +305,15 @@ def test_the_report_config_adds_only_the_processes(one_process, two_processes):
     assert (one_process["config"]["world_size"], one_process["config"]["backend"]) == (1, None)
     assert (rank0["config"]["world_size"], rank0["config"]["backend"]) == (2, "gloo")
     differing = {k for k in one_process["config"] if one_process["config"][k] != rank0["config"][k]}
-    assert {"world_size", "backend"} <= differing <= {"world_size", "backend", "head_warmup"}
-    # The head fit is split too: its losses agree to rounding.
-    for key in ("loss_before", "loss_after"):
-        assert math.isclose(rank0["config"]["head_warmup"][key], one_process["config"]["head_warmup"][key],
-                            rel_tol=1e-12)
-    assert rank0["config"]["head_warmup"]["examples"] == one_process["config"]["head_warmup"]["examples"]
+    assert differing == {"world_size", "backend"}
+    assert rank0["config"]["downstream_fit"]["examples"] == RUN["head_fit_size"]
+    # The re-fit is split too (each process holds its chunks of the fit set): its loss and its
+    # gradient's size agree with one process's.
+    for one, two in zip(one_process["steps"], rank0["steps"]):
+        for side in ("before", "after"):
+            assert math.isclose(two["downstream_fit"][side]["fit_loss"], one["downstream_fit"][side]["fit_loss"],
+                                rel_tol=1e-12)
+            assert two["downstream_fit"][side]["gradient_norm"] < 1e-10
 
 
 @pytest.mark.e2e
@@ -335,6 +358,6 @@ def _disagreeing_worker(rank: int, port: int, results: str) -> None:
 def test_processes_that_disagree_or_stop_are_named(tmp_path):
     run_two_processes(_disagreeing_worker, free_port(), str(tmp_path))
     settings, lost = json.loads((tmp_path / "rank0.json").read_text(encoding="utf-8"))
-    assert settings == ("process rank 1 was started with seed (--seed) 3 but rank 0 with 0: every process torchrun "
+    assert settings == ("process rank 1 was started with seed (seed=) 3 but rank 0 with 0: every process torchrun "
                         "starts must be given the same settings")
     assert lost.startswith("process rank 0 lost the other processes in a collective: rank 1 stopped or failed first")

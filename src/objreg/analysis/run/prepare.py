@@ -58,6 +58,12 @@ def check(config: AnalysisConfig, registry: Registry) -> torch.device:
     return device
 
 
+def fit_chunk(rows: int, processes: int) -> int:
+    """Rows per chunk of the re-fitted head's fit set: FIT_CHUNK, or fewer so that every process
+    holds at least one chunk (each runs the fit's collectives on its own share)."""
+    return max(1, min(FIT_CHUNK, rows // processes))
+
+
 def prepare(
     config: AnalysisConfig, registry: Registry, cache: Path, status: Callable[[str], None] = lambda _: None,
     group: Group | None = None,
@@ -95,6 +101,10 @@ def prepare(
     fit_size = config.head_fit_size if refit or config.head_warmup_steps else 0
     eval_batch, fit_batch, task_heads, split = downstream_sets(task, config, heldout.documents, tokenizer, fit_size)
 
+    if refit and fit_batch.batch_size < group.world_size:
+        raise InvalidParameterError(
+            f"head_fit_size gives {fit_batch.batch_size} fit examples for {group.world_size} processes: the "
+            f"re-fitted head needs at least one per process; use head_fit_size ≥ {group.world_size}")
     status(f"building model {config.model!r}")
     owners = {**{n: o.info.heads for n, o in objectives.items()}, task.name: task_heads}
     model = build_model(registry, config.model, tokenizer.vocab, owners, config.seed)
@@ -118,7 +128,7 @@ def prepare(
         downstream: Downstream = RefitDownstream(
             task, eval_batch.to(device), group=group, evaluation_dtype=evaluation_dtype, head=head,
             fit_set=Downstream(task, fit_batch.to(device), group=group, evaluation_dtype=evaluation_dtype,
-                               chunk_size=FIT_CHUNK))
+                               chunk_size=fit_chunk(fit_batch.batch_size, group.world_size)))
     else:
         downstream = Downstream(task, eval_batch.to(device), group=group, evaluation_dtype=evaluation_dtype)
     downstream.check(model)
