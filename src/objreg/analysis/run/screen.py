@@ -284,8 +284,13 @@ def _reason(registry: Registry, candidate: Candidate, config: AnalysisConfig, lo
 
 def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig, loaded: Loaded,
                budget: Budget, probe_every: int, device: torch.device,
-               on_step: Callable[[int], None]) -> dict[str, Any]:
-    """Train ``candidate`` alone from the shared start and probe it (module docstring)."""
+               on_step: Callable[[int], None], start: dict[str, Any], outcome_steps: int | None = None
+               ) -> dict[str, Any]:
+    """Train ``candidate`` alone from the shared start and probe it (module docstring).
+
+    ``start``: the re-fitted head at the shared start (``RefitDownstream.state_dict``), filled by
+    the first candidate's first probe; every later candidate's first solve starts from it, so the
+    shared start's head is solved from zero once rather than once per candidate."""
     objectives = {n: registry.get(n, vocab=loaded.tokenized.vocab, **candidate.params.get(n, {}))
                   for n in candidate.objectives}
     owners = {**{n: o.info.heads for n, o in objectives.items()}, loaded.task.name: loaded.task_heads}
@@ -298,6 +303,8 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
         fit_set=Downstream(loaded.task, loaded.fit_batch.to(device), evaluation_dtype=evaluation_dtype,
                            chunk_size=FIT_CHUNK))
     downstream.check(model)
+    if start:
+        downstream.load_state_dict(start)
     steps = budget.steps if budget.steps is not None else MAX_STEPS
     trainer = Trainer(model, objectives, candidate.weights, loaded.tokenized, downstream, optimizer=config.optimizer,
                       lr=config.lr, batch_size=config.batch_size, seed=config.seed, device=device, steps=steps)
@@ -326,6 +333,8 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
             with Quiet(model), derivable_attention():
                 value = downstream.loss(model)
                 gradient, _ = downstream.curvature(model, before).gradient_and_products([])
+            if not start:
+                start.update(downstream.state_dict())
             initial = value if initial is None else initial
             norms.append(float(flat_norm(combined)))
         trainer.optimizer.step()
@@ -338,13 +347,22 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
         on_step(step)
     with Quiet(model):
         final = downstream.loss(model)
+    spent = time.monotonic() - started
+    outcome = None
+    if outcome_steps is not None:  # the validity experiment's outcome: the same run, continued unprobed
+        for later in range(step, outcome_steps):
+            _, batches = trainer.next_batches()
+            trainer.accumulate_gradients(later, batches, candidate.weights, keep=False)
+            trainer.optimizer.step()
+        with Quiet(model):
+            outcome = downstream.loss(model)
     half = len(losses) // 2
     return {
         "steps": step, "probes": len(scores), "scores": scores, "per_token": per_token,
         "tokens_per_step": sum(tokens) / len(tokens), "initial": initial, "final": final,
         "grad_norm": sum(norms) / len(norms),
         "loss_decrease": sum(losses[:half]) / half - sum(losses[half:]) / (len(losses) - half),
-        "seconds": time.monotonic() - started,
+        "seconds": spent, "outcome": outcome,
     }
 
 
@@ -363,6 +381,7 @@ def screen(
     cache: Path | None = None,
     on_status: Callable[[str], None] | None = None,
     on_step: Callable[[str, int, int | None], None] | None = None,
+    outcome_steps: int | None = None,
     **settings: Any,
 ) -> ScreenReport:
     """Screen ``candidates`` for ``downstream`` (module docstring).
@@ -374,6 +393,8 @@ def screen(
         probe_every: Probe every this many steps (each probe re-fits the head and takes ``∇D*``).
         on_status: Called with a short line as each loading stage starts.
         on_step: Called after every step with ``(candidate, steps done, steps of its budget or None)``.
+        outcome_steps: For the validity experiment: after the budget, train each candidate on,
+            unprobed, to this many steps in all, and report ``D*`` there (``outcome_downstream_loss``).
         **settings: analyze's settings of the model, corpus, data and device
             (:class:`~objreg.analysis.run.config.AnalysisConfig` fields but those the screen sets).
 
@@ -389,6 +410,8 @@ def screen(
     if isinstance(probe_every, bool) or not isinstance(probe_every, int) or probe_every < 1:
         raise InvalidParameterError(f"probe_every must be a positive integer, got {probe_every!r}")
     budget = parse_budget(budget)
+    if outcome_steps is not None and (budget.steps is None or outcome_steps < budget.steps):
+        raise InvalidParameterError(f"outcome_steps must be at least the budget's steps, got {outcome_steps!r}")
     registry = registry or Registry.load()
     parsed = parse_candidates(candidates, registry)
     base = AnalysisConfig(pretrain=(parsed[0].objectives[0],), downstream=downstream or "qa", **settings)
@@ -399,6 +422,7 @@ def screen(
     if all(reasons.values()):
         raise InvalidParameterError("no candidate can run here: " + "; ".join(f"{k}: {v}" for k, v in reasons.items()))
     entries: list[ScreenEntry] = []
+    start: dict[str, Any] = {}
     for candidate in parsed:
         entry: ScreenEntry = {
             "candidate": candidate.label, "objectives": list(candidate.objectives),
@@ -417,7 +441,8 @@ def screen(
             if on_step is not None:
                 on_step(label, done, budget.steps)
 
-        run = _score_run(registry, candidate, base, loaded, budget, probe_every, device, report_step)
+        run = _score_run(registry, candidate, base, loaded, budget, probe_every, device, report_step, start,
+                         outcome_steps)
         entry.update({
             "score": _interval(run["scores"]), "score_per_1k_tokens": _interval(run["per_token"]),
             "steps": run["steps"], "probes": run["probes"], "tokens_per_step": run["tokens_per_step"],
@@ -425,6 +450,8 @@ def screen(
             "actual_improvement": run["initial"] - run["final"], "grad_norm": run["grad_norm"],
             "loss_decrease": run["loss_decrease"], "seconds": run["seconds"],
         })
+        if outcome_steps is not None:
+            entry["outcome_downstream_loss"] = run["outcome"]  # type: ignore[typeddict-unknown-key]
     runnable = [e for e in entries if e["runnable"]]
     order = torch.randperm(len(runnable), generator=stream(base.seed, "screen_random_order")).tolist()
     for entry, position in zip(runnable, order):
