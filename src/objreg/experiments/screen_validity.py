@@ -11,7 +11,8 @@ al., ICLR 2022 and 2023) answer with end-task meta-gradients, and TAG's lookahea
 ``shared/data`` holds them, else the built-in sets): :func:`objreg.screen` of the candidates with
 the default budget, each run then continued without probes, from the same start and on the same
 data stream, to 20 times the screen's steps (``outcome_steps``). Default model, corpus, optimizer
-and sizes (the screen's defaults: what a user runs). Quick: three candidates, four screen steps,
+and budget; rows of 64 tokens, 8 per step, 32 evaluation and 64 fit examples (smaller than the
+screen's defaults: :data:`FULL`'s comment), so the validated setting is that one. Quick: three candidates, four screen steps,
 small rows and sets, the built-in tasks.
 
 **Measured.** Per task and seed: the outcome, ``D*`` at the start less ``D*`` after the long run,
@@ -76,8 +77,11 @@ class Config:
 
 
 QUICK = Config(candidates=("mlm", "clm", "sop"), budget=4, batch_size=4, seq_len=48, eval_size=16, head_fit_size=32)
+#: The full setting's rows and sets are smaller than the screen's defaults: with SQuAD's long
+#: contexts a default-size probe took minutes per candidate on the shared CPU, too long for
+#: 8 candidates × 2 tasks × 3 seeds with their 20× runs.
 FULL = Config(candidates=("mlm", "mlm:mask_prob=0.4", "wwm", "span", "t5", "clm", "sop", "mlm+sop"),
-              budget=DEFAULT_BUDGET)
+              budget=DEFAULT_BUDGET, batch_size=8, seq_len=64, eval_size=32, head_fit_size=64)
 
 
 def data_for(task: str, quick: bool) -> str | None:

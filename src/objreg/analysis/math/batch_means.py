@@ -4,8 +4,8 @@ A screen's per-step scores are a trajectory: neighbouring steps share the model 
 state, so they are correlated and a t interval over the steps is too narrow. Batch means splits the
 series into ``b`` consecutive batches of equal length; when a batch is long beside the series'
 correlation time its mean is nearly independent of the next one's, and the t interval over the
-``b`` batch means (``b − 1`` degrees of freedom) covers the series' mean. ``b = ⌊√n⌋`` (at least 2)
-lets both the batches and their number grow with ``n`` (Flegal and Jones 2010, Ann. Statist. 38(2)).
+``b`` batch means (``b − 1`` degrees of freedom) covers the series' mean. ``b = √n`` rounded (at least 2) lets both
+the batches and their number grow with ``n`` (Flegal and Jones 2010, Ann. Statist. 38(2)).
 The first ``n mod b`` values are left out of the interval's spread (not of the mean): a batch of
 unequal length would have a different variance.
 """
@@ -32,8 +32,8 @@ class BatchMeansInterval(TypedDict):
 
 
 def batch_count(n: int) -> int:
-    """``⌊√n⌋``, at least 2; 0 below 2 values."""
-    return 0 if n < 2 else max(2, math.isqrt(n))
+    """``√n`` rounded, at least 2; 0 below 2 values."""
+    return 0 if n < 2 else max(2, round(math.sqrt(n)))
 
 
 def batch_means_ci95(values: Sequence[float] | np.ndarray) -> BatchMeansInterval:

@@ -57,7 +57,7 @@ from objreg.toolkit.randomness import stream
 
 #: Steps per candidate when no budget is given (docs/performance.md: 8 candidates on the default
 #: model in a few minutes on two CPU cores).
-DEFAULT_BUDGET = 12
+DEFAULT_BUDGET = 8
 #: The most steps a time budget may run (it stops at its time first unless steps are very cheap).
 MAX_STEPS = 10_000
 #: What the screen sets itself, so a caller may not.
