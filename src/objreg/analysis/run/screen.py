@@ -230,20 +230,33 @@ def rank_with_ties(entries: Sequence[ScreenEntry]) -> None:
             entry["rank"], entry["tied"] = position, False
 
 
-def validity_line(config: AnalysisConfig, path: Path = VALIDITY_RESULT) -> str:
-    """One line: the Spearman ρ the experiment ``screen-validity`` measured for this setting (the
-    model, corpus and task), or that the screen is not validated for it."""
+#: The settings the experiment fixes, which a screen must share to be the setting it validated.
+VALIDATED_SIZES = ("batch_size", "seq_len", "eval_size", "head_fit_size")
+
+
+def validity_line(config: AnalysisConfig, budget: Budget, path: Path = VALIDITY_RESULT) -> str:
+    """One line: the Spearman ρ the experiment ``screen-validity`` measured between the screen and
+    ``D*`` after 20× longer training, for this setting (model, corpus, task, budget, sizes,
+    optimizer and learning rate as the experiment ran them), or that it is not validated for it."""
     try:
         result = json.loads(path.read_text())
-        setting = result["result"]["setting"]
-        rho = result["result"]["screen_rho"][config.downstream]
+        setting, per_task = result["setting"], result["figures"]["per_task"]
     except (OSError, ValueError, KeyError, TypeError):
-        return "validity: not validated for this setting (no result of experiment screen-validity for it)"
-    if config.model != setting.get("model") or config.corpus != setting.get("corpus"):
-        return (f"validity: not validated for this setting (experiment screen-validity covers model "
-                f"{setting.get('model')!r}, corpus {setting.get('corpus')!r})")
-    return (f"validity: Spearman ρ {rho['mean']:+.2f} [{rho['low']:+.2f}, {rho['high']:+.2f}] with {config.downstream} "
-            f"D* after {setting.get('outcome_factor', 20)}× the steps (screen-validity, {rho['seeds']} seeds)")
+        return "validity: not validated for this setting (no committed result of experiment screen-validity)"
+    defaults = AnalysisConfig(pretrain=("mlm",))
+    same = (config.model == setting.get("model") and config.corpus == setting.get("corpus")
+            and config.downstream in per_task and budget.steps == setting.get("budget")
+            and all(getattr(config, k) == setting.get(k) for k in VALIDATED_SIZES)
+            and (config.optimizer, config.lr) == (defaults.optimizer, defaults.lr))
+    if not same:
+        tasks = ", ".join(per_task)
+        return (f"validity: not validated for this setting (experiment screen-validity ran model "
+                f"{setting.get('model')}, tasks {tasks}, budget {setting.get('budget')} steps, "
+                + ", ".join(f"{k} {setting.get(k)}" for k in VALIDATED_SIZES) + ")")
+    rho = per_task[config.downstream]["rho"]["screen"]
+    return (f"validity: Spearman ρ {rho['mean']:+.2f} [{rho['low']:+.2f}, {rho['high']:+.2f}] between this "
+            f"setting's screen and {config.downstream}'s D* after {setting.get('outcome_factor')}× the steps, over "
+            f"{rho['seeds']} seeds (experiment screen-validity: {result.get('verdict')})")
 
 
 class Loaded:
@@ -375,12 +388,13 @@ def screen(
     candidates: str | Sequence[str],
     downstream: str | None = None,
     *,
-    budget: int | str | Budget = DEFAULT_BUDGET,
+    budget: int | str | Budget | None = None,
     probe_every: int = 1,
     registry: Registry | None = None,
     cache: Path | None = None,
     on_status: Callable[[str], None] | None = None,
     on_step: Callable[[str, int, int | None], None] | None = None,
+    on_plan: Callable[[int, int | None], None] | None = None,
     outcome_steps: int | None = None,
     **settings: Any,
 ) -> ScreenReport:
@@ -389,10 +403,13 @@ def screen(
     Args:
         candidates: ``"mlm,mlm:mask_prob=0.4,mlm+sop"`` or a list of such entries.
         downstream: The task (default ``qa``).
-        budget: Steps per candidate (an int, or ``"12"``), or seconds (``"90s"``).
+        budget: Steps per candidate (an int, or ``"12"``), or seconds (``"90s"``); None:
+            :data:`DEFAULT_BUDGET` steps.
         probe_every: Probe every this many steps (each probe re-fits the head and takes ``∇D*``).
         on_status: Called with a short line as each loading stage starts.
         on_step: Called after every step with ``(candidate, steps done, steps of its budget or None)``.
+        on_plan: Called once the candidates are checked, with how many will run and the steps of
+            each (None under a time budget).
         outcome_steps: For the validity experiment: after the budget, train each candidate on,
             unprobed, to this many steps in all, and report ``D*`` there (``outcome_downstream_loss``).
         **settings: analyze's settings of the model, corpus, data and device
@@ -409,7 +426,7 @@ def screen(
                                     f"device and optimizer settings only")
     if isinstance(probe_every, bool) or not isinstance(probe_every, int) or probe_every < 1:
         raise InvalidParameterError(f"probe_every must be a positive integer, got {probe_every!r}")
-    budget = parse_budget(budget)
+    budget = parse_budget(DEFAULT_BUDGET if budget is None else budget)
     if outcome_steps is not None and (budget.steps is None or outcome_steps < budget.steps):
         raise InvalidParameterError(f"outcome_steps must be at least the budget's steps, got {outcome_steps!r}")
     registry = registry or Registry.load()
@@ -421,6 +438,8 @@ def screen(
     reasons = {c.label: _reason(registry, c, base, loaded) for c in parsed}
     if all(reasons.values()):
         raise InvalidParameterError("no candidate can run here: " + "; ".join(f"{k}: {v}" for k, v in reasons.items()))
+    if on_plan is not None:
+        on_plan(sum(r is None for r in reasons.values()), budget.steps)
     entries: list[ScreenEntry] = []
     start: dict[str, Any] = {}
     for candidate in parsed:
@@ -457,8 +476,8 @@ def screen(
     for entry, position in zip(runnable, order):
         entry["random_rank"] = position + 1
     rank_with_ties(entries)
-    entries.sort(key=lambda e: (not e["runnable"], e["rank"] or 0))
+    entries.sort(key=lambda e: (not e["runnable"], e["rank"] or 0, -e["score"]["mean"] if e["score"] else 0.0))
     config_dict = {k: v for k, v in base.to_dict().items() if k not in OWN_SETTINGS}
     config_dict.update(device=str(device), probe_every=probe_every)
-    return ScreenReport(base.downstream, str(budget), config_dict, entries, validity_line(base),
+    return ScreenReport(base.downstream, str(budget), config_dict, entries, validity_line(base, budget),
                         time.monotonic() - started)
