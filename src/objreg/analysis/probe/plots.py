@@ -244,7 +244,7 @@ def write_screen_plot(report: dict[str, Any], path: Path) -> Path:
     panel.errorbar(means, rows, xerr=[means - lows, highs - means], fmt="o", capsize=3)
     panel.axvline(0.0, color="grey", linestyle="--", linewidth=0.8)
     panel.set_yticks(rows, [f"{'=' if e['tied'] else ''}{e['rank']}  {e['candidate']}" for e in entries])
-    panel.set_xlabel("score: predicted drop of D* per step, −∇D*·Δθ (mean over probes, 95% batch-means interval)")
+    panel.set_xlabel("score −∇D*·Δθ per step (mean, 95% batch-means interval)")
     panel.set_title(f"objreg screen → {report['downstream']} ({report['budget']} per candidate)", fontsize=9)
     figure.tight_layout()
     return _save(figure, path)
