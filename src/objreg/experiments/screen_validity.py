@@ -41,7 +41,7 @@ from objreg.analysis.math.stats import mean_ci95
 from objreg.analysis.parallel.devices import resolve_device
 from objreg.analysis.run.screen import DEFAULT_BUDGET, screen
 from objreg.experiments import _support
-from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, ExperimentResult, Setting
+from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, ExperimentResult, Setting, save_figure
 
 NAME = "screen-validity"
 CLAIM = ("objreg screen's score (the first-order drop of the re-fitted downstream loss D* per step over a short run) "
@@ -131,8 +131,30 @@ def run(setting: Setting, registry: Registry | None = None) -> ExperimentResult:
     rhos = [per_task[t]["rho"]["screen"] for t in config.tasks]
     figures = {"per_task": per_task, "effect": float(np.mean(rhos))}
     verdict, reason = decide_seed(per_task)
+    plots = [plot(figures, setting.out_dir / f"{NAME}.png")] if setting.out_dir is not None else []
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures, _support.settings(
-        config, setting, device, model="default", corpus="default", outcome_factor=OUTCOME_FACTOR))
+        config, setting, device, model="default", corpus="default", outcome_factor=OUTCOME_FACTOR), plots)
+
+
+def plot(figures: dict[str, Any], path: Any) -> str:
+    """One seed: per task, each candidate's outcome (D* drop after the long run) against its
+    screen score, with the Spearman ρ of the screen and of each baseline in the title."""
+    from matplotlib.figure import Figure
+
+    tasks = figures["per_task"]
+    figure = Figure(figsize=(5 * len(tasks), 4))
+    for i, (task, found) in enumerate(tasks.items()):
+        panel = figure.add_subplot(1, len(tasks), i + 1)
+        panel.scatter(found["signals"]["screen"], found["outcome_improvement"])
+        for name, x, y in zip(found["candidates"], found["signals"]["screen"], found["outcome_improvement"]):
+            panel.annotate(name, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        rho = found["rho"]
+        panel.set_title(f"{task}: rho screen {rho['screen']:+.2f}, grad norm {rho['grad_norm']:+.2f},\n"
+                        f"own loss {rho['loss_decrease']:+.2f}, random {rho['random']:+.2f}", fontsize=8)
+        panel.set_xlabel("screen score: predicted drop of D* per step")
+        panel.set_ylabel(f"D* drop after {OUTCOME_FACTOR}x the steps")
+    figure.tight_layout()
+    return save_figure(figure, path)
 
 
 def decide_seed(per_task: dict[str, Any]) -> tuple[str, str]:
