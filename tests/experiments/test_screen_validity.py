@@ -57,6 +57,7 @@ def test_a_screen_that_reverses_the_outcome_is_refuted_and_a_baseline_can_beat_i
     assert screen_validity.combine(matched, Setting()).verdict == "inconclusive"
 
 
+@pytest.mark.e2e  # about a minute of training, as the other experiments' quick runs
 def test_one_quick_seed_runs_end_to_end(tmp_path):
     result = screen_validity.run(Setting(quick=True, out_dir=tmp_path))
     assert result.verdict in ("confirmed", "refuted", "inconclusive")

@@ -24,7 +24,6 @@ name                                  number  what it feeds
 ``paired_rows``                       11      the rows every condition of the span-length experiment shares
 ``downstream_head``                   12      the downstream task's head under ``--downstream-head refit``
 ``screen_random_order``               20      ``objreg screen``'s random-order baseline
-``screen_validity_fine_tune``         21      the rows of the screen-validity experiment's short fine-tune
 ====================================  ======  ==============================================================
 
 Names sharing a number are never drawn together in one run: each reads right where it is used,
@@ -54,7 +53,6 @@ STREAMS: dict[str, int] = {
     "paired_rows": 11,
     "downstream_head": 12,
     "screen_random_order": 20,
-    "screen_validity_fine_tune": 21,
 }
 
 
