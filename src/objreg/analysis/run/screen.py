@@ -53,6 +53,7 @@ from objreg.analysis.run.validation import check_providers
 from objreg.core.errors import DataError, InvalidParameterError
 from objreg.core.registry import Registry
 from objreg.toolkit.cache import cache_dir
+from objreg.toolkit.noise import noisy_corpus
 from objreg.toolkit.randomness import stream
 
 #: Steps per candidate when no budget is given (docs/performance.md: 8 candidates on the default
@@ -271,6 +272,8 @@ class Loaded:
         status(f"loading tokenizer for model {config.model!r}")
         self.tokenizer = registry.load_tokenizer(config.model, corpus, cache)
         pretrain_corpus, heldout = corpus.split()
+        if config.char_noise > 0:  # as analyze does: the pre-training text only, from its own stream
+            pretrain_corpus = noisy_corpus(pretrain_corpus, config.char_noise, stream(config.seed, "char_noise"))
         self.tokenized = TokenizedCorpus(self.tokenizer, pretrain_corpus, config.seq_len)
         status(f"loading downstream data for {config.downstream!r}")
         self.eval_batch, self.fit_batch, self.task_heads, _ = downstream_sets(
