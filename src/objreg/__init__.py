@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from objreg.analysis.probe.writer import RunWriter
     from objreg.analysis.run.analyze import analyze
     from objreg.analysis.run.config import AnalysisConfig
+    from objreg.analysis.run.screen import ScreenReport, screen
     from objreg.core import masks
     from objreg.core.handles import Objective, Task
     from objreg.core.masks import AttentionMask
@@ -96,6 +97,8 @@ _LAZY = {
     "split_sentences": ("objreg.toolkit.tokenizer", "split_sentences"),
     "analyze": ("objreg.analysis.run.analyze", "analyze"),
     "AnalysisConfig": ("objreg.analysis.run.config", "AnalysisConfig"),
+    "screen": ("objreg.analysis.run.screen", "screen"),
+    "ScreenReport": ("objreg.analysis.run.screen", "ScreenReport"),
     "AlignmentReport": ("objreg.analysis.probe.report", "AlignmentReport"),
     "TransferProbe": ("objreg.analysis.probe.transfer_probe", "TransferProbe"),
     "ProbeCallback": ("objreg.analysis.probe.hf_callback", "ProbeCallback"),
@@ -145,6 +148,7 @@ __all__ = [
     "Registry",
     "ResourceError",
     "RunWriter",
+    "ScreenReport",
     "Task",
     "TaskData",
     "TensorBoardScalars",
@@ -167,6 +171,7 @@ __all__ = [
     "list_objectives",
     "list_tasks",
     "masks",
+    "screen",
     "split_sentences",
     "tokenize",
     "toolkit",

@@ -30,6 +30,7 @@ BUILTIN = {
     "show": ("objreg.cli.show", "show"),
     "corrupt": ("objreg.cli.corrupt", "corrupt"),
     "analyze": ("objreg.cli.analyze", "analyze"),
+    "screen": ("objreg.cli.screen", "screen"),
     "experiment": ("objreg.cli.experiment", "experiment"),
 }
 

@@ -31,6 +31,7 @@ EXPERIMENTS: dict[str, str] = {
     "consistency-collapse": "objreg.experiments.consistency_collapse",
     "hard-negatives": "objreg.experiments.hard_negatives",
     "adaptive-mixture": "objreg.experiments.adaptive_mixture",
+    "screen-validity": "objreg.experiments.screen_validity",
 }
 
 

@@ -229,3 +229,22 @@ def _counterfactual(report: dict[str, Any]) -> Figure:
 def _rectangle(x0: float, y0: float, x1: float, y1: float) -> Rectangle:
     return Rectangle((x0, y0), x1 - x0, y1 - y0, fill=False, edgecolor="black", linewidth=1.2,
                      label="trust region (each weight)")
+
+
+def write_screen_plot(report: dict[str, Any], path: Path) -> Path:
+    """``objreg screen``'s forest plot: each runnable candidate's mean score with its interval,
+    best at the top, a line at zero (no predicted change of D*)."""
+    entries = [e for e in report["candidates"] if e["runnable"]]
+    figure = Figure(figsize=(7, 1.2 + 0.35 * len(entries)))
+    panel = figure.add_subplot()
+    rows = np.arange(len(entries))[::-1]
+    means = np.array([e["score"]["mean"] for e in entries])
+    lows = np.array([e["score"]["low"] for e in entries])
+    highs = np.array([e["score"]["high"] for e in entries])
+    panel.errorbar(means, rows, xerr=[means - lows, highs - means], fmt="o", capsize=3)
+    panel.axvline(0.0, color="grey", linestyle="--", linewidth=0.8)
+    panel.set_yticks(rows, [f"{'=' if e['tied'] else ''}{e['rank']}  {e['candidate']}" for e in entries])
+    panel.set_xlabel("score −∇D*·Δθ per step (mean, 95% batch-means interval)")
+    panel.set_title(f"objreg screen → {report['downstream']} ({report['budget']} per candidate)", fontsize=9)
+    figure.tight_layout()
+    return _save(figure, path)

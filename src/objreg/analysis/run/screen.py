@@ -1,0 +1,486 @@
+"""``screen``: which pre-training objective for a downstream task, from short runs off one start.
+
+Every candidate (an objective, an objective with parameters ``mlm:mask_prob=0.4``, or an
+equal-weight mixture ``mlm+sop``) trains alone for a short budget from the same start: the same
+backbone (drawn from the run seed before any objective head), the same downstream head (its own
+random stream, as :mod:`objreg.analysis.run.prepare` draws it), the same data stream, and
+analyze's optimizer and learning rate. At every probed step the screen takes the first-order
+prediction of the step's effect on ``D*`` (the re-fitted head's downstream loss,
+:mod:`objreg.analysis.math.refit`):
+
+    score_t = −∇D*(θ_t) · Δθ_t            (the predicted drop of D* from step t)
+
+and reports its mean over the probes with a batch-means interval
+(:mod:`objreg.analysis.math.batch_means`: the steps of one run are correlated), also per 1,000
+input tokens of the step's batches (the corrupted rows' non-padding tokens the backbone reads).
+Candidates are ranked by the mean; a candidate whose interval overlaps the interval of the best
+of its group is tied with it (``=`` in the rank).
+
+Beside the score, the baselines a user could compute without the analyzer: the mean norm of the
+candidate's training gradient on the backbone, its own loss decrease over the run (the mean loss
+of the run's first half less that of its second half), and a seeded random order; and the actual
+change of ``D*`` over the short run.
+
+Candidates are checked in two passes before any training: names and parameters (each plugin's
+own parameter schema) fail the call at once; whether a valid candidate can run on this model
+(an objective's sequence length, a causal objective on an encoder-decoder, a missing special
+token) is decided by analyze's own checks, and one that cannot is listed with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypedDict
+
+import torch
+
+from objreg.analysis.math.batch_means import batch_means_ci95
+from objreg.analysis.math.downstream import Downstream
+from objreg.analysis.math.functional import flat_dot, flat_norm, named_shared
+from objreg.analysis.math.refit import RefitDownstream
+from objreg.analysis.probe.arguments import Quiet
+from objreg.analysis.probe.attention import derivable_attention
+from objreg.analysis.run.config import DTYPES, AnalysisConfig
+from objreg.analysis.run.loop import Trainer
+from objreg.analysis.run.prepare import FIT_CHUNK, _check_fits, build_model, downstream_sets, redraw_downstream_heads
+from objreg.analysis.run.validation import check_providers
+from objreg.core.errors import DataError, InvalidParameterError
+from objreg.core.registry import Registry
+from objreg.toolkit.cache import cache_dir
+from objreg.toolkit.noise import noisy_corpus
+from objreg.toolkit.randomness import stream
+
+#: Steps per candidate when no budget is given (docs/performance.md: 8 candidates on the default
+#: model in a few minutes on two CPU cores).
+DEFAULT_BUDGET = 8
+#: The most steps a time budget may run (it stops at its time first unless steps are very cheap).
+MAX_STEPS = 10_000
+#: What the screen sets itself, so a caller may not.
+OWN_SETTINGS = ("pretrain", "weights", "schedule", "steps", "probe_every", "downstream_head", "spectrum",
+                "attribution_top", "head_warmup_steps")
+#: Where the experiment that validates the screen keeps its result (the repository's docs).
+VALIDITY_RESULT = Path(__file__).resolve().parents[4] / "docs" / "experiments" / "results" / "screen-validity.json"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One candidate: its ``label`` as given, its objectives with their parameters (as strings,
+    validated by the plugins), and their weights (equal, summing to 1)."""
+
+    label: str
+    objectives: tuple[str, ...]
+    params: Mapping[str, Mapping[str, str]]
+
+    @property
+    def weights(self) -> dict[str, float]:
+        return dict.fromkeys(self.objectives, 1.0 / len(self.objectives))
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Steps per candidate, or seconds per candidate (then steps run until the time is spent)."""
+
+    steps: int | None = None
+    seconds: float | None = None
+
+    def __str__(self) -> str:
+        return f"{self.steps} steps" if self.steps is not None else f"{self.seconds:g}s"
+
+
+def parse_budget(budget: int | str | Budget) -> Budget:
+    """``12`` or ``"12"``: steps; ``"90s"``: seconds per candidate.
+
+    Raises:
+        InvalidParameterError: anything else, or a budget that is not positive.
+    """
+    if isinstance(budget, Budget):
+        return budget
+    if isinstance(budget, bool):
+        raise InvalidParameterError(f"budget must be a number of steps or seconds like 90s, got {budget!r}")
+    if isinstance(budget, int):
+        if budget < 2:
+            raise InvalidParameterError(f"budget must be at least 2 steps (an interval needs two probes), got {budget}")
+        return Budget(steps=budget)
+    text = str(budget).strip()
+    try:
+        if text.endswith("s"):
+            seconds = float(text[:-1])
+            if not math.isfinite(seconds) or seconds <= 0:
+                raise ValueError
+            return Budget(seconds=seconds)
+        return parse_budget(int(text))
+    except ValueError:
+        raise InvalidParameterError(
+            f"budget must be a number of steps (at least 2, e.g. 12) or of seconds per candidate (e.g. 90s), "
+            f"got {budget!r}") from None
+
+
+def parse_candidates(candidates: str | Sequence[str], registry: Registry) -> list[Candidate]:
+    """Candidates from ``"mlm,mlm:mask_prob=0.4,mlm+sop"`` (or a list of such entries), each
+    objective and parameter checked against its plugin.
+
+    Grammar: candidates separated by ``,``; a mixture's objectives by ``+``; an objective's
+    parameters follow it after ``:``, each ``NAME=VALUE``, several separated by ``:``.
+
+    Raises:
+        InvalidParameterError: no candidate, a malformed entry, an unknown objective or parameter,
+            a bad parameter value, an objective repeated within a mixture, or a candidate repeated.
+    """
+    entries = candidates.split(",") if isinstance(candidates, str) else list(candidates)
+    entries = [e.strip() for e in entries if isinstance(e, str) and e.strip()]
+    if not entries:
+        raise InvalidParameterError("no candidate given: name at least one, e.g. --candidates mlm,clm,sop")
+    parsed: list[Candidate] = []
+    for entry in entries:
+        objectives: list[str] = []
+        params: dict[str, dict[str, str]] = {}
+        for part in entry.split("+"):
+            name, *assignments = [p.strip() for p in part.split(":")]
+            if not name:
+                raise InvalidParameterError(f"malformed candidate {entry!r}: expected OBJECTIVE[:PARAM=VALUE...]"
+                                            f"[+OBJECTIVE...], e.g. mlm:mask_prob=0.4 or mlm+sop")
+            if name in objectives:
+                raise InvalidParameterError(f"candidate {entry!r} names {name!r} twice")
+            given: dict[str, str] = {}
+            for assignment in assignments:
+                key, sep, value = assignment.partition("=")
+                if not sep or not key.strip() or not value.strip():
+                    raise InvalidParameterError(f"malformed parameter {assignment!r} in candidate {entry!r}: "
+                                                f"expected NAME=VALUE, e.g. mlm:mask_prob=0.4")
+                given[key.strip()] = value.strip()
+            registry.get(name, **given)  # unknown names, unknown parameters and bad values, in the plugin's words
+            objectives.append(name)
+            if given:
+                params[name] = given
+        label = "+".join(o + "".join(f":{k}={v}" for k, v in params.get(o, {}).items()) for o in objectives)
+        if any(c.label == label for c in parsed):
+            raise InvalidParameterError(f"candidate {label!r} is given twice")
+        parsed.append(Candidate(label, tuple(objectives), params))
+    return parsed
+
+
+class Interval(TypedDict):
+    mean: float
+    low: float
+    high: float
+
+
+class ScreenEntry(TypedDict):
+    """One candidate's result. ``runnable`` False: ``reason`` says why, the numbers are None."""
+
+    candidate: str
+    objectives: list[str]
+    params: dict[str, dict[str, str]]
+    runnable: bool
+    reason: str | None
+    rank: int | None
+    tied: bool
+    score: Interval | None
+    score_per_1k_tokens: Interval | None
+    steps: int
+    probes: int
+    tokens_per_step: float | None
+    initial_downstream_loss: float | None
+    final_downstream_loss: float | None
+    actual_improvement: float | None
+    grad_norm: float | None
+    loss_decrease: float | None
+    random_rank: int | None
+    seconds: float
+
+
+@dataclass
+class ScreenReport:
+    """What :func:`screen` returns: the candidates in rank order (unrunnable ones last), the
+    settings, the validity line, and the wall time."""
+
+    downstream: str
+    budget: str
+    config: dict[str, Any]
+    candidates: list[ScreenEntry]
+    validity: str
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, allow_nan=True)
+
+    def ranked(self) -> list[ScreenEntry]:
+        return [c for c in self.candidates if c["runnable"]]
+
+
+def rank_with_ties(entries: Sequence[ScreenEntry]) -> None:
+    """Set ``rank`` and ``tied`` on runnable entries, in place: by mean score, best first; a
+    candidate whose interval overlaps that of its group's first joins the group and shares its
+    rank (competition ranking: the next group's rank counts every candidate above it)."""
+    order = sorted((e for e in entries if e["runnable"]), key=lambda e: -e["score"]["mean"])
+    leader: ScreenEntry | None = None
+    for position, entry in enumerate(order, start=1):
+        if leader is not None and entry["score"]["high"] >= leader["score"]["low"]:
+            entry["rank"], entry["tied"], leader["tied"] = leader["rank"], True, True
+        else:
+            leader = entry
+            entry["rank"], entry["tied"] = position, False
+
+
+#: The settings the experiment fixes, which a screen must share to be the setting it validated.
+VALIDATED_SIZES = ("batch_size", "seq_len", "eval_size", "head_fit_size")
+
+
+def validity_line(config: AnalysisConfig, budget: Budget, path: Path = VALIDITY_RESULT) -> str:
+    """One line: the Spearman ρ the experiment ``screen-validity`` measured between the screen and
+    ``D*`` after 20× longer training, for this setting (model, corpus, task, budget, sizes,
+    optimizer and learning rate as the experiment ran them), or that it is not validated for it."""
+    try:
+        result = json.loads(path.read_text())
+        setting, per_task = result["setting"], result["figures"]["per_task"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "validity: not validated for this setting (no committed result of experiment screen-validity)"
+    defaults = AnalysisConfig(pretrain=("mlm",))
+    same = (config.model == setting.get("model") and config.corpus == setting.get("corpus")
+            and config.downstream in per_task and budget.steps == setting.get("budget")
+            and all(getattr(config, k) == setting.get(k) for k in VALIDATED_SIZES)
+            and (config.optimizer, config.lr) == (defaults.optimizer, defaults.lr))
+    if not same:
+        tasks = ", ".join(per_task)
+        return (f"validity: not validated for this setting (experiment screen-validity ran model "
+                f"{setting.get('model')}, tasks {tasks}, budget {setting.get('budget')} steps, "
+                + ", ".join(f"{k} {setting.get(k)}" for k in VALIDATED_SIZES) + ")")
+    rho = per_task[config.downstream]["rho"]["screen"]
+    return (f"validity: Spearman ρ {rho['mean']:+.2f} [{rho['low']:+.2f}, {rho['high']:+.2f}] between this "
+            f"setting's screen and {config.downstream}'s D* after {setting.get('outcome_factor')}× the steps, over "
+            f"{rho['seeds']} seeds (experiment screen-validity: {result.get('verdict')})")
+
+
+class Loaded:
+    """What every candidate shares: corpus, tokenizer, task and its evaluation and fit sets."""
+
+    def __init__(self, config: AnalysisConfig, registry: Registry, cache: Path, status: Callable[[str], None]):
+        from objreg.toolkit.tokenizer import TokenizedCorpus
+
+        self.task = registry.get_task(config.downstream, **config.objective_params.get(config.downstream, {}))
+        status(f"loading corpus {config.corpus!r}")
+        corpus = registry.load_corpus(config.corpus, cache)
+        status(f"loading tokenizer for model {config.model!r}")
+        self.tokenizer = registry.load_tokenizer(config.model, corpus, cache)
+        pretrain_corpus, heldout = corpus.split()
+        if config.char_noise > 0:  # as analyze does: the pre-training text only, from its own stream
+            pretrain_corpus = noisy_corpus(pretrain_corpus, config.char_noise, stream(config.seed, "char_noise"))
+        self.tokenized = TokenizedCorpus(self.tokenizer, pretrain_corpus, config.seq_len)
+        status(f"loading downstream data for {config.downstream!r}")
+        self.eval_batch, self.fit_batch, self.task_heads, _ = downstream_sets(
+            self.task, config, heldout.documents, self.tokenizer, config.head_fit_size)
+        self.architecture = getattr(self.tokenizer, "architecture", "encoder")
+
+
+def _reason(registry: Registry, candidate: Candidate, config: AnalysisConfig, loaded: Loaded) -> str | None:
+    """Why ``candidate`` cannot run here (analyze's own checks), or None."""
+    try:
+        for name in candidate.objectives:
+            objective = registry.get(name, vocab=loaded.tokenized.vocab, **candidate.params.get(name, {}))
+            _check_fits(objective.info, config)
+            objective.check_architecture(loaded.architecture)
+            # A missing special token or an objective the corpus cannot feed fails on its first batch.
+            sample = loaded.tokenized.sample(2, torch.Generator().manual_seed(0),
+                                             min_sentences=objective.info.min_sentences, what=name)
+            if not objective.prepares:
+                objective.corrupt(sample, torch.Generator().manual_seed(0))
+    except (InvalidParameterError, DataError) as error:
+        return str(error)
+    return None
+
+
+def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig, loaded: Loaded,
+               budget: Budget, probe_every: int, device: torch.device,
+               on_step: Callable[[int], None], start: dict[str, Any], outcome_steps: int | None = None
+               ) -> dict[str, Any]:
+    """Train ``candidate`` alone from the shared start and probe it (module docstring).
+
+    ``start``: the re-fitted head at the shared start (``RefitDownstream.state_dict``), filled by
+    the first candidate's first probe; every later candidate's first solve starts from it, so the
+    shared start's head is solved from zero once rather than once per candidate."""
+    objectives = {n: registry.get(n, vocab=loaded.tokenized.vocab, **candidate.params.get(n, {}))
+                  for n in candidate.objectives}
+    owners = {**{n: o.info.heads for n, o in objectives.items()}, loaded.task.name: loaded.task_heads}
+    model = build_model(registry, config.model, loaded.tokenizer.vocab, owners, config.seed)
+    head = redraw_downstream_heads(registry, model, loaded.task_heads, config.seed)
+    model.to(device=device, dtype=config.torch_dtype)
+    evaluation_dtype = DTYPES[config.eval_dtype] if config.eval_dtype != "model" else None
+    downstream = RefitDownstream(
+        loaded.task, loaded.eval_batch.to(device), evaluation_dtype=evaluation_dtype, head=head,
+        fit_set=Downstream(loaded.task, loaded.fit_batch.to(device), evaluation_dtype=evaluation_dtype,
+                           chunk_size=FIT_CHUNK))
+    downstream.check(model)
+    if start:
+        downstream.load_state_dict(start)
+    steps = budget.steps if budget.steps is not None else MAX_STEPS
+    trainer = Trainer(model, objectives, candidate.weights, loaded.tokenized, downstream, optimizer=config.optimizer,
+                      lr=config.lr, batch_size=config.batch_size, seed=config.seed, device=device, steps=steps)
+    shared = named_shared(model, None)
+    scores: list[float] = []
+    per_token: list[float] = []
+    norms: list[float] = []
+    losses: list[float] = []
+    tokens: list[int] = []
+    started = time.monotonic()
+    initial = None
+    step = 0
+    while step < steps:
+        if budget.seconds is not None and step >= 2 and time.monotonic() - started >= budget.seconds:
+            break
+        probed = step % probe_every == 0
+        _, batches = trainer.next_batches()
+        weights = candidate.weights
+        step_losses, gradients = trainer.accumulate_gradients(step, batches, weights, keep=True)
+        losses.append(sum(weights[n] * v for n, v in step_losses.items()))
+        combined = {p: sum(weights[n] * gradients[n][p] for n in gradients) for p in shared}
+        count = sum(int((~b.is_padding).sum()) for b in batches.values())
+        tokens.append(count)
+        if probed:
+            before = {n: p.detach().clone() for n, p in shared.items()}
+            with Quiet(model), derivable_attention():
+                value = downstream.loss(model)
+                gradient, _ = downstream.curvature(model, before).gradient_and_products([])
+            if not start:
+                start.update(downstream.state_dict())
+            initial = value if initial is None else initial
+            norms.append(float(flat_norm(combined)))
+        trainer.optimizer.step()
+        if probed:
+            delta = {n: p.detach() - before[n] for n, p in shared.items()}
+            score = -float(flat_dot(gradient, delta))
+            scores.append(score)
+            per_token.append(1000.0 * score / max(count, 1))
+        step += 1
+        on_step(step)
+    with Quiet(model):
+        final = downstream.loss(model)
+    spent = time.monotonic() - started
+    outcome = None
+    if outcome_steps is not None:  # the validity experiment's outcome: the same run, continued unprobed
+        for later in range(step, outcome_steps):
+            _, batches = trainer.next_batches()
+            trainer.accumulate_gradients(later, batches, candidate.weights, keep=False)
+            trainer.optimizer.step()
+        with Quiet(model):
+            outcome = downstream.loss(model)
+    half = len(losses) // 2
+    return {
+        "steps": step, "probes": len(scores), "scores": scores, "per_token": per_token,
+        "tokens_per_step": sum(tokens) / len(tokens), "initial": initial, "final": final,
+        "grad_norm": sum(norms) / len(norms),
+        "loss_decrease": sum(losses[:half]) / half - sum(losses[half:]) / (len(losses) - half),
+        "seconds": spent, "outcome": outcome,
+    }
+
+
+def _interval(values: Sequence[float]) -> Interval:
+    found = batch_means_ci95(values)
+    return {"mean": found["mean"], "low": found["low"], "high": found["high"]}
+
+
+def screen(
+    candidates: str | Sequence[str],
+    downstream: str | None = None,
+    *,
+    budget: int | str | Budget | None = None,
+    probe_every: int = 1,
+    registry: Registry | None = None,
+    cache: Path | None = None,
+    on_status: Callable[[str], None] | None = None,
+    on_step: Callable[[str, int, int | None], None] | None = None,
+    on_plan: Callable[[int, int | None], None] | None = None,
+    outcome_steps: int | None = None,
+    **settings: Any,
+) -> ScreenReport:
+    """Screen ``candidates`` for ``downstream`` (module docstring).
+
+    Args:
+        candidates: ``"mlm,mlm:mask_prob=0.4,mlm+sop"`` or a list of such entries.
+        downstream: The task (default ``qa``).
+        budget: Steps per candidate (an int, or ``"12"``), or seconds (``"90s"``); None:
+            :data:`DEFAULT_BUDGET` steps.
+        probe_every: Probe every this many steps (each probe re-fits the head and takes ``∇D*``).
+        on_status: Called with a short line as each loading stage starts.
+        on_step: Called after every step with ``(candidate, steps done, steps of its budget or None)``.
+        on_plan: Called once the candidates are checked, with how many will run and the steps of
+            each (None under a time budget).
+        outcome_steps: For the validity experiment: after the budget, train each candidate on,
+            unprobed, to this many steps in all, and report ``D*`` there (``outcome_downstream_loss``).
+        **settings: analyze's settings of the model, corpus, data and device
+            (:class:`~objreg.analysis.run.config.AnalysisConfig` fields but those the screen sets).
+
+    Raises:
+        InvalidParameterError: a bad candidate, budget or setting; no candidate can run.
+    """
+    started = time.monotonic()
+    status = on_status or (lambda _: None)
+    given = sorted(set(settings) & set(OWN_SETTINGS))
+    if given:
+        raise InvalidParameterError(f"the screen sets {', '.join(given)} itself; give the model, corpus, data, "
+                                    f"device and optimizer settings only")
+    if isinstance(probe_every, bool) or not isinstance(probe_every, int) or probe_every < 1:
+        raise InvalidParameterError(f"probe_every must be a positive integer, got {probe_every!r}")
+    budget = parse_budget(DEFAULT_BUDGET if budget is None else budget)
+    if outcome_steps is not None and (budget.steps is None or outcome_steps < budget.steps):
+        raise InvalidParameterError(f"outcome_steps must be at least the budget's steps, got {outcome_steps!r}")
+    registry = registry or Registry.load()
+    parsed = parse_candidates(candidates, registry)
+    base = AnalysisConfig(pretrain=(parsed[0].objectives[0],), downstream=downstream or "qa", **settings)
+    check_providers(base, registry)
+    device = base.resolved_device()
+    loaded = Loaded(base, registry, cache or cache_dir(), status)
+    reasons = {c.label: _reason(registry, c, base, loaded) for c in parsed}
+    if all(reasons.values()):
+        raise InvalidParameterError("no candidate can run here: " + "; ".join(f"{k}: {v}" for k, v in reasons.items()))
+    if on_plan is not None:
+        on_plan(sum(r is None for r in reasons.values()), budget.steps)
+    entries: list[ScreenEntry] = []
+    start: dict[str, Any] = {}
+    for candidate in parsed:
+        entry: ScreenEntry = {
+            "candidate": candidate.label, "objectives": list(candidate.objectives),
+            "params": {k: dict(v) for k, v in candidate.params.items()}, "runnable": reasons[candidate.label] is None,
+            "reason": reasons[candidate.label], "rank": None, "tied": False, "score": None,
+            "score_per_1k_tokens": None, "steps": 0, "probes": 0, "tokens_per_step": None,
+            "initial_downstream_loss": None, "final_downstream_loss": None, "actual_improvement": None,
+            "grad_norm": None, "loss_decrease": None, "random_rank": None, "seconds": 0.0,
+        }
+        entries.append(entry)
+        if not entry["runnable"]:
+            continue
+        status(f"screening {candidate.label}")
+
+        def report_step(done: int, label: str = candidate.label) -> None:
+            if on_step is not None:
+                on_step(label, done, budget.steps)
+
+        run = _score_run(registry, candidate, base, loaded, budget, probe_every, device, report_step, start,
+                         outcome_steps)
+        entry.update({
+            "score": _interval(run["scores"]), "score_per_1k_tokens": _interval(run["per_token"]),
+            "steps": run["steps"], "probes": run["probes"], "tokens_per_step": run["tokens_per_step"],
+            "initial_downstream_loss": run["initial"], "final_downstream_loss": run["final"],
+            "actual_improvement": run["initial"] - run["final"], "grad_norm": run["grad_norm"],
+            "loss_decrease": run["loss_decrease"], "seconds": run["seconds"],
+        })
+        if outcome_steps is not None:
+            entry["outcome_downstream_loss"] = run["outcome"]  # type: ignore[typeddict-unknown-key]
+    runnable = [e for e in entries if e["runnable"]]
+    order = torch.randperm(len(runnable), generator=stream(base.seed, "screen_random_order")).tolist()
+    for entry, position in zip(runnable, order):
+        entry["random_rank"] = position + 1
+    rank_with_ties(entries)
+    entries.sort(key=lambda e: (not e["runnable"], e["rank"] or 0, -e["score"]["mean"] if e["score"] else 0.0))
+    config_dict = {k: v for k, v in base.to_dict().items() if k not in OWN_SETTINGS}
+    config_dict.update(device=str(device), probe_every=probe_every)
+    return ScreenReport(base.downstream, str(budget), config_dict, entries, validity_line(base, budget),
+                        time.monotonic() - started)
