@@ -4,6 +4,7 @@ the same D*, candidates are parsed and checked before any work, ties and validit
 from __future__ import annotations
 
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -135,6 +136,14 @@ def test_overlapping_intervals_tie_with_the_best_of_their_group():
     rank_with_ties(entries)
     ranks = {e["candidate"]: (e["rank"], e["tied"]) for e in entries}
     assert ranks == {"a": (1, True), "b": (1, True), "c": (3, True), "d": (3, True), "e": (5, False)}
+
+
+def test_a_diverged_run_is_listed_with_its_reason_not_ranked():
+    entries = [_entry("a", 1.0, 0.5, 1.5), _entry("nan", math.nan, math.nan, math.nan), _entry("b", 3.0, 2.0, 4.0)]
+    rank_with_ties(entries)
+    ranks = {e["candidate"]: (e["runnable"], e["rank"]) for e in entries}
+    assert ranks == {"b": (True, 1), "a": (True, 2), "nan": (False, None)}
+    assert "diverged" in entries[1]["reason"]
 
 
 def test_the_validity_line_reads_the_committed_result_for_its_setting(tmp_path):

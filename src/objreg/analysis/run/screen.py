@@ -220,7 +220,13 @@ class ScreenReport:
 def rank_with_ties(entries: Sequence[ScreenEntry]) -> None:
     """Set ``rank`` and ``tied`` on runnable entries, in place: by mean score, best first; a
     candidate whose interval overlaps that of its group's first joins the group and shares its
-    rank (competition ranking: the next group's rank counts every candidate above it)."""
+    rank (competition ranking: the next group's rank counts every candidate above it). A run whose
+    score is not a number (``D*`` undefined at some probe: the backbone diverged) is not ranked:
+    it is listed with that reason, as an unrunnable candidate is."""
+    for entry in entries:
+        if entry["runnable"] and not math.isfinite(entry["score"]["mean"]):
+            entry["runnable"], entry["rank"], entry["tied"] = False, None, False
+            entry["reason"] = "its D* became undefined during the run (the backbone diverged): try a lower lr"
     order = sorted((e for e in entries if e["runnable"]), key=lambda e: -e["score"]["mean"])
     leader: ScreenEntry | None = None
     for position, entry in enumerate(order, start=1):
