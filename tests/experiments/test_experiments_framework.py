@@ -312,3 +312,22 @@ def test_recombine_rebuilds_the_overall_result_from_the_seeds(stand_in_experimen
     assert changed.verdict == "inconclusive" and changed.preconditions[0]["per_seed"] == pytest.approx(
         [draw(s) for s in range(3)])
     assert changed.timing == committed["timing"] and changed.setting == committed["setting"]
+
+
+def test_pooling_a_second_run_equals_running_every_seed_at_once(stand_in_experiment):
+    from objreg import InvalidParameterError
+    from objreg.experiments.replication import pool, recombine
+
+    module, _ = stand_in_experiment
+    first = objreg.experiments.run("stand-in", seeds=3, seed=0, quick=False).to_dict()
+    more = objreg.experiments.run("stand-in", seeds=2, seed=3, quick=False).to_dict()
+    pooled = recombine(module, pool(first, more))
+    together = objreg.experiments.run("stand-in", seeds=5, seed=0, quick=False)
+    assert pooled.verdict == together.verdict and pooled.figures == together.figures
+    assert pooled.power == together.power and pooled.setting["seeds"] == [0, 1, 2, 3, 4]
+    assert pooled.timing["cpu_s"] == pytest.approx(first["timing"]["cpu_s"] + more["timing"]["cpu_s"])
+    with pytest.raises(InvalidParameterError, match=r"share seeds \[3, 4\]"):
+        pool(pooled.to_dict(), more)
+    quick = objreg.experiments.run("stand-in", seeds=2, seed=7, quick=True).to_dict()
+    with pytest.raises(InvalidParameterError, match="one experiment in one setting"):
+        pool(first, quick)

@@ -7,7 +7,9 @@ to ``docs/experiments/results/NAME.json`` and its seed-S plot and per-seed plot 
 rewrites the table; ``python -m objreg.experiments.docs recombine NAME...`` recomputes committed
 results' overall verdict, preconditions and power from their own per-seed figures (a rule that
 reads only what the seeds recorded), then rewrites the table; ``python -m
-objreg.experiments.docs`` rewrites the table alone. The table
+objreg.experiments.docs pool NAME RESULT_JSON`` adds the seeds of another run of NAME (same
+setting, other seeds) to its committed result; ``python -m objreg.experiments.docs`` rewrites
+the table alone. The table
 sits between two markers in the page; tests/experiments/test_docs_table.py checks it matches.
 """
 
@@ -217,7 +219,21 @@ def recombine_committed(names: list[str], docs: Path = DOCS) -> list[str]:
     return names
 
 
-USAGE = "usage: python -m objreg.experiments.docs [import RUN_DIR | recombine NAME...]"
+def pool_committed(name: str, result_json: Path, docs: Path = DOCS) -> str:
+    """Add the seeds of ``result_json`` (another run of experiment ``name`` in the committed
+    setting, other seeds) to ``docs/experiments/results/NAME.json`` and recombine the overall
+    result over every seed (:func:`objreg.experiments.replication.pool`)."""
+    from objreg.experiments.replication import pool, recombine, seeds_plot
+
+    path = docs / "experiments" / "results" / f"{name}.json"
+    result = recombine(module(name), pool(json.loads(path.read_text()), json.loads(result_json.read_text())))
+    if f"experiments/{name}-seeds.png" in result.plots:
+        seeds_plot(result, docs / "experiments" / f"{name}-seeds.png")
+    path.write_text(json.dumps(result.to_dict(), indent=2, allow_nan=False) + "\n")
+    return name
+
+
+USAGE = "usage: python -m objreg.experiments.docs [import RUN_DIR | recombine NAME... | pool NAME RESULT_JSON]"
 
 
 def main(argv: list[str]) -> int:
@@ -229,6 +245,8 @@ def main(argv: list[str]) -> int:
             print(f"unknown experiment {', '.join(unknown)}; {USAGE}", file=sys.stderr)
             return 2
         print("recombined:", ", ".join(recombine_committed(argv[1:])))
+    elif argv[:1] == ["pool"] and len(argv) == 3 and argv[1] in EXPERIMENTS:
+        print("pooled:", pool_committed(argv[1], Path(argv[2])))
     elif argv:
         print(USAGE, file=sys.stderr)
         return 2

@@ -220,3 +220,26 @@ def recombine(experiment: ModuleType, committed: dict[str, Any]) -> ExperimentRe
     overall.plots = list(committed["plots"])
     overall.timing = dict(committed["timing"])
     return overall
+
+
+def pool(committed: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """A committed ``result.json`` with the seeds of another run of the same experiment and setting
+    (``more``, e.g. ``--seed 3 --seeds 3`` after seeds 0 to 2) added to its ``replicates``, its
+    timing the sum of both; pass it to :func:`recombine` for the overall result over every seed.
+
+    Raises:
+        InvalidParameterError: the runs are of different experiments, settings, or share a seed.
+    """
+    def setting(result: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in result["setting"].items() if k != "seeds"}
+
+    if committed["name"] != more["name"] or setting(committed) != setting(more):
+        raise InvalidParameterError(
+            f"can only pool runs of one experiment in one setting: {committed['name']} {setting(committed)} "
+            f"and {more['name']} {setting(more)}")
+    shared = set(committed["setting"]["seeds"]) & set(more["setting"]["seeds"])
+    if shared:
+        raise InvalidParameterError(f"the runs share seeds {sorted(shared)}; pool runs of distinct seeds")
+    timing = {key: committed["timing"][key] + more["timing"][key] for key in ("wall_s", "cpu_s")}
+    return {**committed, "replicates": [*committed["replicates"], *more["replicates"]], "timing": timing,
+            "setting": {**committed["setting"], "seeds": [*committed["setting"]["seeds"], *more["setting"]["seeds"]]}}
