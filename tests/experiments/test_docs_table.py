@@ -82,3 +82,17 @@ def test_an_inconclusive_row_names_its_reason_and_shows_the_decisive_part():
     mean = sum(per_seed) / 3
     assert f"`first` {mean:.4g} [" in row and f"| 3 / {n80} / " in row
     assert "control 0.52 (above 0.6): **fail**" in block
+
+
+def test_an_inconclusive_verdict_with_a_refuted_part_says_the_parts_disagree():
+    from objreg.experiments import power
+
+    tested = {"own_masks": {"per_seed": [0.17, 0.05, 0.07], "threshold": 0.0, "direction": "above",
+                            "verdict": "inconclusive"},
+              "other_masks": {"per_seed": [-0.08, -0.13, -0.07], "threshold": 0.0, "direction": "above",
+                              "verdict": "refuted"}}
+    split = result(next(iter(EXPERIMENTS)), "inconclusive", [0.1, 0.2, 0.3])
+    split["power"] = power.summary(tested, "inconclusive")
+    n80 = power.seeds_for_power((0.29 / 3) / split["power"]["parts"]["own_masks"]["sd"])
+    assert docs.why(split) == (f"parts disagree (`other_masks` refuted, not enough alone); power: n80 = {n80} seeds "
+                               "(3 run) for `own_masks`")

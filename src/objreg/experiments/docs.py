@@ -75,10 +75,14 @@ def why(result: dict[str, Any]) -> str:
     power = result.get("power") or {}
     n80 = power.get("n80")
     seeds = len(result.get("replicates", []))
+    # A part refuted without refuting the claim (a rule that refutes only when several parts agree):
+    # the parts disagree, and the undecided one's power is what more seeds would settle.
+    refuted = [key for key, part in power.get("parts", {}).items() if part["verdict"] == "refuted"]
+    split = f"parts disagree ({', '.join(f'`{key}`' for key in refuted)} refuted, not enough alone); " if refuted else ""
     if n80 is None:
-        return f"power: no spread to estimate it ({seeds} seeds)" if power.get("sd") in (None, 0.0) else (
-            f"power: n80 beyond {MAX_N80:,} seeds (an effect of about 0)")
-    return f"power: n80 = {n80} seeds ({seeds} run)"
+        return split + (f"power: no spread to estimate it ({seeds} seeds)" if power.get("sd") in (None, 0.0) else (
+            f"power: n80 beyond {MAX_N80:,} seeds (an effect of about 0)"))
+    return split + f"power: n80 = {n80} seeds ({seeds} run)" + (f" for `{power['part']}`" if refuted else "")
 
 
 def _decisive(result: dict[str, Any]) -> str:
