@@ -7,13 +7,20 @@ import pytest
 
 from objreg.experiments import char_noise_robustness as cn
 from objreg.experiments import consistency_collapse as cc
+from objreg.experiments import entropy_masking as em
 from objreg.experiments import rtd_efficiency as rtd
+from objreg.experiments import weight_tying as wt
 from objreg.experiments.base import ExperimentResult, Setting
 from objreg.experiments.replication import conclude
 
 
 def _seed(module, effect: float, figures: dict, seed: int) -> ExperimentResult:
-    return ExperimentResult(module.NAME, module.CLAIM, "confirmed", "r", {"effect": effect, **figures}, {"seed": seed})
+    # A claim of several parts reads each from figures["parts"]: every part ``effect`` beyond its threshold.
+    parts = {key: threshold + effect for key, (threshold, _) in getattr(module, "PARTS", {}).items()}
+    if module is wt:
+        parts["at_init"] = 0.0  # reported, not tested
+    figures = {"effect": effect, **figures, **({"parts": parts} if parts else {})}
+    return ExperimentResult(module.NAME, module.CLAIM, "confirmed", "r", figures, {"seed": seed})
 
 
 def _rtd_figures(final: dict[str, float]) -> dict:
@@ -39,6 +46,11 @@ def _cc_figures(no_sg: float) -> dict:
     # consistency-collapse: the no-stop-gradient run with SimSiam's heads must collapse.
     (cc, _cc_figures(0.02), 0.02, True),
     (cc, _cc_figures(0.98), 0.98, False),
+    # weight-tying: the tied model's training loss fell; entropy-masking: both twins' did.
+    (wt, {"tied": {"training_loss": {"first": 8.6, "last": 6.2, "steps": 300}}}, 2.4, True),
+    (wt, {"tied": {"training_loss": {"first": 8.6, "last": 8.1, "steps": 300}}}, 0.5, False),
+    (em, {"training_loss": {"uniform": {"first": 8.6, "last": 6.2}, "entropy": {"first": 8.6, "last": 7.2}}}, 1.4, True),
+    (em, {"training_loss": {"uniform": {"first": 8.6, "last": 6.2}, "entropy": {"first": 8.6, "last": 7.9}}}, 0.7, False),
 ])
 def test_each_precondition_reads_its_figure(module, figures, expected, passes):
     [precondition] = module.PRECONDITIONS

@@ -45,6 +45,7 @@ from objreg.analysis.math.stats import bootstrap_ci95
 from objreg.analysis.parallel.devices import resolve_device
 from objreg.experiments import _support
 from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, ExperimentResult, Setting, save_figure
+from objreg.experiments.preconditions import Precondition
 from objreg.experiments.replication import combine_parts
 from objreg.experiments.sst2_probe import probe_correct, sentence_features, sst2
 from objreg.toolkit.randomness import stream
@@ -62,6 +63,11 @@ RULE = ("Over seeds (95% between-seed t-intervals): the training-loss ratio entr
 PARTS = {"signal_ratio": (1.0, "above"), "heldout_gain": (0.0, "above"), "heldout_gain_entropy_masks": (0.0, "above")}
 SPEED = ("heldout_gain", "heldout_gain_entropy_masks")
 POLICIES = ("uniform", "entropy")
+#: A speed compares twins that learned: each one's training loss (on its own masks) fell by at least a nat.
+PRECONDITIONS = (Precondition(
+    "both_twins_learned", "the smaller fall of the two twins' training loss, mean of the first 10 steps minus "
+    "mean of the last 10 (nats, each on its own masks)", 1.0, "above",
+    lambda figures, setting: min(loss["first"] - loss["last"] for loss in figures["training_loss"].values())),)
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ from objreg.analysis.math.stats import mean_ci95
 from objreg.analysis.parallel.devices import resolve_device
 from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
+from objreg.experiments.preconditions import Precondition
 from objreg.experiments.replication import combine_parts
 from objreg.toolkit.losses import gather_positions
 from objreg.toolkit.randomness import stream
@@ -69,6 +70,11 @@ PARTS = {"after_training": (0.0, "above")}
 STATE = "backbone_output"  # the final hidden state, where the claim speaks
 TYINGS = ("tied", "untied")
 STAGES = ("init", "trained")
+#: "After training" must mean a model that learned: its training loss fell by at least a nat.
+PRECONDITIONS = (Precondition(
+    "tied_model_learned", "the tied model's training loss, mean of the first 10 steps minus mean of the last 10 "
+    "(nats)", 1.0, "above",
+    lambda figures, setting: figures["tied"]["training_loss"]["first"] - figures["tied"]["training_loss"]["last"]),)
 STATES = ("decoder_input", "backbone_output")
 
 
