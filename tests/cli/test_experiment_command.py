@@ -28,7 +28,7 @@ def test_list_json_names_every_experiment_with_source_and_rule(run):
     listed = json.loads(result.stdout)
     assert [e["name"] for e in listed] == objreg.experiments.names()
     assert {"name": "stand-in", "claim": "a seeded draw plus one is positive", "source": "the test suite",
-            "rule": "the between-seed interval of the mean lies above 0.5"} in listed
+            "rule": "the between-seed interval of the mean lies above 0.5", "kind": "claim"} in listed
 
 
 def test_list_shows_a_line_each_and_show_gives_the_rule(run):

@@ -54,14 +54,19 @@ def test_experiment_list_is_one_line_per_experiment_within_80_columns(terminal, 
     assert not wide_lines(out), wide_lines(out)
     lines = out.strip("\n").splitlines()
     described = objreg.experiments.describe()
-    assert [line.split()[0] for line in lines[:-1]] == [row["name"] for row in described]
+    heading = "software checks, not claims of the literature:"
+    assert [line.split()[0] for line in lines[:-1] if line != heading] == [row["name"] for row in described]
     assert "objreg experiment show NAME" in lines[-1]
+    # The software checks come after the claims, under their own heading.
+    kinds = [row["kind"] for row in described]
+    assert lines.index(heading) == kinds.index("software check") and "claim" not in kinds[kinds.index("software check"):]
 
 
 def test_experiment_list_to_a_file_holds_each_claim_whole_on_its_line():
     out = CliRunner().invoke(make_cli(), ["experiment", "list"]).stdout.splitlines()
     described = objreg.experiments.describe()
-    assert len(out) == len(described) + 1
+    assert len(out) == len(described) + 2  # the software checks' heading and the closing hint
+    out = [line for line in out if not line.startswith("software checks")]
     for line, row in zip(out, described):
         assert line.startswith(row["name"]) and line.endswith(row["claim"])
 

@@ -31,7 +31,9 @@ def test_table_counts_verdicts_and_lists_missing_experiments(tmp_path):
     block = docs.table(docs.load_results(tmp_path))
     assert "1 confirmed, 1 refuted, 0 inconclusive" in block
     assert f"{len(names) - 2} not run in the full setting yet" in block
-    assert f"| `{names[0]}` | Someone et al. 2020 | **confirmed** | 2 [1, 3] | confirmed, confirmed, refuted | 125 s / 60 s (3) |" in block
+    # Results without power or preconditions (older files) show the bare effect and dashes.
+    assert (f"| `{names[0]}` | Someone et al. 2020 | **confirmed** | 2 | 3 / — / — | — | confirmed, confirmed, refuted "
+            "| 125 s / 60 s (3) |") in block
     assert f"`objreg experiment run {names[2]} --seeds 3 --out DIR`" in block
     assert "The data do not confirm the claim" in block.split(f"`{names[1]}` (refuted)")[1]
     page = f"intro\n{docs.START}\nold table\n{docs.END}\noutro\n"
@@ -55,3 +57,42 @@ def test_import_copies_results_and_the_first_seeds_plots(tmp_path):
     copied = json.loads((target / "experiments" / "results" / f"{name}.json").read_text())
     assert copied["plots"] == [f"experiments/{name}-seeds.png", f"experiments/{name}.png"]
     assert (target / "experiments" / f"{name}.png").read_bytes() == b"seed-4"
+
+
+def test_an_inconclusive_row_names_its_reason_and_shows_the_decisive_part():
+    from objreg.experiments import power
+
+    names = [name for name in EXPERIMENTS if not docs.is_software_check(name)]
+    per_seed = [0.1, 0.3, -0.05]
+    tested = {"first": {"per_seed": per_seed, "threshold": 0.0, "direction": "above", "verdict": "inconclusive"},
+              "second": {"per_seed": [0.5, 0.6, 0.7], "threshold": 0.0, "direction": "above", "verdict": "confirmed"}}
+    by_power = result(names[0], "inconclusive", per_seed)
+    by_power["figures"]["tests"] = tested
+    by_power["power"] = power.summary(tested, "inconclusive")
+    n80 = power.seeds_for_power((sum(per_seed) / 3) / by_power["power"]["sd"])
+    assert by_power["power"]["part"] == "first" and by_power["power"]["n80"] == n80
+    assert docs.why(by_power) == f"power: n80 = {n80} seeds (3 run)"
+    failed = result(names[1], "inconclusive", [0.1, 0.2, 0.3])
+    failed["preconditions"] = [{"name": "control", "what": "w", "value": 0.52, "threshold": 0.6,
+                                "direction": "above", "passed": False}]
+    assert docs.why(failed) == "precondition failed: control 0.52, must be above 0.6"
+    block = docs.table({names[0]: by_power, names[1]: failed})
+    assert "0 confirmed, 0 refuted, 2 inconclusive (1 by a failed precondition, 1 by power)" in block
+    row = next(line for line in block.splitlines() if line.startswith(f"| `{names[0]}`"))
+    mean = sum(per_seed) / 3
+    assert f"`first` {mean:.4g} [" in row and f"| 3 / {n80} / " in row
+    assert "control 0.52 (above 0.6): **fail**" in block
+
+
+def test_an_inconclusive_verdict_with_a_refuted_part_says_the_parts_disagree():
+    from objreg.experiments import power
+
+    tested = {"own_masks": {"per_seed": [0.17, 0.05, 0.07], "threshold": 0.0, "direction": "above",
+                            "verdict": "inconclusive"},
+              "other_masks": {"per_seed": [-0.08, -0.13, -0.07], "threshold": 0.0, "direction": "above",
+                              "verdict": "refuted"}}
+    split = result(next(iter(EXPERIMENTS)), "inconclusive", [0.1, 0.2, 0.3])
+    split["power"] = power.summary(tested, "inconclusive")
+    n80 = power.seeds_for_power((0.29 / 3) / split["power"]["parts"]["own_masks"]["sd"])
+    assert docs.why(split) == (f"parts disagree (`other_masks` refuted, not enough alone); power: n80 = {n80} seeds "
+                               "(3 run) for `own_masks`")

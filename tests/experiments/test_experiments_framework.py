@@ -130,7 +130,9 @@ def test_run_writes_result_json_and_plots(stand_in_experiment, tmp_path):
     written = json.loads((out / "result.json").read_text())
     assert written == result.to_dict()
     assert set(written) == {"name", "claim", "source", "rule", "verdict", "reason", "figures", "setting", "plots",
-                            "replicates", "timing"}
+                            "replicates", "timing", "preconditions", "power"}
+    assert written["power"]["part"] == "effect" and written["power"]["seeds"] == 2
+    assert written["preconditions"] == [] and all(r["power"] is None for r in written["replicates"])
     assert written["timing"]["cpu_s"] >= 0 and written["timing"]["wall_s"] > 0
     assert written["timing"]["wall_s"] == pytest.approx(sum(r["timing"]["wall_s"] for r in written["replicates"]))
     assert written["setting"] == {"quick": True, "seeds": [3, 4]}
@@ -238,3 +240,94 @@ def test_the_tests_find_the_shared_data_where_the_experiments_do(shared_file, mo
     assert shared_file("glue/dev.tsv") == tmp_path / "glue" / "dev.tsv"
     with pytest.raises(pytest.skip.Exception, match="absent"):
         shared_file("glue/missing.tsv")
+
+
+def test_power_is_that_of_the_between_seed_test(stand_in_experiment):
+    from objreg.experiments import power
+
+    result = objreg.experiments.run("stand-in", seeds=5, seed=0, quick=True)
+    effects = [draw(s) for s in range(5)]
+    expected = power.power_of(effects, 0.5)
+    assert result.power["n80"] == expected["n80"] and result.power["mde"] == pytest.approx(expected["mde"])
+    assert result.power["threshold"] == 0.5 and result.power["verdict"] == result.verdict
+
+
+def _precondition(threshold: float, direction: str = "above"):
+    from objreg.experiments.preconditions import Precondition
+
+    return Precondition("control", "the stand-in's effect itself, as a control", threshold, direction,
+                        lambda figures, setting: figures["effect"])
+
+
+def test_a_failed_precondition_makes_the_verdict_inconclusive_never_refuted(stand_in_experiment):
+    module, _ = stand_in_experiment
+    module.THRESHOLD = 100.0  # the claim alone would be refuted over seeds 0..4
+    assert objreg.experiments.run("stand-in", seeds=5, seed=0, quick=True).verdict == "refuted"
+    module.PRECONDITIONS = (_precondition(5.0),)  # every draw lies far below 5
+    result = objreg.experiments.run("stand-in", seeds=5, seed=0, quick=True)
+    assert result.verdict == "inconclusive"
+    assert result.reason.startswith("precondition failed: control (the stand-in's effect itself, as a control)")
+    assert "would read refuted" in result.reason
+    [check] = result.preconditions
+    effects = [draw(s) for s in range(5)]
+    mean = sum(effects) / 5
+    sd = math.sqrt(sum((e - mean) ** 2 for e in effects) / 4)
+    half = T_975[4] * sd / math.sqrt(5)
+    assert check["value"] == pytest.approx(mean) and check["per_seed"] == pytest.approx(effects)
+    assert check["ci95_between_seeds"] == pytest.approx([mean - half, mean + half])
+    assert check["threshold"] == 5.0 and check["passed"] is False and check["seeds_holding"] == 0
+    assert all(r["verdict"] == "inconclusive" and not r["preconditions"][0]["passed"] for r in result.replicates)
+    assert result.power["verdict"] == "refuted"  # the claim's own test, reported beside the failed control
+
+
+def test_a_precondition_holds_only_when_every_seed_holds_it(stand_in_experiment):
+    module, _ = stand_in_experiment
+    # Seeds 0..2 draw 2.54, 1.66, 1.39: seed 2 alone lies below 1.5.
+    module.PRECONDITIONS = (_precondition(1.5),)
+    result = objreg.experiments.run("stand-in", seeds=3, seed=0, quick=True)
+    [check] = result.preconditions
+    assert check["seeds_holding"] == 2 and not check["passed"] and result.verdict == "inconclusive"
+    assert [r["preconditions"][0]["passed"] for r in result.replicates] == [True, True, False]
+    assert check["value"] > 1.5  # the mean holds it; seed 2 does not
+    module.PRECONDITIONS = (_precondition(1.2),)
+    result = objreg.experiments.run("stand-in", seeds=3, seed=0, quick=True)
+    del module.PRECONDITIONS
+    unchecked = objreg.experiments.run("stand-in", seeds=3, seed=0, quick=True)
+    assert result.preconditions[0]["passed"] and "precondition" not in result.reason
+    assert (result.verdict, result.reason) == (unchecked.verdict, unchecked.reason)
+    module.PRECONDITIONS = (_precondition(0.2, "below"),)
+    assert objreg.experiments.run("stand-in", seeds=1, seed=0, quick=True).verdict == "inconclusive"
+
+
+def test_recombine_rebuilds_the_overall_result_from_the_seeds(stand_in_experiment):
+    from objreg.experiments.replication import recombine
+
+    module, calls = stand_in_experiment
+    committed = objreg.experiments.run("stand-in", seeds=3, seed=0, quick=False).to_dict()
+    ran = len(calls)
+    assert recombine(module, committed).to_dict() == committed
+    module.PRECONDITIONS = (_precondition(5.0),)  # a precondition declared later reads the seeds' figures
+    changed = recombine(module, committed)
+    assert len(calls) == ran  # nothing ran
+    assert changed.verdict == "inconclusive" and changed.preconditions[0]["per_seed"] == pytest.approx(
+        [draw(s) for s in range(3)])
+    assert changed.timing == committed["timing"] and changed.setting == committed["setting"]
+
+
+def test_pooling_a_second_run_equals_running_every_seed_at_once(stand_in_experiment):
+    from objreg import InvalidParameterError
+    from objreg.experiments.replication import pool, recombine
+
+    module, _ = stand_in_experiment
+    first = objreg.experiments.run("stand-in", seeds=3, seed=0, quick=False).to_dict()
+    more = objreg.experiments.run("stand-in", seeds=2, seed=3, quick=False).to_dict()
+    pooled = recombine(module, pool(first, more))
+    together = objreg.experiments.run("stand-in", seeds=5, seed=0, quick=False)
+    assert pooled.verdict == together.verdict and pooled.figures == together.figures
+    assert pooled.power == together.power and pooled.setting["seeds"] == [0, 1, 2, 3, 4]
+    assert pooled.timing["cpu_s"] == pytest.approx(first["timing"]["cpu_s"] + more["timing"]["cpu_s"])
+    with pytest.raises(InvalidParameterError, match=r"share seeds \[3, 4\]"):
+        pool(pooled.to_dict(), more)
+    quick = objreg.experiments.run("stand-in", seeds=2, seed=7, quick=True).to_dict()
+    with pytest.raises(InvalidParameterError, match="one experiment in one setting"):
+        pool(first, quick)

@@ -69,7 +69,8 @@ def _parts(topic, nsp_own, nsp_order, difference, sop_on_nsp=(0.6, 0.7)):
 
 @pytest.mark.parametrize(("topic", "nsp_own", "nsp_order", "difference", "sop_on_nsp", "expected"), [
     ((0.7, 0.8), (0.6, 0.7), (0.47, 0.53), (0.05, 0.2), (0.6, 0.7), "confirmed"),
-    ((0.7, 0.8), (0.45, 0.55), (0.47, 0.53), (0.05, 0.2), (0.6, 0.7), "inconclusive"),  # NSP did not learn NSP
+    # Whether NSP learned NSP is the precondition (test_the_nsp_learned_precondition), not a check.
+    ((0.7, 0.8), (0.45, 0.55), (0.47, 0.53), (0.05, 0.2), (0.6, 0.7), "confirmed"),
     ((0.7, 0.8), (0.6, 0.7), (0.42, 0.53), (0.05, 0.2), (0.6, 0.7), "inconclusive"),  # not clearly within the band
     ((0.7, 0.8), (0.6, 0.7), (0.6, 0.7), (0.05, 0.2), (0.6, 0.7), "refuted"),  # NSP learned order
     ((0.7, 0.8), (0.6, 0.7), (0.47, 0.53), (-0.2, -0.05), (0.6, 0.7), "refuted"),  # SOP worse on order
@@ -98,6 +99,29 @@ def test_combine_reads_between_seed_intervals():
     scattered = [seed((0.72, 0.62, 0.50, 0.15, 0.61)), seed((0.74, 0.64, 0.51, -0.1, 0.63)),
                  seed((0.73, 0.60, 0.49, 0.14, 0.62))]
     assert ns.combine(scattered, Setting(seed=0)).verdict == "inconclusive"
+
+
+def test_the_nsp_learned_precondition_decides_before_the_checks():
+    from objreg.experiments.replication import conclude
+
+    def seed(values):
+        return ExperimentResult(ns.NAME, ns.CLAIM, "confirmed", "r",
+                                {"effect": values[3], "parts": dict(zip(_parts(*[(0, 0)] * 4), values))},
+                                {"seed": 0})
+
+    # Every check holds; the NSP model is above 0.5 on NSP pairs on every seed but below 0.55 on one.
+    seeds = [seed((0.72, 0.62, 0.50, 0.15, 0.61)), seed((0.74, 0.54, 0.51, 0.12, 0.63)),
+             seed((0.73, 0.60, 0.49, 0.14, 0.62))]
+    result = conclude(ns, seeds, Setting(seed=0))
+    [check] = result.preconditions
+    assert (check["name"], check["threshold"], check["passed"], check["seeds_holding"]) == ("nsp_learned", 0.55,
+                                                                                           False, 2)
+    assert result.verdict == "inconclusive" and result.reason.startswith("precondition failed: nsp_learned")
+    assert "would read confirmed" in result.reason
+    seeds[1].figures["parts"]["nsp_model_on_nsp"] = 0.58
+    for s in seeds:
+        s.preconditions, s.verdict = [], "confirmed"
+    assert conclude(ns, seeds, Setting(seed=0)).verdict == "confirmed"
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import pytest
 
 from objreg.experiments import screen_validity
 from objreg.experiments.base import ExperimentResult, Setting
+from objreg.experiments.replication import conclude
 
 CANDIDATES = ["a", "b", "c", "d"]
 
@@ -33,7 +34,7 @@ def test_a_screen_that_orders_a_reproducible_outcome_is_confirmed():
     outcome = [4.0, 3.0, 2.0, 1.0]
     results = [seed_result(outcome, [0.4, 0.3, 0.2, 0.1], [1, 4, 2, 3], [2, 1, 4, 3], [1, 3, 4, 2])
                for _ in range(3)]
-    combined = screen_validity.combine(results, Setting())
+    combined = conclude(screen_validity, results, Setting())
     assert combined.verdict == "confirmed", combined.reason
     qa = combined.figures["per_task"]["qa"]
     assert qa["outcome_agreement"] == pytest.approx(1.0) and qa["rho"]["screen"]["mean"] == pytest.approx(1.0)
@@ -42,19 +43,27 @@ def test_a_screen_that_orders_a_reproducible_outcome_is_confirmed():
 def test_an_outcome_that_does_not_reproduce_is_inconclusive_by_precondition():
     outcomes = [[4.0, 3.0, 2.0, 1.0], [1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0]]
     results = [seed_result(o, [0.4, 0.3, 0.2, 0.1], [1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4]) for o in outcomes]
-    combined = screen_validity.combine(results, Setting())
-    assert combined.verdict == "inconclusive" and "precondition" in combined.reason
+    combined = conclude(screen_validity, results, Setting())
+    assert combined.verdict == "inconclusive" and combined.reason.startswith("precondition failed")
+    # Pairs of seeds: (0, 1) reversed, (0, 2) equal, (1, 2) reversed; the claim's own figures would confirm.
+    checks = {c["name"]: c for c in combined.preconditions}
+    assert checks["outcome_reproduces_qa"]["pairs"] == pytest.approx([-1.0, 1.0, -1.0])
+    assert checks["outcome_reproduces_qa"]["value"] == pytest.approx(-1 / 3)
+    assert not checks["outcome_reproduces_qa"]["passed"] and "would read" in combined.reason
 
 
 def test_a_screen_that_reverses_the_outcome_is_refuted_and_a_baseline_can_beat_it():
     outcome = [4.0, 3.0, 2.0, 1.0]
     reversed_screen = [seed_result(outcome, [0.1, 0.2, 0.3, 0.4], [1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4])
                        for _ in range(3)]
-    assert screen_validity.combine(reversed_screen, Setting()).verdict == "refuted"
+    refuted = conclude(screen_validity, reversed_screen, Setting())
+    assert refuted.verdict == "refuted" and all(c["passed"] for c in refuted.preconditions)
+    # The power of the decisive part: every seed's rho is -1, no spread, so three seeds suffice.
+    assert refuted.power["part"].startswith("screen_rho_") and refuted.power["mean"] == pytest.approx(-1.0)
     # A perfect screen that a baseline matches is not confirmed: it must beat every baseline.
     matched = [seed_result(outcome, [0.4, 0.3, 0.2, 0.1], [4, 3, 2, 1], [1, 2, 3, 4], [1, 2, 4, 3])
                for _ in range(3)]
-    assert screen_validity.combine(matched, Setting()).verdict == "inconclusive"
+    assert conclude(screen_validity, matched, Setting()).verdict == "inconclusive"
 
 
 @pytest.mark.e2e  # about a minute of training, as the other experiments' quick runs

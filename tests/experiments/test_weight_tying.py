@@ -88,7 +88,9 @@ def test_summary_and_verdict(registry, setup):
     positive, flat, away = at_hidden_state([0.1, 0.2]), at_hidden_state([-0.1, 0.1]), at_hidden_state([-0.4, -0.2])
     assert wt.decide({t: {"init": positive, "trained": positive} for t in wt.TYINGS})[0] == "confirmed"
     assert wt.decide({t: {"init": positive, "trained": flat} for t in wt.TYINGS})[0] == "inconclusive"
-    assert wt.decide({t: {"init": away, "trained": positive} for t in wt.TYINGS})[0] == "refuted"
+    assert wt.decide({t: {"init": positive, "trained": away} for t in wt.TYINGS})[0] == "refuted"
+    # At initialisation the alignment is reported, not tested: the head's random transform sits before E.
+    assert wt.decide({t: {"init": away, "trained": positive} for t in wt.TYINGS})[0] == "confirmed"
 
 
 def test_small_run_is_reproducible(tiny_text, tmp_path):
@@ -104,3 +106,21 @@ def test_small_run_is_reproducible(tiny_text, tmp_path):
     assert result.figures["parts"] == {"at_init": tied["init"]["backbone_output"]["target_minus_random"]["mean"],
                                        "after_training": result.figures["effect"]}
     assert result.figures["effect"] == tied["trained"]["backbone_output"]["target_minus_random"]["mean"]
+
+
+def test_combine_tests_the_trained_part_and_reports_the_one_at_init():
+    from objreg.experiments.base import ExperimentResult
+
+    def seed(at_init, trained):
+        return ExperimentResult(wt.NAME, wt.CLAIM, "inconclusive", "r",
+                                {"effect": trained, "parts": {"at_init": at_init, "after_training": trained}})
+
+    at_init, trained = [-0.3, 0.01, 0.2], [0.06, 0.05, 0.07]
+    result = wt.combine([seed(a, t) for a, t in zip(at_init, trained)], Setting(seed=0))
+    assert result.verdict == "confirmed" and list(result.figures["parts"]) == ["after_training"]
+    reported = result.figures["at_init_reported"]
+    mean = sum(at_init) / 3
+    sd = (sum((a - mean) ** 2 for a in at_init) / 2) ** 0.5
+    half = 4.302652729911275 * sd / 3 ** 0.5  # t_0.975 with 2 degrees of freedom, from a printed table
+    assert reported["mean"] == pytest.approx(mean) and reported["ci95_between_seeds"] == pytest.approx(
+        [mean - half, mean + half])

@@ -18,15 +18,18 @@ def experiment() -> None:
 @experiment.command("list")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 def list_experiments(as_json: bool) -> None:
-    """List the experiments, one line each: its name, source and claim (`objreg experiment show
-    NAME` gives the claim whole, the source and the verdict rule; --json all of them)."""
+    """List the experiments, one line each: its name, source and claim, the claims of the literature
+    first and the software checks after them (`objreg experiment show NAME` gives the claim whole,
+    the source and the verdict rule; --json all of them)."""
     described = objreg.experiments.describe()
     if as_json:
         render.echo_json(described)
         return
     console = render.console()
     width = max(len(row["name"]) for row in described)
-    for row in described:
+    for i, row in enumerate(described):
+        if row["kind"] != "claim" and (i == 0 or described[i - 1]["kind"] == "claim"):
+            console.print(render.text("software checks, not claims of the literature:", "dim"))
         line = f"{row['name']:<{width}}  {_short_source(row['source'])}: {row['claim']}"
         # A line per experiment: a terminal's ends at its edge (the claim cut short), a file's holds it whole.
         if len(line) > console.width:
@@ -49,7 +52,7 @@ def show_experiment(name: str, as_json: bool) -> None:
         return
     console = render.console()
     console.print(render.text(row["name"], "bold"))
-    for label, key in (("claim", "claim"), ("source", "source"), ("verdict rule", "rule")):
+    for label, key in (("claim", "claim"), ("source", "source"), ("verdict rule", "rule"), ("kind", "kind")):
         render.prose(console, f"{label}: {row[key]}", indent="    ")
 
 

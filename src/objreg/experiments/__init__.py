@@ -25,13 +25,14 @@ EXPERIMENTS: dict[str, str] = {
     "label-smoothing-bias": "objreg.experiments.label_smoothing_bias",
     "fim-attention": "objreg.experiments.fim_attention",
     "weight-tying": "objreg.experiments.weight_tying",
-    "taylor-transfer": "objreg.experiments.taylor_transfer",
     "rtd-efficiency": "objreg.experiments.rtd_efficiency",
     "char-noise-robustness": "objreg.experiments.char_noise_robustness",
     "consistency-collapse": "objreg.experiments.consistency_collapse",
     "hard-negatives": "objreg.experiments.hard_negatives",
     "adaptive-mixture": "objreg.experiments.adaptive_mixture",
     "screen-validity": "objreg.experiments.screen_validity",
+    # Software checks (KIND = "software check") after the claims of the literature.
+    "taylor-transfer": "objreg.experiments.taylor_transfer",
 }
 
 
@@ -48,8 +49,10 @@ def module(name: str) -> ModuleType:
 
 
 def describe() -> list[dict[str, str]]:
-    """Every experiment's name, claim, source and verdict rule, in listing order."""
-    return [{"name": name, "claim": m.CLAIM, "source": m.SOURCE, "rule": m.RULE}
+    """Every experiment's name, claim, source, verdict rule and kind (``claim``: a claim of the
+    literature; ``software check``: the library computing what it should, not evidence about the
+    literature), in listing order."""
+    return [{"name": name, "claim": m.CLAIM, "source": m.SOURCE, "rule": m.RULE, "kind": getattr(m, "KIND", "claim")}
             for name, m in ((name, module(name)) for name in EXPERIMENTS)]
 
 

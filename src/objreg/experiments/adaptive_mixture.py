@@ -45,6 +45,8 @@ from objreg.analysis.parallel.devices import resolve_device
 from objreg.analysis.run.analyze import analyze
 from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
+from objreg.experiments.preconditions import Precondition
+from objreg.experiments.replication import test_of
 
 NAME = "adaptive-mixture"
 CLAIM = ("Objective weights set during pre-training from the end task's measured transfer lower the end-task "
@@ -59,6 +61,11 @@ THRESHOLD = 0.0
 DIRECTION = "above"
 
 TOTAL = 2.0
+#: The manipulation check: an adaptive rule that never left the uniform weights is the uniform condition.
+PRECONDITIONS = (Precondition(
+    "rule_moved_weights", "the mean over steps of |mlm's weight - 1| under adaptive:quadratic", 0.1, "above",
+    lambda figures, setting: float(np.mean(np.abs(np.asarray(figures["adaptive_weights"]["adaptive_quadratic"]["mlm"])
+                                                  - TOTAL / 2)))),)
 SEARCH_SEED_OFFSET = 1000
 WIKITEXT = "wikitext-2/valid.txt"
 SQUAD = "squad_v1.1/dev-v1.1.half-a.json"
@@ -199,9 +206,10 @@ def combine(results: list[ExperimentResult], setting: Setting) -> ExperimentResu
     if overall["ci95"] is None:
         verdict = results[0].verdict
         reason = f"only one seed was run: {results[0].reason}"
+        tested = None
     else:
         low, high = overall["ci95"]
-        verdict = verdict_from_interval(low, high, THRESHOLD, DIRECTION)
+        verdict = tested = verdict_from_interval(low, high, THRESHOLD, DIRECTION)
         reason = (f"D(best fixed) − D(adaptive:quadratic) = {overall['mean']:+.4g}, 95% t-interval "
                   f"[{low:+.4g}, {high:+.4g}] over {len(results)} seeds (confirmed above 0, refuted below 0)")
     names = list(figures[0]["final_downstream_loss"])
@@ -209,6 +217,7 @@ def combine(results: list[ExperimentResult], setting: Setting) -> ExperimentResu
         "effect": overall["mean"],
         "effect_interval": overall,
         "effect_ci95_between_seeds": overall["ci95"],
+        "tests": {"effect": test_of(effects, THRESHOLD, DIRECTION, tested)},
         "final_downstream_loss": {n: interval([f["final_downstream_loss"][n] for f in figures]) for n in names},
         "differences": {k: interval([f["differences"][k] for f in figures]) for k in figures[0]["differences"]},
         "overhead": {k: interval([f["overhead"][k] for f in figures if f["overhead"][k] is not None])

@@ -57,7 +57,7 @@ class Setting:
 class ExperimentResult:
     """An experiment's outcome. ``to_dict()`` is the JSON the CLI prints:
     ``{"name", "claim", "source", "rule", "verdict", "reason", "figures", "setting", "plots",
-    "replicates", "timing"}``.
+    "replicates", "timing", "preconditions", "power"}``.
 
     Args:
         verdict: ``confirmed``, ``refuted`` or ``inconclusive``, computed from ``figures``.
@@ -69,6 +69,11 @@ class ExperimentResult:
         replicates: In the overall result, each seed's ``to_dict()``; empty in one seed's.
         timing: ``wall_s`` and ``cpu_s`` (this process's CPU time, all threads) of the run,
             filled in by the framework; the only entry that differs between identical runs.
+        preconditions: Each precondition's check (:mod:`objreg.experiments.preconditions`),
+            filled in by the framework; one that failed made the verdict inconclusive.
+        power: In the overall result, the power of the between-seed test of the part that
+            decided (:mod:`objreg.experiments.power`): ``n80``, ``mde`` and how they were
+            computed; None in one seed's result.
     """
 
     name: str
@@ -82,6 +87,8 @@ class ExperimentResult:
     rule: str = ""
     replicates: list[dict[str, Any]] = field(default_factory=list)
     timing: dict[str, float] = field(default_factory=dict)
+    preconditions: list[dict[str, Any]] = field(default_factory=list)
+    power: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.verdict not in VERDICTS:
@@ -92,7 +99,7 @@ class ExperimentResult:
             "name": self.name, "claim": self.claim, "source": self.source, "rule": self.rule,
             "verdict": self.verdict, "reason": self.reason, "figures": self.figures, "setting": self.setting,
             "plots": list(self.plots), "replicates": list(self.replicates),
-            "timing": dict(self.timing),
+            "timing": dict(self.timing), "preconditions": list(self.preconditions), "power": self.power,
         }
 
     def write(self, out_dir: Path) -> Path:

@@ -34,6 +34,10 @@ the mean with a 95% t-interval; ``confirmed`` when it lies wholly above 0, ``ref
 below. Null: the augmentation brings no robustness, both models lose as much. The probe's clean
 accuracy is reported beside it: a drop is only informative where the clean accuracy is above
 chance (0.5).
+
+**Precondition** (``probe_above_chance``): both models' clean-text probe accuracy above
+:data:`~objreg.experiments.sst2_probe.PROBE_ABOVE_CHANCE` (0.6) on every seed; otherwise the
+verdict is ``inconclusive (precondition failed: …)``.
 """
 
 from __future__ import annotations
@@ -47,7 +51,8 @@ from objreg import TokenizedCorpus
 from objreg.analysis.parallel.devices import resolve_device
 from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
-from objreg.experiments.sst2_probe import probe_correct, sentence_features, sst2
+from objreg.experiments.preconditions import Precondition
+from objreg.experiments.sst2_probe import PROBE_ABOVE_CHANCE, probe_correct, sentence_features, sst2
 from objreg.toolkit.noise import char_noise, noisy_corpus
 from objreg.toolkit.randomness import stream
 
@@ -59,11 +64,16 @@ SOURCE = ("Pruthi et al., Combating Adversarial Misspellings with Robust Word Re
           "Translation, ICLR 2018 (Dealing with noise: training on noise)")
 RULE = ("Effect = SST-2 linear-probe accuracy drop from clean to misspelled text (character noise 0.1) of the "
         "clean-wwm model minus that of the char-noise model; confirmed when the 95% t-interval of its mean over seeds "
-        "lies wholly above 0, refuted when wholly below.")
+        "lies wholly above 0, refuted when wholly below. Precondition: both models' probe accuracy on clean text above "
+        "0.6 (chance 0.5) on every seed.")
 THRESHOLD = 0.0
 DIRECTION = "above"
 ARMS = ("clean", "char_noise")
 NOISE = 0.1
+#: A drop from chance to chance is no drop: both models' probes must read sentiment on clean text.
+PRECONDITIONS = (Precondition(
+    "probe_above_chance", "the lower of the two models' SST-2 probe accuracies on clean text (chance 0.5)",
+    PROBE_ABOVE_CHANCE, "above", lambda figures, setting: min(figures["accuracy"][arm]["clean"] for arm in ARMS)),)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,11 @@ wholly above 0.25 (the stop-gradient keeps at least a quarter of an uncollapsed 
 more than the run without it), ``refuted`` when it lies wholly below, ``inconclusive`` otherwise.
 The null (the stop-gradient makes no difference) predicts an effect near 0.
 
+**Precondition** (``no_stop_gradient_collapses``, the positive control): with SimSiam's heads the
+run without the stop-gradient collapses, its normalised std after training below
+:data:`COLLAPSED` (0.1) on every seed. Without a collapse to prevent, the effect says nothing about
+the stop-gradient: the verdict is then ``inconclusive (precondition failed: …)``, never ``refuted``.
+
 objreg's own consistency modifier (``consistency_weight``) is a KL between the two views' MLM
 predictions, always added to the MLM loss, which anchors the output: collapse cannot arise there
 with or without ``sg``, so the mechanism is tested in SimSiam's pure form, on objreg's views.
@@ -53,6 +58,7 @@ from objreg import CorruptedBatch, Objective
 from objreg.analysis.parallel.devices import resolve_device
 from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
+from objreg.experiments.preconditions import Precondition
 from objreg.toolkit.randomness import stream
 
 NAME = "consistency-collapse"
@@ -60,12 +66,22 @@ CLAIM = ("In siamese consistency learning the stop-gradient prevents collapse: w
          "per-dimension std of the l2-normalised output goes to 0); with it the std stays near 1/sqrt(d).")
 SOURCE = "Chen & He, Exploring Simple Siamese Representation Learning (SimSiam), CVPR 2021, §4.1 and Figure 2"
 RULE = ("Effect = sqrt(d) x std of the l2-normalised output with stop-gradient minus without, after training; "
-        "confirmed when the 95% t-interval of its mean over seeds lies wholly above 0.25, refuted when wholly below.")
+        "confirmed when the 95% t-interval of its mean over seeds lies wholly above 0.25, refuted when wholly below. "
+        "Precondition (positive control): with SimSiam's heads the no-stop-gradient run collapses, its normalised std "
+        "after training below 0.1 on every seed.")
 THRESHOLD = 0.25
 DIRECTION = "above"
 ARMS = ("stop_gradient", "no_stop_gradient")
 #: The heads: SimSiam's (with batch norm; the verdict's) and the same without batch norm.
 HEADS = {"simsiam": True, "no_batch_norm": False}
+#: The positive control: the claim is that the stop-gradient prevents a collapse, so the run without it must
+#: collapse (a tenth of an uncollapsed output's spread at most). Where it does not, an effect near 0 says
+#: the setting never produces collapse, not that the stop-gradient fails to prevent it.
+COLLAPSED = 0.1
+PRECONDITIONS = (Precondition(
+    "no_stop_gradient_collapses", "sqrt(d) x std of the l2-normalised output of the no-stop-gradient run with "
+    "SimSiam's heads, after training (0: collapsed, about 1: spread)", COLLAPSED, "below",
+    lambda figures, setting: figures["normalised_std"]["simsiam"]["no_stop_gradient"]["trained"]),)
 
 
 @dataclass(frozen=True)

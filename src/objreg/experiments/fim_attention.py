@@ -44,6 +44,7 @@ from objreg.analysis.math.stats import bootstrap_ci95
 from objreg.analysis.parallel.devices import resolve_device
 from objreg.experiments import _support
 from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, ExperimentResult, Setting, save_figure
+from objreg.experiments.preconditions import Precondition
 from objreg.experiments.replication import combine_parts
 from objreg.toolkit import losses, seq2seq
 from objreg.toolkit.randomness import stream
@@ -60,6 +61,11 @@ RULE = ("Over seeds (95% between-seed t-intervals): the left-to-right loss of th
 FREE_MARGIN = 0.05
 PARTS = {"fim_cost": (FREE_MARGIN, "below"), "infilling_gain": (0.0, "above")}
 MODELS = {"fim": 0.5, "left_to_right": 0.0}
+#: Both models must have learned from their training (a loss that did not fall says nothing about FIM).
+PRECONDITIONS = (Precondition(
+    "both_models_learned", "the smaller fall of the two models' training loss, mean of the first 10 steps minus "
+    "mean of the last 10 (nats)", 1.0, "above",
+    lambda figures, setting: min(loss["first"] - loss["last"] for loss in figures["training_loss"].values())),)
 
 
 @dataclass(frozen=True)

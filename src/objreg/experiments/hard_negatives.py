@@ -11,7 +11,7 @@ trained with a generator has a lower detection error than one trained on random 
 
 **Setting.** The default model is trained with ``rtd`` three times from one initialisation on the
 same rows and the same corruption draws (the same positions are replaced; AdamW 1e-3; quick: 100
-steps of 16 rows of 64 tokens; full: 300 steps), differing only in where
+steps of 16 rows of 64 tokens; full: 600 steps), differing only in where
 the replacements come from:
 
 * ``random`` (the easy-negative baseline): ``temperature=1000``, so the generator's softmax is
@@ -22,17 +22,22 @@ the replacements come from:
   original token), harder still.
 
 **Measured.** Two held-out replaced-token sets on the same held-out rows and positions (15% of
-ordinary tokens, never the original token): *plausible*, drawn from a reference MLM (the default
-model trained with ``mlm`` on the same training split for as many steps, from its own
-initialisation: none of the three discriminators trained against it), and *random*, uniform over
-ordinary tokens. Each discriminator scores every real token; its error is the ranking error
+ordinary tokens, never the original token): *plausible*, drawn from a reference cloze model
+(:class:`objreg.experiments.cloze_reference.ClozeCounts`: the tokens the training split has
+between the position's two neighbours, in proportion to their counts, backing off to the tokens
+after its left neighbour and to the unigram; none of the three discriminators trained against
+it), and *random*, uniform over ordinary tokens. Each discriminator scores every real token; its error is the ranking error
 ``1 − AUC`` of its scores for "replaced" (the chance that a random original token outscores a
 random replaced one: 0.5 for a scorer that ignores its input, whatever its threshold). The
 balanced error at logit 0 (mean of the miss rate on replaced tokens and the false-alarm rate on
 original ones) is reported too, but it degenerates: a discriminator still below logit 0 on every
 token, as ELECTRA's is early in training with 15% replaced, reads exactly 0.5 however well it
-ranks. The reference MLM's top-1 accuracy at the positions is reported, as is each arm's
-training loss.
+ranks. The reference's top-1 accuracy at the positions (and the unigram baseline's: always the
+most frequent token) is reported, as is each arm's training loss.
+
+**Precondition** (``reference_is_plausible``): the reference's top-1 accuracy at the held-out
+positions above 0.2 on every seed, about three times the unigram baseline's (0.06 on the default
+corpus): replacements from a reference that cannot predict the original are hardly "plausible".
 
 **Verdict.** Per seed, effect = ranking error of ``random`` minus that of ``generator`` on the
 plausible set. Over seeds: the mean with a 95% t-interval; ``confirmed`` when it lies wholly above
@@ -54,7 +59,8 @@ from objreg import IGNORE_INDEX, CorruptedBatch, Objective, Vocabulary
 from objreg.analysis.parallel.devices import resolve_device
 from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
-from objreg.toolkit.losses import gather_positions
+from objreg.experiments.cloze_reference import ClozeCounts, neighbours
+from objreg.experiments.preconditions import Precondition
 from objreg.toolkit.randomness import stream
 from objreg.toolkit.replacement import ordinary_ids
 
@@ -66,13 +72,18 @@ SOURCE = ("Clark et al., ELECTRA, ICLR 2020, §3.2 and Figure 3; hard negatives 
           "Contrastive Learning with Hard Negative Samples, ICLR 2021")
 RULE = ("Effect = ranking error (1 - AUC) of the random-replacement-trained discriminator minus the generator-trained "
         "one, on a common held-out set of plausible replacements; confirmed when the 95% t-interval of its mean over "
-        "seeds lies wholly above 0, refuted when wholly below.")
+        "seeds lies wholly above 0, refuted when wholly below. Precondition: the reference's top-1 accuracy at the "
+        "held-out positions above 0.2 on every seed.")
 THRESHOLD = 0.0
 DIRECTION = "above"
 #: The three ways of drawing training replacements: rtd parameters.
 ARMS = {"random": {"temperature": 1000.0}, "generator": {}, "hard": {"hard_negatives": True}}
 SETS = ("plausible", "random")
 RATES = ("ranking_error", "balanced_error", "miss_rate", "false_alarm_rate")
+#: The reference must predict the original token well above the unigram baseline for its samples to be plausible.
+PRECONDITIONS = (Precondition(
+    "reference_is_plausible", "the reference cloze model's top-1 accuracy at the held-out positions", 0.2, "above",
+    lambda figures, setting: figures["reference_top1_accuracy"]),)
 
 
 @dataclass(frozen=True)
@@ -87,7 +98,7 @@ class Config:
 
 
 QUICK = Config(steps=100, seq_len=64, eval_rows=128)
-FULL = Config(steps=300, seq_len=64, eval_rows=256)
+FULL = Config(steps=600, seq_len=64, eval_rows=256)
 
 
 def run(setting: Setting) -> ExperimentResult:
@@ -102,19 +113,15 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     registry, vocab = text.registry, text.train.vocab
     figures: dict = {"training_loss": {}, **{name: {} for name in RATES}}
 
-    setting.status(f"training the reference MLM for {config.steps} steps")
-    mlm = registry.get("mlm", vocab=vocab)
-    reference = _support.mlm_model(registry, mlm, setting.seed + 10_000, model_config).to(device)
-    losses = _support.train(reference, mlm, text.train, steps=config.steps, batch_size=config.batch_size,
-                            lr=config.lr, seed=setting.seed + 10_000, device=device)
-    figures["training_loss"]["reference_mlm"] = _support.loss_summary(losses)
-
+    setting.status("counting the reference cloze model")
+    reference = ClozeCounts(text.train)
     rtd = registry.get("rtd", vocab=vocab)
     rows = text.heldout.sample(config.eval_rows, stream(setting.seed, "heldout_rows"))
-    positions_batch = rtd.corrupt(rows, stream(setting.seed, "heldout_corruption")).to(device)
-    sets, accuracy = replaced_sets(reference, mlm, positions_batch, vocab,
-                                   stream(setting.seed, "replacements"))
-    figures["reference_mlm_top1_accuracy"] = accuracy
+    positions_batch = rtd.corrupt(rows, stream(setting.seed, "heldout_corruption"))
+    sets, accuracy = replaced_sets(reference, positions_batch, vocab, stream(setting.seed, "replacements"))
+    figures.update(reference_top1_accuracy=accuracy["reference"], unigram_top1_accuracy=accuracy["unigram"])
+    positions_batch = positions_batch.to(device)
+    sets = {name: (replaced.to(device), is_replaced.to(device)) for name, (replaced, is_replaced) in sets.items()}
 
     for arm, params in ARMS.items():
         objective = registry.get("rtd", vocab=vocab, **params)
@@ -144,38 +151,33 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
                                               arms=ARMS), plots)
 
 
-@torch.no_grad()
-def replaced_sets(reference: nn.Module, mlm: Objective, batch: CorruptedBatch, vocab: Vocabulary,
-                  generator: torch.Generator) -> tuple[dict, float]:
+def replaced_sets(reference: ClozeCounts, batch: CorruptedBatch, vocab: Vocabulary,
+                  generator: torch.Generator) -> tuple[dict, dict[str, float]]:
     """The held-out sets: ``{"plausible" | "random": (replaced ids [B, T], is_replaced [B, T])}``,
     both replacing exactly the positions ``batch`` selected (its labels), never by the original
-    token; plausible ones drawn from ``reference``'s ``lm`` head on ``batch``'s masked input.
-    Also the reference's top-1 accuracy there."""
+    token; plausible ones drawn from ``reference`` in each position's original context. Also the
+    top-1 accuracy there of the reference and of the unigram baseline (``{"reference", "unigram"}``)."""
     selected = batch.labels != IGNORE_INDEX  # (B, T)
-    positions = batch.extras["masked_positions"]  # (B, K)
-    real = batch.extras["masked_weights"] > 0
-    hidden = reference.encode(batch.input_ids, mlm.attention_mask(batch), batch.position_ids)
-    logits = reference.heads["lm"](gather_positions(hidden, positions))  # (B, K, V)
-    targets = batch.labels.gather(1, positions).clamp(min=0)  # (B, K); list padding -> 0, weight 0
-    accuracy = float((logits.argmax(-1) == targets)[real].float().mean())
-    allowed = (vocab.normal_token_weights(logits.device) > 0).expand_as(logits).clone()
-    allowed.scatter_(-1, targets.unsqueeze(-1), False)  # never the original token
-    plausible_probs = torch.softmax(logits.masked_fill(~allowed, float("-inf")), dim=-1)
-    # Drawn on the CPU, where the generator lives, so the same seed gives the same set on any device.
-    plausible = torch.multinomial(plausible_probs.flatten(0, 1).cpu(), 1, generator=generator)
-    plausible = plausible.view(targets.shape).to(logits.device)
-    pool = ordinary_ids(vocab, logits.device)
-    # Uniform over the ordinary tokens other than the original: an index into the pool without it.
-    index = torch.randint(len(pool) - 1, targets.shape, generator=generator).to(pool.device)  # (B, K)
-    index = index + (index >= torch.searchsorted(pool, targets)).long()
-    random = pool[index]
     clean = torch.where(selected, batch.labels, batch.input_ids)  # (B, T): the row before corruption
-    current = clean.gather(1, positions)  # list padding points at [CLS] and writes it back
+    rows, positions = torch.nonzero(selected, as_tuple=True)
+    originals = clean[rows, positions].tolist()
+    contexts = [neighbours(clean, vocab, r, p) for r, p in zip(rows.tolist(), positions.tolist())]
+    top1 = sum(reference.top1(*context) == original for context, original in zip(contexts, originals))
+    unigram = sum(reference.unigram_top1() == original for original in originals)
+    plausible = torch.tensor([reference.sample(*context, original, generator)
+                              for context, original in zip(contexts, originals)], dtype=clean.dtype)
+    pool = ordinary_ids(vocab, clean.device)
+    # Uniform over the ordinary tokens other than the original: an index into the pool without it.
+    index = torch.randint(len(pool) - 1, (len(originals),), generator=generator)
+    target = torch.tensor(originals, dtype=clean.dtype)
+    random = pool[index + (index >= torch.searchsorted(pool, target)).long()]
     sets = {}
     for name, draws in (("plausible", plausible), ("random", random)):
-        replaced = clean.scatter(1, positions, torch.where(real, draws, current))
+        replaced = clean.clone()
+        replaced[rows, positions] = draws
         sets[name] = (replaced, replaced != clean)
-    return sets, accuracy
+    count = max(len(originals), 1)
+    return sets, {"reference": top1 / count, "unigram": unigram / count}
 
 
 @torch.no_grad()

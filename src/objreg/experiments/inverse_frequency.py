@@ -38,6 +38,7 @@ from objreg.analysis.math.stats import bootstrap_ci95
 from objreg.analysis.parallel.devices import resolve_device
 from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
+from objreg.experiments.preconditions import Precondition
 from objreg.toolkit.randomness import stream
 
 NAME = "inverse-frequency"
@@ -49,6 +50,11 @@ RULE = ("The mean over seeds of the held-out rare-token NLL of the uniform twin 
 THRESHOLD = 0.0
 DIRECTION = "above"
 POLICIES = ("uniform", "inverse_frequency")
+#: The manipulation check: the policy must put more of the loss on rare tokens than uniform masking does.
+PRECONDITIONS = (Precondition(
+    "rare_share_raised", "the rare tokens' share of the own-policy masked loss, inverse_frequency minus uniform",
+    0.1, "above", lambda figures, setting: (figures["rare_share_of_own_masked_loss"]["inverse_frequency"]
+                                            - figures["rare_share_of_own_masked_loss"]["uniform"])),)
 
 
 @dataclass(frozen=True)

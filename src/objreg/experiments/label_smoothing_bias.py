@@ -36,6 +36,7 @@ import torch
 from objreg.analysis.parallel.devices import resolve_device
 from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure
+from objreg.experiments.preconditions import Precondition
 from objreg.experiments.replication import combine_equivalence
 from objreg.toolkit.randomness import stream
 
@@ -49,6 +50,11 @@ RULE = ("The mean over seeds of slope/epsilon (the smoothed twin's marginal shif
         "has a 95% between-seed t-interval inside [0.75, 1.25]: confirmed; wholly outside: refuted; else "
         "inconclusive.")
 MARGIN = (0.75, 1.25)
+#: The reference must have learned the label marginal: the shift is measured from the plain twin.
+PRECONDITIONS = (Precondition(
+    "reference_learned_marginal", "the slope of the plain twin's average prediction minus the label marginal on "
+    "1/V minus the label marginal: 0 at the marginal, 1 at uniform", 0.5, "below",
+    lambda figures, setting: figures["against_label_marginal"]["plain"] * figures["epsilon"]),)
 
 
 @dataclass(frozen=True)

@@ -23,13 +23,16 @@ resamples held-out rows (all draws of a row together); the paired difference SOP
 ordering probe. A training-free topic detector: the Jaccard overlap of the two segments' token
 sets, scored by its AUC on each probe (blind to order by construction).
 
-**Verdict.** Five checks, each on an interval (within one seed: the bootstrap; over seeds: the
+**Verdict.** Four checks, each on an interval (within one seed: the bootstrap; over seeds: the
 between-seed t-interval of the per-seed values): the topic detector's AUC on NSP pairs above
-0.5; the NSP model above 0.5 on NSP (the precondition: a model that never learned NSP says
-nothing about what NSP teaches); the NSP model within ``0.5 ± 0.05`` on order; SOP − NSP on
-order above 0; the SOP model above 0.5 on NSP. ``confirmed`` when all five hold, ``refuted`` when
-a prediction other than the precondition is contradicted by its whole interval, ``inconclusive``
-otherwise (in particular when the NSP model has not learned NSP). The effect is SOP − NSP on order.
+0.5; the NSP model within ``0.5 ± 0.05`` on order; SOP − NSP on order above 0; the SOP model
+above 0.5 on NSP. ``confirmed`` when all four hold, ``refuted`` when one is contradicted by its
+whole interval, ``inconclusive`` otherwise. The effect is SOP − NSP on order.
+
+**Precondition** (``nsp_learned``, :mod:`objreg.experiments.preconditions`): the NSP model's
+balanced accuracy on held-out NSP pairs above :data:`NSP_LEARNED` on every seed. A model that
+never learned NSP says nothing about what NSP teaches; where it fails the verdict is
+``inconclusive (precondition failed: …)``.
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ from objreg.analysis.parallel.devices import resolve_device
 from objreg.analysis.run.prepare import build_model
 from objreg.experiments import _support
 from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, ExperimentResult, Setting, save_figure
-from objreg.experiments.replication import default_combine
+from objreg.experiments.preconditions import Precondition
+from objreg.experiments.replication import default_combine, test_of
 
 NAME = "nsp-vs-sop"
 CLAIM = ("NSP negatives drawn from other documents can be solved by topic alone, so a model trained with NSP "
@@ -57,14 +61,20 @@ CLAIM = ("NSP negatives drawn from other documents can be solved by topic alone,
 SOURCE = ("Lan et al. 2020, ALBERT: A Lite BERT for Self-supervised Learning of Language Representations, ICLR, "
           "section 4.6 and table 5 (NSP-trained: SOP 52.0%; SOP-trained: NSP 78.9%, SOP 86.5%)")
 RULE = ("Per part, the mean over seeds with a 95% between-seed t-interval: the topic detector's AUC on NSP pairs "
-        "above 0.5, the NSP model above 0.5 on NSP (precondition), the NSP model inside 0.5 +- 0.05 on order, SOP "
-        "minus NSP on order above 0, the SOP model above 0.5 on NSP: confirmed when all hold; refuted when a "
-        "prediction other than the precondition is contradicted; else inconclusive.")
+        "above 0.5, the NSP model inside 0.5 +- 0.05 on order, SOP minus NSP on order above 0, the SOP model above "
+        "0.5 on NSP: confirmed when all hold; refuted when one is contradicted; else inconclusive. Precondition: the "
+        "NSP model's balanced accuracy on NSP pairs above 0.55 on every seed.")
 OBJECTIVES = ("nsp", "sop")
 PROBES = {"topic_mismatched": "nsp", "topic_matched_order": "sop"}
 LABELS = {"nsp": "next_sentence_label", "sop": "order_label"}
 #: Half-width of the band around 0.5 that counts as chance on the ordering probe (ALBERT: 52.0%).
 CHANCE_MARGIN = 0.05
+#: The NSP model has learned NSP when its balanced accuracy on NSP pairs is above this on every seed:
+#: beyond the chance band the ordering probe uses, so "at chance on order" and "learned NSP" cannot both
+#: be read off the same noise.
+NSP_LEARNED = 0.5 + CHANCE_MARGIN
+PRECONDITIONS = (Precondition("nsp_learned", "the NSP model's balanced accuracy on held-out NSP pairs", NSP_LEARNED,
+                              "above", lambda figures, setting: _value(figures["parts"]["nsp_model_on_nsp"])),)
 
 
 @dataclass(frozen=True)
@@ -248,24 +258,33 @@ def part_figures(figures: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }
 
 
+def _value(part: Any) -> float:
+    """A part's value: one seed's ``{"value", "ci95"}`` figure, or the bare number a combined result's
+    per-seed parts hold."""
+    return float(part["value"] if isinstance(part, dict) else part)
+
+
+#: The part each check reads, with its threshold (or chance band) and side.
+CHECKS = {
+    "topic": ("topic_auc_on_nsp", 0.5, "above"),
+    "nsp_at_chance_on_order": ("nsp_model_on_order", [0.5 - CHANCE_MARGIN, 0.5 + CHANCE_MARGIN], "inside"),
+    "sop_beats_nsp_on_order": ("sop_minus_nsp_on_order", 0.0, "above"),
+    "sop_does_well_on_nsp": ("sop_model_on_nsp", 0.5, "above"),
+}
+
+
 def checks_of(intervals: dict[str, list[float]]) -> dict[str, str]:
     """Each prediction's own verdict from its interval (see the module docstring)."""
-    return {
-        "topic": _support.verdict_from_interval(*intervals["topic_auc_on_nsp"], 0.5),
-        "nsp_learned": _support.verdict_from_interval(*intervals["nsp_model_on_nsp"], 0.5),
-        "nsp_at_chance_on_order": _support.equivalence_verdict(
-            *intervals["nsp_model_on_order"], 0.5 - CHANCE_MARGIN, 0.5 + CHANCE_MARGIN),
-        "sop_beats_nsp_on_order": _support.verdict_from_interval(*intervals["sop_minus_nsp_on_order"], 0.0),
-        "sop_does_well_on_nsp": _support.verdict_from_interval(*intervals["sop_model_on_nsp"], 0.5),
-    }
+    return {check: (_support.equivalence_verdict(*intervals[part], *threshold) if side == "inside"
+                    else _support.verdict_from_interval(*intervals[part], threshold, side))
+            for check, (part, threshold, side) in CHECKS.items()}
 
 
 def decide(checks: dict[str, str], parts: dict[str, dict[str, Any]], kind: str) -> tuple[str, str]:
     """The verdict from the checks: ``confirmed`` when all are; ``refuted`` when a prediction is
-    contradicted (an NSP model that has not learned NSP contradicts nothing: it makes the
-    at-chance reading meaningless, so the verdict is then at best ``inconclusive``)."""
-    contradicted = {k: v for k, v in checks.items() if k != "nsp_learned"}
-    if any(v == REFUTED for v in contradicted.values()):
+    contradicted; else ``inconclusive``. (Whether the NSP model learned NSP is the precondition,
+    checked by the framework: it does not enter here.)"""
+    if any(v == REFUTED for v in checks.values()):
         verdict = REFUTED
     elif all(v == CONFIRMED for v in checks.values()):
         verdict = CONFIRMED
@@ -291,7 +310,9 @@ def combine(results: list[ExperimentResult], setting: Setting) -> ExperimentResu
         parts[key] = {"value": mean, "ci95": [low, high], "per_seed": [r.figures["parts"][key] for r in results]}
     checks = checks_of({key: figure["ci95"] for key, figure in parts.items()})
     overall.verdict, overall.reason = decide(checks, parts, f"between-seed t ({len(results)} seeds)")
-    overall.figures.update(parts=parts, checks=checks)
+    overall.figures.update(parts=parts, checks=checks, tests={
+        check: test_of(parts[part]["per_seed"], threshold, side, checks[check])
+        for check, (part, threshold, side) in CHECKS.items()})
     return overall
 
 

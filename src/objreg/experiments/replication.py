@@ -20,6 +20,7 @@ from typing import Any
 from objreg import InvalidParameterError
 from objreg.analysis.math.stats import mean_ci95
 from objreg.analysis.run.validation import MAX_SEED, check_integer
+from objreg.experiments import power, preconditions
 from objreg.experiments._support import equivalence_verdict
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
 
@@ -43,6 +44,14 @@ def effect_of(result: ExperimentResult) -> float:
     return float(effect)
 
 
+def test_of(per_seed: list[float], threshold: float | list[float], direction: str, verdict: str | None) -> dict:
+    """What one tested part of a claim records for the power computation: the per-seed values,
+    the threshold (or the margin ``[lower, upper]`` with direction ``inside``) and its verdict
+    over seeds (None with one seed)."""
+    key = "margin" if direction == "inside" else "threshold"
+    return {"per_seed": [float(v) for v in per_seed], key: threshold, "direction": direction, "verdict": verdict}
+
+
 def default_combine(results: list[ExperimentResult], setting: Setting, threshold: float = 0.0,
                     direction: str = "above") -> ExperimentResult:
     """The overall result: mean effect over seeds, its between-seed 95% t-interval, and the
@@ -51,12 +60,13 @@ def default_combine(results: list[ExperimentResult], setting: Setting, threshold
     first = results[0]
     effects = [effect_of(r) for r in results]
     mean, low, high = mean_ci95(effects)
+    verdict = verdict_from_interval(low, high, threshold, direction) if len(results) > 1 else None
     figures = {"effect": mean, "effect_ci95_between_seeds": [low, high], "per_seed_effect": effects,
-               "seeds": len(results), "threshold": threshold, "direction": direction}
+               "seeds": len(results), "threshold": threshold, "direction": direction,
+               "tests": {"effect": test_of(effects, threshold, direction, verdict)}}
     if len(results) == 1:
         return ExperimentResult(first.name, first.claim, first.verdict,
                                 f"only one seed was run (no between-seed interval): {first.reason}", figures)
-    verdict = verdict_from_interval(low, high, threshold, direction)
     reason = (f"mean effect {mean:.4g} over {len(results)} seeds, 95% between-seed t-interval "
               f"[{low:.4g}, {high:.4g}], {verdict} against {direction} {threshold:g}; per-seed verdicts: "
               + ", ".join(r.verdict for r in results))
@@ -72,10 +82,13 @@ def combine_equivalence(results: list[ExperimentResult], setting: Setting, lower
     overall.figures.pop("threshold")
     overall.figures.pop("direction")
     overall.figures["margin"] = [lower, upper]
+    low, high = overall.figures["effect_ci95_between_seeds"]
+    verdict = equivalence_verdict(low, high, lower, upper) if len(results) > 1 else None
+    overall.figures["tests"] = {"effect": test_of(overall.figures["per_seed_effect"], [lower, upper], "inside",
+                                                  verdict)}
     if len(results) == 1:
         return overall
-    low, high = overall.figures["effect_ci95_between_seeds"]
-    overall.verdict = equivalence_verdict(low, high, lower, upper)
+    overall.verdict = verdict
     overall.reason = (f"mean effect {overall.figures['effect']:.4g} over {len(results)} seeds, 95% between-seed "
                       f"t-interval [{low:.4g}, {high:.4g}], {overall.verdict} against the margin [{lower:g}, {upper:g}]; "
                       "per-seed verdicts: " + ", ".join(r.verdict for r in results))
@@ -102,6 +115,8 @@ def combine_parts(results: list[ExperimentResult], setting: Setting,
                           "threshold": threshold, "direction": direction,
                           "verdict": verdicts[key] if len(results) > 1 else None}
     overall.figures["parts"] = summaries
+    overall.figures["tests"] = {key: test_of(s["per_seed"], s["threshold"], s["direction"], s["verdict"])
+                                for key, s in summaries.items()}
     if len(results) == 1:
         return overall
     if all(v == "confirmed" for v in verdicts.values()):
@@ -157,16 +172,7 @@ def run_seeds(experiment: ModuleType, *, seeds: int, seed: int, quick: bool, out
         result.timing = {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}
         results.append(result)
     overall_setting = Setting(quick=quick, seed=seed, out_dir=out_dir, device=device, status=status)
-    combine = getattr(experiment, "combine", None)
-    if combine is not None:
-        overall = combine(results, overall_setting)
-    else:
-        overall = default_combine(results, overall_setting, float(getattr(experiment, "THRESHOLD", 0.0)),
-                                  getattr(experiment, "DIRECTION", "above"))
-    for r in [*results, overall]:
-        r.source, r.rule = experiment.SOURCE, experiment.RULE
-    overall.replicates = [r.to_dict() for r in results]
-    overall.timing = {key: sum(r.timing[key] for r in results) for key in ("wall_s", "cpu_s")}
+    overall = conclude(experiment, results, overall_setting)
     overall.setting = {**results[0].setting, "quick": quick, "seeds": list(range(seed, seed + seeds))}
     overall.setting.pop("seed", None)
     if out_dir is not None:
@@ -174,3 +180,68 @@ def run_seeds(experiment: ModuleType, *, seeds: int, seed: int, quick: bool, out
             p for r in results for p in r.plots]
         overall.write(out_dir)
     return overall
+
+
+def conclude(experiment: ModuleType, results: list[ExperimentResult], setting: Setting) -> ExperimentResult:
+    """The overall result of the seeds' ``results``: each seed's preconditions checked (where not
+    yet), the experiment's combine, its preconditions over seeds, and the power of the part that
+    decided the claim's verdict (:mod:`objreg.experiments.power`)."""
+    checks = getattr(experiment, "PRECONDITIONS", ())
+    for result in results:
+        result.source, result.rule = experiment.SOURCE, experiment.RULE
+        if not result.preconditions:
+            preconditions.apply(result, [preconditions.check_seed(c, result) for c in checks])
+    combine = getattr(experiment, "combine", None)
+    if combine is not None:
+        overall = combine(results, setting)
+    else:
+        overall = default_combine(results, setting, float(getattr(experiment, "THRESHOLD", 0.0)),
+                                  getattr(experiment, "DIRECTION", "above"))
+    overall.source, overall.rule = experiment.SOURCE, experiment.RULE
+    tests = overall.figures.get("tests")
+    overall.power = power.summary(tests, overall.verdict) if tests else None
+    # A precondition that only exists across seeds (the outcome's own agreement between them).
+    across = getattr(experiment, "preconditions_across_seeds", None)
+    preconditions.apply(overall, [preconditions.check_seeds(c, [c.value(r) for r in results])
+                                  for c in checks] + (across(results) if across is not None else []))
+    overall.replicates = [r.to_dict() for r in results]
+    overall.timing = {key: sum(r.timing.get(key, 0.0) for r in results) for key in ("wall_s", "cpu_s")}
+    return overall
+
+
+def recombine(experiment: ModuleType, committed: dict[str, Any]) -> ExperimentResult:
+    """The overall result of a committed ``result.json`` (its ``replicates``) under the experiment's
+    current combine, preconditions and power, running nothing: for rules that read only figures
+    the seeds already recorded. The seeds' figures, timing, settings and plots are kept."""
+    results = [ExperimentResult(r["name"], r["claim"], r["verdict"], r["reason"], r["figures"], r["setting"],
+                                list(r["plots"]), timing=dict(r["timing"]), preconditions=list(r.get("preconditions", [])))
+               for r in committed["replicates"]]
+    seeds = [r.setting["seed"] for r in results]
+    overall = conclude(experiment, results, Setting(quick=bool(committed["setting"].get("quick")), seed=seeds[0]))
+    overall.setting = {**committed["setting"], "seeds": seeds}
+    overall.plots = list(committed["plots"])
+    overall.timing = dict(committed["timing"])
+    return overall
+
+
+def pool(committed: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """A committed ``result.json`` with the seeds of another run of the same experiment and setting
+    (``more``, e.g. ``--seed 3 --seeds 3`` after seeds 0 to 2) added to its ``replicates``, its
+    timing the sum of both; pass it to :func:`recombine` for the overall result over every seed.
+
+    Raises:
+        InvalidParameterError: the runs are of different experiments, settings, or share a seed.
+    """
+    def setting(result: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in result["setting"].items() if k != "seeds"}
+
+    if committed["name"] != more["name"] or setting(committed) != setting(more):
+        raise InvalidParameterError(
+            f"can only pool runs of one experiment in one setting: {committed['name']} {setting(committed)} "
+            f"and {more['name']} {setting(more)}")
+    shared = set(committed["setting"]["seeds"]) & set(more["setting"]["seeds"])
+    if shared:
+        raise InvalidParameterError(f"the runs share seeds {sorted(shared)}; pool runs of distinct seeds")
+    timing = {key: committed["timing"][key] + more["timing"][key] for key in ("wall_s", "cpu_s")}
+    return {**committed, "replicates": [*committed["replicates"], *more["replicates"]], "timing": timing,
+            "setting": {**committed["setting"], "seeds": [*committed["setting"]["seeds"], *more["setting"]["seeds"]]}}

@@ -31,6 +31,10 @@ the claim must hold). Over seeds: the mean with a 95% t-interval; ``confirmed`` 
 wholly above 0, ``refuted`` when wholly below. The null (the all-token loss brings nothing) is
 ``rtd15`` doing as well as ``rtd``.
 
+**Precondition** (``probe_above_chance``): every arm's probe accuracy at the last checkpoint above
+:data:`~objreg.experiments.sst2_probe.PROBE_ABOVE_CHANCE` (0.6, chance 0.5) on every seed; where a
+probe sits at chance the gaps are noise and the verdict is ``inconclusive (precondition failed: …)``.
+
 The probe helpers (:func:`sst2`, :func:`sentence_features`, :func:`probe_correct`) are shared
 with ``char-noise-robustness``.
 """
@@ -46,7 +50,8 @@ from torch import nn
 from objreg.analysis.parallel.devices import resolve_device
 from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
-from objreg.experiments.sst2_probe import probe_correct, sentence_features, sst2
+from objreg.experiments.preconditions import Precondition
+from objreg.experiments.sst2_probe import PROBE_ABOVE_CHANCE, probe_correct, sentence_features, sst2
 
 NAME = "rtd-efficiency"
 CLAIM = ("Replaced-token detection is more sample-efficient than masked language modelling because its loss is "
@@ -54,10 +59,16 @@ CLAIM = ("Replaced-token detection is more sample-efficient than masked language
          "as MLM and worse than full RTD.")
 SOURCE = "Clark et al., ELECTRA: Pre-training Text Encoders as Discriminators Rather Than Generators, ICLR 2020, §3.2, Table 5"
 RULE = ("Effect = the smaller of mean-over-checkpoints SST-2 linear-probe accuracy gaps rtd - mlm and rtd - rtd15; "
-        "confirmed when the 95% t-interval of its mean over seeds lies wholly above 0, refuted when wholly below.")
+        "confirmed when the 95% t-interval of its mean over seeds lies wholly above 0, refuted when wholly below. "
+        "Precondition: every arm's probe accuracy at the last checkpoint above 0.6 (chance 0.5) on every seed.")
 THRESHOLD = 0.0
 DIRECTION = "above"
 ARMS = ("mlm", "rtd", "rtd15")
+#: Gaps between probes at chance are noise: every arm's probe must read sentiment for a gap to mean anything.
+PRECONDITIONS = (Precondition(
+    "probe_above_chance", "the lowest of the three arms' SST-2 probe accuracies at the last checkpoint (chance 0.5)",
+    PROBE_ABOVE_CHANCE, "above",
+    lambda figures, setting: min(figures["probe_accuracy"][arm][-1] for arm in ARMS)),)
 
 
 @dataclass(frozen=True)

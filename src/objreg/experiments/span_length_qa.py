@@ -38,6 +38,7 @@ rule on the paired within-seed intervals.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,7 @@ from objreg.analysis.run.headfit import fit_downstream_head
 from objreg.analysis.run.prepare import build_model, split_evaluation
 from objreg.experiments import _support
 from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, ExperimentResult, Setting, save_figure
+from objreg.experiments.preconditions import Precondition
 from objreg.experiments.replication import combine_parts
 from objreg.toolkit import lengths, selection
 from objreg.toolkit.randomness import stream
@@ -73,6 +75,16 @@ CONDITIONS = ("matched", "geometric", *MISMATCHED)
 PARTS = {f"vs_{name}": (0.0, "above") for name in MISMATCHED}
 SQUAD_FILES = ("dev-v1.1.half-a.json", "dev-v1.1.half-b.json")  # lengths from a, the task from b
 MAX_ANSWER_WORDS = 10
+#: The conditions must differ only in span length (the same share masked), and the qa probe must have
+#: learned something for its gradient to be about QA.
+PRECONDITIONS = (
+    Precondition("equal_budget", "the largest distance of a condition's realised masked share from mask_prob",
+                 0.005, "below", lambda figures, setting: max(abs(c["masked_share"] - setting["mask_prob"])
+                                                             for c in figures["conditions"].values())),
+    Precondition("qa_probe_learned", "log(seq_len) (a uniform guess over the row's positions) minus the qa "
+                 "probe's loss D (nats)", 1.0, "above",
+                 lambda figures, setting: math.log(setting["seq_len"]) - figures["downstream_loss"]),
+)
 
 
 def squad_dir() -> Path:

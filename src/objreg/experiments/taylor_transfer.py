@@ -54,6 +54,7 @@ from objreg.analysis.probe.report import AlignmentReport
 from objreg.analysis.run.analyze import analyze
 from objreg.experiments import _support
 from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, ExperimentResult, Setting, save_figure
+from objreg.experiments.preconditions import Precondition
 from objreg.experiments.replication import combine_equivalence
 
 NAME = "taylor-transfer"
@@ -64,6 +65,9 @@ SOURCE = ("Nocedal and Wright 2006, Numerical Optimization, 2nd ed., theorem 2.1
           "arXiv:1812.02224, section 2 (the gradient-similarity view of auxiliary objectives)")
 RULE = ("The mean over seeds of the log-log slope of the first+second-order error against the learning rate has a "
         "95% between-seed t-interval inside [2.5, 3.5]: confirmed; wholly outside: refuted; else inconclusive.")
+#: Not a claim of the literature: Taylor's theorem on a smooth model, a check that the analyzer's
+#: first- and second-order predictions are computed right (listed apart from the claims).
+KIND = "software check"
 #: The order the claim predicts for the second-order error, and the equivalence margin around it.
 EXPECTED_SLOPE = 3.0
 SLOPE_TOLERANCE = 0.5
@@ -72,6 +76,10 @@ RELATIVE_TOLERANCE = 0.01
 #: Errors closer than this many float64 rounding units of D to zero measure rounding.
 FLOOR_UNITS = 1000.0
 EPS64 = float(np.finfo(np.float64).eps)
+#: The slope must measure the Taylor remainder, not rounding.
+PRECONDITIONS = (Precondition(
+    "above_rounding", "the smallest prediction error, in float64 rounding units of D", FLOOR_UNITS, "above",
+    lambda figures, setting: figures["smallest_error_in_rounding_units"]),)
 
 
 @dataclass(frozen=True)

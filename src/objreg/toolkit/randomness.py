@@ -24,6 +24,7 @@ name                                  number  what it feeds
 ``paired_rows``                       11      the rows every condition of the span-length experiment shares
 ``downstream_head``                   12      the downstream task's head under ``--downstream-head refit``
 ``screen_random_order``               20      ``objreg screen``'s random-order baseline
+``entropy_heldout_corruption``        30      entropy-masking's held-out masks drawn by the entropy policy
 ====================================  ======  ==============================================================
 
 Names sharing a number are never drawn together in one run: each reads right where it is used,
@@ -53,6 +54,7 @@ STREAMS: dict[str, int] = {
     "paired_rows": 11,
     "downstream_head": 12,
     "screen_random_order": 20,
+    "entropy_heldout_corruption": 30,
 }
 
 
