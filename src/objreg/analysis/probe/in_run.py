@@ -42,7 +42,7 @@ from objreg.core.handles import Task
 
 #: ``∇D`` is recomputed every this many steps unless told otherwise: the step it is refreshed on
 #: costs about two training steps, the others a share of one (docs/performance.md, "Probe cost").
-DEFAULT_REFRESH_EVERY = 16
+DEFAULT_REFRESH_EVERY = 32
 
 
 class InRunAlignment:
