@@ -69,6 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB,
         "checkpoints": writes,
         "objectives": len(pretrain),
+        "peak_cuda_gib": (torch.cuda.max_memory_allocated() / GIB if args.device.startswith("cuda") else None),
         "torch": torch.__version__,
     }
     print(json.dumps(result, indent=2) if args.json else result)
