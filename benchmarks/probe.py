@@ -15,10 +15,17 @@ LM loss written here), round-robin in one process:
 * ``probed_step_s``: the whole probed step of a user's loop: the step plus
   ``TransferProbe.measure`` and ``finish`` (its own ``g``, the dots with ``∇D`` and ``g``,
   ``∇D``, ``H_D g``, ``D`` before and after), ``D`` evaluated in the model's dtype.
+* ``in_run_ride_s``: a training step with ``InRunAlignment``'s dots riding its backward, ``∇D``
+  not refreshed on it (the steps between two refreshes).
+* ``in_run_refresh_s``: a training step on which ``InRunAlignment`` refreshes ``∇D`` (one gradient
+  of ``D``) and rides both the fresh and the replaced one (for the staleness): every step at
+  ``refresh_every = 1``.
 
 Ratios to ``step_s``: ``alignment`` = (``dots_s`` + ``grad_d_s``) / ``step_s`` (the first-order
 probe), ``second_order_along_update`` = ``second_order_s`` / ``step_s``, ``probed_step`` =
-``probed_step_s`` / ``step_s``. ``D`` here is the same loss on a fixed evaluation batch of the
+``probed_step_s`` / ``step_s``; ``in_run_alignment_k1`` = ``in_run_refresh_s`` / ``step_s`` and
+``in_run_alignment_k{K}`` = ((K − 1) ``in_run_ride_s`` + ``in_run_refresh_s``) / (K ``step_s``),
+the in-run mode's cost per step at ``refresh_every = K`` (the default). ``D`` here is the same loss on a fixed evaluation batch of the
 training batch's shape (its cost is what matters; a task head would add little). Models run
 with eager attention and ``position_ids`` of shape ``[B, T]``, so ghost dots apply.
 """
@@ -37,9 +44,11 @@ from objreg.analysis.math.curvature import Curvature
 from objreg.analysis.math.functional import CallableLoss, ObjectiveFunction, requiring_grad
 from objreg.analysis.math.per_sample import per_sample_dots_many
 from objreg.analysis.parallel.devices import resolve_device
+from objreg.analysis.probe.in_run import DEFAULT_REFRESH_EVERY, InRunAlignment
 from objreg.analysis.probe.transfer_probe import TransferProbe
 
 MODELS = ("bert-base", "gpt2-small")
+PATHS = ("dots", "grad_d", "second_order", "probed_step", "in_run_ride", "in_run_refresh")
 #: --quick: the same architectures at a toy size.
 QUICK = {"hidden_size": 64, "layers": 2, "heads": 2}
 
@@ -127,17 +136,40 @@ def measure(name: str, args: Any, device: torch.device) -> dict[str, Any]:
         optimizer.step()
         probe.finish(measured)
 
-    paths = {"step": step, "dots": dots, "grad_d": grad_d, "second_order": second_order, "probed_step": probed_step}
-    seconds = interleaved(paths, args.repeats, device)
+    # In-run alignment: one that never refreshes after its first step (the steps in between), one
+    # that refreshes on every step (refresh_every = 1).
+    riding = InRunAlignment(model, loss_fn, eval_batches=[evaluation], refresh_every=2**62)
+    refreshing = InRunAlignment(model, loss_fn, eval_batches=[evaluation], refresh_every=1)
+
+    def in_run(alignment: InRunAlignment) -> Callable[[], None]:
+        def run() -> None:
+            optimizer.zero_grad(set_to_none=True)
+            with alignment.step():
+                alignment.losses("train", loss_fn(model, batch)).mean().backward()
+            optimizer.step()
+            alignment.records.clear()
+
+        return run
+
+    paths = {"step": step, "dots": dots, "grad_d": grad_d, "second_order": second_order, "probed_step": probed_step,
+             "in_run_ride": in_run(riding), "in_run_refresh": in_run(refreshing)}
+    chosen = [p for p in paths if p == "step" or p in args.paths]
+    seconds = interleaved({p: paths[p] for p in chosen}, args.repeats, device)
+    every = args.refresh_every
     ratio = {
-        "alignment": (seconds["dots"] + seconds["grad_d"]) / seconds["step"],
-        "dots_only": seconds["dots"] / seconds["step"],
-        "second_order_along_update": seconds["second_order"] / seconds["step"],
-        "probed_step": seconds["probed_step"] / seconds["step"],
+        "alignment": (seconds["dots"] + seconds["grad_d"]) / seconds["step"] if "dots" in seconds else None,
+        "dots_only": seconds["dots"] / seconds["step"] if "dots" in seconds else None,
+        "second_order_along_update": seconds["second_order"] / seconds["step"] if "second_order" in seconds else None,
+        "probed_step": seconds["probed_step"] / seconds["step"] if "probed_step" in seconds else None,
     }
+    if "in_run_ride" in seconds and "in_run_refresh" in seconds:
+        ratio["in_run_alignment_k1"] = seconds["in_run_refresh"] / seconds["step"]
+        ratio[f"in_run_alignment_k{every}"] = ((every - 1) * seconds["in_run_ride"] + seconds["in_run_refresh"]) / (
+            every * seconds["step"])
+    ratio = {k: v for k, v in ratio.items() if v is not None}
     return {
         "model": name, "parameters": sum(p.numel() for p in shared.values()),
-        "batch_size": args.batch_size, "seq_len": args.seq_len, **used,
+        "batch_size": args.batch_size, "seq_len": args.seq_len, "refresh_every": every, **used,
         "probe_per_sample_method": ",".join(sorted(probe.engine.methods_used)), "probe_hvp_method": probe.engine.hvp_method,
         "seconds": {k: rounded(v) for k, v in seconds.items()}, "ratio_to_step": {k: rounded(v, 3) for k, v in ratio.items()},
     }
@@ -148,10 +180,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     parser.add_argument("--batch-size", type=int, default=None, help="default 4 (--quick: 8)")
     parser.add_argument("--seq-len", type=int, default=None, help="default 128 (--quick: 32)")
+    parser.add_argument("--paths", default=",".join(PATHS),
+                        help=f"comma-separated, of {', '.join(PATHS)} (step is always timed)")
+    parser.add_argument("--refresh-every", type=int, default=DEFAULT_REFRESH_EVERY,
+                        help=f"K of the in-run ratio at refresh_every = K (default {DEFAULT_REFRESH_EVERY}, the class's)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     args.batch_size = args.batch_size or (8 if args.quick else 4)
     args.seq_len = args.seq_len or (32 if args.quick else 128)
     args.repeats = args.repeats or 3
+    args.paths = [p.strip() for p in args.paths.split(",") if p.strip()]
+    if set(args.paths) - set(PATHS) or args.refresh_every < 1:
+        parser.error(f"--paths takes {', '.join(PATHS)}; --refresh-every a positive integer")
     apply_threads(args.threads)
     device = resolve_device(args.device)
     models = [m.strip() for m in args.models.split(",") if m.strip()]

@@ -31,6 +31,7 @@ OLD_NUMBERS = {
 NEW_NUMBERS = {
     "resolution": 7,  # analysis.math.resolution: a probe's run draws data, corruption, char_noise, permutations
     "downstream_head": 12,  # analysis.run.prepare (the task's head under a re-fitted head)
+    "moment_rounding": 13,  # analysis.math.shapley: stochastic rounding of bfloat16 coalition moments
     "screen_random_order": 20,  # analysis.run.screen (the random-order baseline, drawn after every run)
     "entropy_heldout_corruption": 30,  # entropy_masking: held-out masks drawn by the entropy twin's policy
 }

@@ -141,3 +141,65 @@ class StepRecord(TypedDict):
     actual_delta: float
     taylor: Taylor
     update: Update
+
+
+class RidingAlignment(TypedDict):
+    """One objective's per-example dots with ``∇D`` at a step of :class:`~objreg.InRunAlignment`."""
+
+    dot: float  # mean over the step's rows of ⟨∇ℓ_i, ∇D⟩ = ⟨g_k, ∇D⟩, with ∇D as old as downstream_grad_age
+    ci95: list[float]  # Student-t interval of that mean over the rows
+    conflict_fraction: float  # share of rows with ⟨∇ℓ_i, ∇D⟩ < 0
+    dots: list[float]  # every row's ⟨∇ℓ_i, ∇D⟩, in the order the loop computed them
+
+
+class Staleness(TypedDict):
+    """How far the replaced ``∇D`` had drifted, measured on the step of a refresh."""
+
+    age: int  # steps the replaced ∇D served
+    cosine: float  # cosine between the replaced ∇D and the fresh one
+    relative_change: float  # ‖∇D fresh − ∇D replaced‖ / ‖∇D fresh‖
+    dot_change: ByName  # per objective: ‖dots(replaced) − dots(fresh)‖ / ‖dots(fresh)‖ over this step's rows
+
+
+class InRunRecord(TypedDict):
+    """One training step of :class:`~objreg.InRunAlignment`, in the order its keys are written."""
+
+    step: int
+    downstream_grad_age: int  # steps since ∇D was computed (0: fresh at this step)
+    downstream_grad_norm: float  # ‖∇D‖ of the ∇D used
+    alignment: dict[str, RidingAlignment]
+    staleness: Staleness | None  # on a refresh step (but the first): the replaced ∇D against the fresh one
+
+
+class ShardedAlignment(TypedDict):
+    """One objective's alignment in a :class:`ShardedRecord` (``TransferProbe``'s keys, fewer)."""
+
+    dot: float  # mean over examples of ⟨∇ℓ_i, ∇D⟩
+    cosine: float
+    grad_norm: float
+    conflict_fraction: float
+    dots: list[float]  # every row's ⟨∇ℓ_i, ∇D⟩
+
+
+class ShardedUpdate(TypedDict):
+    norm: float
+    decomposition_residual: float
+    attribution: str  # "linear": plain SGD's split
+    first_order: ByName  # each part's ∇D·(−η α_k g_k)
+
+
+class ShardedRecord(TypedDict):
+    """One step of :class:`~objreg.analysis.probe.sharded.ShardedProbe` (an FSDP2-sharded model):
+    the keys of :class:`StepRecord` it computes, the same numbers (docs/distributed.md, "FSDP2")."""
+
+    step: int
+    weights: ByName
+    losses: ByName
+    downstream_loss: float
+    downstream_grad_norm: float
+    alignment: dict[str, ShardedAlignment]
+    second_order: ByName
+    predicted_delta: Prediction
+    downstream_loss_after: float
+    actual_delta: float
+    update: ShardedUpdate

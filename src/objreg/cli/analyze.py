@@ -122,6 +122,11 @@ def _parse_params(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), metavar="DIR",
               help="Write config.json, steps.jsonl, report.json, report.csv and PNG plots here, and a checkpoint "
                    "after every step, which makes the run resumable (default: write nothing).")
+@click.option("--checkpoint-every", type=click.IntRange(min=1), default=1, metavar="N",
+              help="With --out or --resume: write the checkpoint after every N-th step and the last, not after each "
+                   "(a checkpoint under Adam holds several copies of the model: docs/performance.md); an "
+                   "interrupted run resumes from the last one and recomputes the steps after it to the same result "
+                   "(default: 1). Also beside --resume.")
 @click.option("--resume", default=None, type=click.Path(file_okay=False), metavar="DIR",
               help="Continue the interrupted run written with --out DIR from its last finished step, with the "
                    "settings in DIR/config.json (no other run option with it); ends as an uninterrupted run would "
@@ -135,7 +140,7 @@ def _parse_params(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
 @click.pass_context
 def analyze(
     ctx: click.Context, pretrain: str | None, downstream: str | None, params: tuple[str, ...], out_dir: str | None,
-    resume: str | None, thread_count: int | None, as_json: bool, **settings_given: Any,
+    resume: str | None, checkpoint_every: int, thread_count: int | None, as_json: bool, **settings_given: Any,
 ) -> None:
     """Train on a weighted mix of pre-training objectives and measure how each one's gradient
     aligns with the downstream task's gradient, how the updates meet the downstream curvature, and
@@ -154,13 +159,14 @@ def analyze(
         given = [f"--{k.replace('_', '-')}" for k in settings] + ["--param"] * bool(params)
         given += [o for o, v in (("--pretrain", pretrain), ("--downstream", downstream), ("--out", out_dir)) if v]
         refuse_settings_beside_resume(given, "--resume")
-        settings = {"resume": resume}
+        settings = {"resume": resume, "checkpoint_every": checkpoint_every}
         names, out_dir = None, resume
     elif not pretrain:
         raise objreg.InvalidParameterError("no pre-training objective given: name at least one, e.g. --pretrain mlm,sop")
     else:
         names = [p.strip() for p in pretrain.split(",") if p.strip()]
         settings["out_dir"] = out_dir
+        settings["checkpoint_every"] = checkpoint_every
     registry = render.registry(ctx)
     settings["registry"] = registry
     chosen = threads.for_this_machine(thread_count)
@@ -221,7 +227,7 @@ def _checked_config(names: list[str] | None, downstream: str | None, settings: d
         check_directory_argument("resume", resume)  # before Path() turns '' into '.'
         config = resumed_config(Path(resume), [])
     else:
-        given = {k: v for k, v in settings.items() if k not in ("out_dir", "registry")}
+        given = {k: v for k, v in settings.items() if k not in ("out_dir", "registry", "checkpoint_every")}
         config = objreg.AnalysisConfig(pretrain=tuple(names or ()), downstream=downstream or "qa", **given)
     check(config, registry)
     return config

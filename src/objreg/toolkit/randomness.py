@@ -23,6 +23,7 @@ name                                  number  what it feeds
 ``resolution``                        7       the direction along which a probe measures ``D``'s resolution
 ``paired_rows``                       11      the rows every condition of the span-length experiment shares
 ``downstream_head``                   12      the downstream task's head under ``--downstream-head refit``
+``moment_rounding``                   13      stochastic rounding of bfloat16 Adam coalition moments
 ``screen_random_order``               20      ``objreg screen``'s random-order baseline
 ``entropy_heldout_corruption``        30      entropy-masking's held-out masks drawn by the entropy policy
 ====================================  ======  ==============================================================
@@ -53,6 +54,7 @@ STREAMS: dict[str, int] = {
     "resolution": 7,
     "paired_rows": 11,
     "downstream_head": 12,
+    "moment_rounding": 13,
     "screen_random_order": 20,
     "entropy_heldout_corruption": 30,
 }

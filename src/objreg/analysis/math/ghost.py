@@ -91,6 +91,12 @@ def _conv1d(module: nn.Module) -> bool:
     return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and weight is not None and weight.dim() == 2
 
 
+def _registered_below(path: str, paths: list[str]) -> bool:
+    """Whether a module below the one at ``path`` is among ``paths`` (the modules registering a parameter)."""
+    prefix = f"{path}." if path else ""
+    return any(other != path and other.startswith(prefix) for other in paths)
+
+
 def _plain_embedding(module: nn.Module) -> bool:
     """An exact ``nn.Embedding`` whose gradient is plain row look-up (no renormalisation or scaling)."""
     return type(module) is nn.Embedding and module.max_norm is None and not module.scale_grad_by_freq
@@ -144,9 +150,17 @@ class GhostDots:
 
     def __enter__(self) -> GhostDots:
         owner_name = {id(p): n for n, p in self.model.named_parameters() if n in self.direction}  # tied: once
-        for module in self.model.modules():
+        registered: dict[int, list[str]] = {}  # a parameter → the modules registering it
+        for path, module in self.model.named_modules():
+            for _, p in module.named_parameters(recurse=False):
+                registered.setdefault(id(p), []).append(path)
+        for path, module in self.model.named_modules():
             params = module.named_parameters(recurse=False)
-            own = {local: owner_name[id(p)] for local, p in params if id(p) in owner_name}
+            # A parameter a submodule registers too (Hugging Face's LM-head bias, tied to its
+            # decoder's) is that submodule's to count: the parent's own jvp would count the
+            # submodule's use of it a second time.
+            own = {local: owner_name[id(p)] for local, p in params
+                   if id(p) in owner_name and not _registered_below(path, registered[id(p)])}
             if own:
                 self._handles.append(module.register_forward_hook(self._hook(own), with_kwargs=True))
         return self

@@ -35,6 +35,17 @@ telescope to ``u_N``) and still bounded, with at most ``SAMPLED_PERMUTATIONS·(n
 tracked. Its Monte-Carlo error is reported: the antithetic pairs are independent draws, so the
 standard error of a part's first-order term ``∇D·φ_k`` is the standard deviation of the pairs'
 estimates over ``√(pairs)`` (:meth:`CoalitionMoments.first_order_errors`).
+
+**Memory.** The moments are ``2(2ⁿ − 2)`` parameter-sized tensors (4, 12, 28 at 2, 3, 4 players:
+14× Adam's own state at four), so they can be kept in ``bfloat16`` (half the bytes) or on another
+device (``"cpu"``: off the accelerator; each step moves them there and back). bfloat16 keeps 8 bits
+of mantissa, and Adam's ``v ← β₂ v + (1 − β₂) G²`` adds ``0.1%`` of ``v`` per step at ``β₂ = 0.999``,
+under half of bfloat16's spacing: rounded to nearest, ``v`` would stop moving once it is
+``(1 − β₂)⁻¹/256 ≈ 4`` steps' worth. So each update is computed in the gradients' dtype and stored
+by **stochastic rounding** (rounded up with probability the discarded fraction, from the seeded
+``moment_rounding`` stream): unbiased, so the moments follow the exact ones to a relative error
+that does not grow with the run (measured: docs/performance.md). float16 is refused: ``G²`` of a
+typical gradient (below 2.4e-4) lies under its smallest normal number.
 """
 
 from __future__ import annotations
@@ -46,11 +57,23 @@ from typing import Any
 import torch
 
 from objreg.analysis.math.functional import Params
-from objreg.toolkit.randomness import stream
+from objreg.core.errors import InvalidParameterError
+from objreg.toolkit.randomness import stream, stream_seed
 
 MAX_EXACT_PLAYERS = 5
 SAMPLED_PERMUTATIONS = 16
+#: The dtypes the moments may be kept in (None: the gradients' own).
+MOMENT_DTYPES = (None, torch.float32, torch.float64, torch.bfloat16)
 
+
+def stochastic_bfloat16(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """``x`` (float32) rounded to bfloat16 stochastically: up to the next representable value
+    with probability the fraction of the spacing cut off, so the rounding is unbiased. The 16
+    low bits of each float32 get a uniform 16-bit draw added before they are cut."""
+    bits = x.contiguous().view(torch.int32)
+    noise = torch.randint(0, 1 << 16, x.shape, generator=generator, dtype=torch.int32, device=x.device)
+    rounded = (bits + noise).bitwise_and_(-65536)  # 0xFFFF0000: the bfloat16 bits of the float32
+    return rounded.view(torch.float32).to(torch.bfloat16)  # exact: nothing is left below bfloat16
 
 def exact_coefficients(n: int) -> dict[int, list[float]]:
     """``c[mask][k]``: the weight of ``u_S`` (``S`` the players whose bits are set in ``mask``) in
@@ -95,10 +118,29 @@ class CoalitionMoments:
     Args:
         players: The objectives, in the report's order (plus ``weight_decay`` for Adam's
             coupled decay).
-        seed: Seeds the permutations drawn above :data:`MAX_EXACT_PLAYERS` players.
+        seed: Seeds the permutations drawn above :data:`MAX_EXACT_PLAYERS` players (and the
+            stochastic rounding of bfloat16 moments).
+        dtype: The dtype the moments are kept in: None (the gradients'), ``torch.float32``,
+            ``torch.float64`` or ``torch.bfloat16`` (stochastically rounded; module docstring).
+        device: Where the moments are kept (None: beside the gradients; ``"cpu"``: off the
+            accelerator, moved to the gradients' device for each update and back).
     """
 
-    def __init__(self, players: Sequence[str], seed: int = 0):
+    def __init__(self, players: Sequence[str], seed: int = 0, dtype: torch.dtype | None = None,
+                 device: torch.device | str | None = None):
+        if dtype not in MOMENT_DTYPES:
+            hint = (": G² of a typical gradient lies under float16's smallest normal number; use torch.bfloat16"
+                    if dtype == torch.float16 else "")
+            raise InvalidParameterError(f"the coalition moments' dtype must be None, torch.float32, torch.float64 or "
+                                        f"torch.bfloat16, got {dtype!r}{hint}")
+        try:
+            self.device = None if device is None else torch.device(device)
+        except (RuntimeError, TypeError):
+            raise InvalidParameterError(f"the coalition moments' device must be a torch.device or its name, got "
+                                        f"{device!r}") from None
+        self.dtype = dtype
+        self.rounding_seed = stream_seed(seed, "moment_rounding")
+        self._generators: dict[str, torch.Generator] = {}  # one per device the rounding draws on
         self.players = list(players)
         n = len(self.players)
         if n <= MAX_EXACT_PLAYERS:
@@ -139,21 +181,37 @@ class CoalitionMoments:
                 gradient = self.coalition_gradient(mask, contributions, name)
                 if gradient is None:
                     gradient = torch.zeros_like(like)
-                m = self.exp_avg.setdefault(mask, {}).get(name)
-                v = self.exp_avg_sq.setdefault(mask, {}).get(name)
+                m = self._loaded(self.exp_avg.setdefault(mask, {}).get(name), gradient)
+                v = self._loaded(self.exp_avg_sq.setdefault(mask, {}).get(name), gradient)
                 m = (1 - beta1) * gradient if m is None else beta1 * m + (1 - beta1) * gradient
                 v = (1 - beta2) * gradient * gradient if v is None else beta2 * v + (1 - beta2) * gradient * gradient
-                self.exp_avg[mask][name], self.exp_avg_sq[mask][name] = m, v
+                self.exp_avg[mask][name], self.exp_avg_sq[mask][name] = self._stored(m), self._stored(v)
+
+    def _loaded(self, kept: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
+        """A kept moment in the gradients' dtype and on their device (itself when it is already)."""
+        return None if kept is None else kept.to(device=like.device, dtype=like.dtype)
+
+    def _stored(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` as the moments are kept (itself in the default float, same-device case)."""
+        if self.dtype == torch.bfloat16 and value.dtype != torch.bfloat16:
+            key = str(value.device)
+            if key not in self._generators:
+                self._generators[key] = torch.Generator(device=value.device).manual_seed(self.rounding_seed)
+            value = stochastic_bfloat16(value.float(), self._generators[key])
+        elif self.dtype is not None:
+            value = value.to(self.dtype)
+        return value if self.device is None else value.to(self.device)
 
     def coalition_step(self, mask: int, name: str, lr: float, beta1: float, beta2: float, eps: float,
                        like: torch.Tensor) -> torch.Tensor:
         """``u_S`` on one parameter (zeros where the coalition has no moments yet)."""
-        m = self.exp_avg.get(mask, {}).get(name)
+        m = self._loaded(self.exp_avg.get(mask, {}).get(name), like)
         if m is None:
             return torch.zeros_like(like)
         step = self.steps[name]
         bias1, bias2 = 1 - beta1**step, 1 - beta2**step
-        return -lr / bias1 * m / (self.exp_avg_sq[mask][name].sqrt() / math.sqrt(bias2) + eps)
+        v = self._loaded(self.exp_avg_sq[mask][name], like)
+        return -lr / bias1 * m / (v.sqrt() / math.sqrt(bias2) + eps)
 
     def shapley(self, full_step: Params, lr: float, beta1: float, beta2: float, eps: float) -> dict[str, Params]:
         """Every player's part ``φ_k`` of the step; ``full_step``: ``u_N``, the optimizer's step
@@ -194,19 +252,32 @@ class CoalitionMoments:
         return dict(zip(self.players, map(float, spread)))
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             "players": list(self.players),
             "steps": dict(self.steps),
             "exp_avg": {str(mask): dict(v) for mask, v in self.exp_avg.items()},
             "exp_avg_sq": {str(mask): dict(v) for mask, v in self.exp_avg_sq.items()},
         }
+        if self._generators:  # bfloat16 moments: where the rounding's draws go on
+            state["rounding"] = {key: g.get_state() for key, g in self._generators.items()}
+        return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if list(state["players"]) != self.players:
             raise ValueError(f"coalition players differ: {state['players']} vs {self.players}")
         self.steps = {n: int(s) for n, s in state["steps"].items()}
-        self.exp_avg = {int(mask): dict(v) for mask, v in state["exp_avg"].items()}
-        self.exp_avg_sq = {int(mask): dict(v) for mask, v in state["exp_avg_sq"].items()}
+        self.exp_avg = {int(mask): {n: self._stored(t) for n, t in v.items()} for mask, v in state["exp_avg"].items()}
+        self.exp_avg_sq = {int(mask): {n: self._stored(t) for n, t in v.items()}
+                           for mask, v in state["exp_avg_sq"].items()}
+        self._generators = {}
+        for key, generator_state in state.get("rounding", {}).items():
+            self._generators[key] = torch.Generator(device=key)
+            self._generators[key].set_state(generator_state)
+
+    @property
+    def tensors(self) -> int:
+        """Parameter-sized tensors the moments hold (two per tracked coalition)."""
+        return 2 * len(self.tracked)
 
     @property
     def description(self) -> str:

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from objreg.analysis.math.costs import moments_warning
 from objreg.analysis.math.curvature import HVP_METHODS
 from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import ObjectiveFunction, Params, named_shared, requiring_grad
@@ -142,6 +143,11 @@ class TransferProbe:
             :mod:`objreg.analysis.probe.split_check`).
         counterfactual_radius: Under Adam, how far from the weights used (a share of their total)
             the record's exact counterfactual points reach (``counterfactual.points``).
+        moments_dtype, moments_device: Under Adam, the dtype (None: the parameters'; or
+            ``torch.bfloat16``, stochastically rounded) and the device (None: the parameters';
+            ``"cpu"``) the coalition moments of the step's split are kept in
+            (:class:`~objreg.analysis.math.shapley.CoalitionMoments`; a warning says when they
+            would outgrow the optimizer's own state: :mod:`objreg.analysis.math.costs`).
 
     Raises:
         InvalidParameterError: an argument the probe cannot use (the message names it).
@@ -156,6 +162,7 @@ class TransferProbe:
         decode: Callable[[Sequence[int]], str] | None = None, strict: bool = False,
         counterfactual_radius: float = 0.25,
         downstream_head: nn.Module | Sequence[str] | None = None, fit_batches: Any = None,
+        moments_dtype: torch.dtype | None = None, moments_device: torch.device | str | None = None,
     ):
         # DistributedDataParallel's module, torch.compile's original module (the probe's own
         # transforms run the eager module), in any nesting.
@@ -194,7 +201,9 @@ class TransferProbe:
         self._needs_state = False
         if settings is not None:
             self._needs_state = any(optimizer.state.get(p) for p in self.shared_parameters.values())
-            self.coalitions = CoalitionMoments(players(list(losses), settings), seed=seed)
+            self.coalitions = CoalitionMoments(players(list(losses), settings), seed=seed, dtype=moments_dtype,
+                                               device=moments_device)
+            _warn_of_moments(self.coalitions, self.shared_parameters)
         self.records: list[StepRecord] = []
         self._tracked_at: int | None = None
         self._next_step = 0
@@ -668,6 +677,15 @@ def _step_counter(probe: weakref.ref) -> Callable[..., None]:
             alive._steps_taken += 1
 
     return count
+
+
+def _warn_of_moments(coalitions: CoalitionMoments, shared: Mapping[str, nn.Parameter]) -> None:
+    """Warn where the coalition moments would outgrow the optimizer's own state (:mod:`~objreg.analysis.math.costs`)."""
+    like = next(iter(shared.values()))
+    message = moments_warning(sum(p.numel() for p in shared.values()), len(coalitions.players), like.dtype,
+                              coalitions.dtype, coalitions.device is not None and coalitions.device != like.device)
+    if message is not None:
+        warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def _flagged(update: Any) -> Any:

@@ -58,6 +58,7 @@ def analyze(
     registry: Registry | None = None,
     out_dir: str | Path | None = None,
     resume: str | Path | None = None,
+    checkpoint_every: int = 1,
     on_step: StepCallback | None = None,
     on_status: Callable[[str], None] | None = None,
     cache: Path | None = None,
@@ -72,12 +73,17 @@ def analyze(
         downstream: Task name (default ``qa``).
         registry: Plugins to use (default: built-ins and installed plugins).
         out_dir: Where to write ``config.json`` (at the start), ``steps.jsonl`` (one line per
-            finished probe), ``checkpoint.pt`` (after every finished step, removed at the end), and
-            at the end ``report.json``, ``report.csv`` and the PNG plots.
+            finished probe), ``checkpoint.pt`` (after every ``checkpoint_every``-th finished step
+            and the last, removed at the end), and at the end ``report.json``, ``report.csv`` and
+            the PNG plots.
         resume: A run directory written with ``out_dir`` whose run was interrupted: continue it
             from its last finished step with the settings in its ``config.json`` (give no
             ``pretrain``, ``downstream``, ``out_dir`` or settings with it). The result equals
             that of an uninterrupted run.
+        checkpoint_every: With ``out_dir`` (or ``resume``), write the checkpoint after every this
+            many steps (and the last) rather than after each: an interrupted run then resumes from
+            up to ``checkpoint_every − 1`` steps earlier (and recomputes them, to the same result).
+            It changes no number of the run, so it may be given beside ``resume``.
         on_step: Called after every training step with ``(step, probe record or None)``.
         on_status: Called with a short line as each loading stage starts.
         cache: Cache directory for the default corpus and tokenizer.
@@ -101,7 +107,7 @@ def analyze(
             (:mod:`objreg.analysis.run.contract`).
     """
     check_call(pretrain=pretrain, downstream=downstream, registry=registry, out_dir=out_dir, resume=resume,
-               on_step=on_step, on_status=on_status, cache=cache, writer=writer, settings=settings,
+               checkpoint_every=checkpoint_every, on_step=on_step, on_status=on_status, cache=cache, writer=writer, settings=settings,
                fields=fields_of(AnalysisConfig))
     if resume is not None:
         given = [*(["pretrain"] if pretrain is not None else []), *(["downstream"] if downstream is not None else []),
@@ -120,14 +126,16 @@ def analyze(
     if resume is None:
         check_contracts(config.pretrain, config.objective_params, registry, on_status or (lambda _: None))
     group = from_environment(config.device)
-    check_same_settings(group, _settings_of(config, out_dir, resume))
+    check_same_settings(group, _settings_of(config, out_dir, resume, checkpoint_every))
     with resource_errors(out_dir, registry.pm):
-        return _run(config, registry, group, out_dir, resume, on_step, on_status or (lambda _: None), cache, writer)
+        return _run(config, registry, group, out_dir, resume, on_step, on_status or (lambda _: None), cache, writer,
+                    checkpoint_every)
 
 
 def _run(
     config: AnalysisConfig, registry: Registry, group: Group, out_dir: str | Path | None, resume: str | Path | None,
     on_step: StepCallback | None, status: Callable[[str], None], cache: Path | None, make_writer: WriterFactory,
+    checkpoint_every: int = 1,
 ) -> AlignmentReport:
     """The run with its directory claimed: locked by the main process for the run's life
     (:mod:`~objreg.analysis.run.rundir`) and, resumed, checked against the fingerprint of the run that
@@ -139,7 +147,8 @@ def _run(
         if resume is not None:
             group.agree(lambda: check_resumable(Path(resume), registry))
     try:
-        report = _run_claimed(config, registry, group, out_dir, resume, on_step, status, cache, make_writer)
+        report = _run_claimed(config, registry, group, out_dir, resume, on_step, status, cache, make_writer,
+                              checkpoint_every)
         if claimed is not None:
             claimed.release(finished=True)  # a finished run leaves no lock file behind
         return report
@@ -151,6 +160,7 @@ def _run(
 def _run_claimed(
     config: AnalysisConfig, registry: Registry, group: Group, out_dir: str | Path | None, resume: str | Path | None,
     on_step: StepCallback | None, status: Callable[[str], None], cache: Path | None, make_writer: WriterFactory,
+    checkpoint_every: int = 1,
 ) -> AlignmentReport:
     """:func:`analyze` once its settings are checked and the processes are connected. Every
     process runs this; the main one alone touches ``out_dir``, and an error it meets there is
@@ -178,16 +188,25 @@ def _run_claimed(
     def record_step(step: int, record: StepRecord | None) -> None:
         if step == 0 and record is not None and group.is_main:
             _warn_if_overfitted(report_config, record)
+        due = (step + 1) % checkpoint_every == 0 or step + 1 == config.steps
         if writing:
 
             def write() -> None:
                 if record is not None:
                     writer.append_step(record)
-                save_checkpoint(Path(out_dir), trainer.state_dict())
+                if due:
+                    save_checkpoint(Path(out_dir), trainer.state_dict())
 
             group.on_main(write)
         if on_step is not None:
-            on_step(step, record)
+            try:
+                on_step(step, record)
+            except BaseException:
+                # A run stopped between two checkpoints (Ctrl-C stops after the step in flight)
+                # keeps every finished step. One process only: another may not be stopping.
+                if writing and not due and not group.distributed:
+                    save_checkpoint(Path(out_dir), trainer.state_dict())
+                raise
 
     status("training with probes")
     trainer.run(record_step)
@@ -202,11 +221,12 @@ def _run_claimed(
 _OPTIONS = {"out_dir": "--out", "objective_params": "--param"}
 
 
-def _settings_of(config: AnalysisConfig, out_dir: str | Path | None, resume: str | Path | None) -> dict[str, str]:
+def _settings_of(config: AnalysisConfig, out_dir: str | Path | None, resume: str | Path | None,
+                 checkpoint_every: int = 1) -> dict[str, str]:
     """What every process of a run must agree on, each setting named as the library and the
     command line call it, with its value as a string (a callable by its name, not its address)."""
     given = {**config.to_dict(), "out_dir": out_dir and os.path.abspath(out_dir),
-             "resume": resume and os.path.abspath(resume)}
+             "resume": resume and os.path.abspath(resume), "checkpoint_every": checkpoint_every}
 
     def plain(value: Any) -> str:
         return getattr(value, "__qualname__", None) or type(value).__name__

@@ -6,7 +6,10 @@ the step to run next, and the probe's own ``state_dict``, which holds the record
 every finished step through a synced temporary file and an atomic rename, so it is either the
 previous step's or this one's, never half written: a killed run loses at most the step in flight.
 It carries its own SHA-256 (:mod:`objreg.analysis.run.checksum`), verified before anything in it is
-parsed, so a damaged checkpoint is refused rather than resumed with wrong numbers.
+parsed, so a damaged checkpoint is refused rather than resumed with wrong numbers. It is hashed
+while it streams to disk and verified block by block, never held in memory as bytes (it is many
+times the model under Adam). ``objreg analyze --checkpoint-every N`` writes it after every
+``N``-th step (and the last) instead: a killed run then loses up to ``N`` steps.
 A resumed run takes every setting from the run's ``config.json``, which must be the one the run
 wrote (:mod:`objreg.analysis.run.fingerprint` keeps a copy in ``run.json``).
 """
@@ -14,7 +17,6 @@ wrote (:mod:`objreg.analysis.run.fingerprint` keeps a copy in ``run.json``).
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,7 +25,7 @@ from typing import Any
 import torch
 
 from objreg.analysis.records import StepRecord
-from objreg.analysis.run.checksum import ChecksumError, read_sealed, write_sealed
+from objreg.analysis.run.checksum import ChecksumError, read_sealed_stream, write_sealed_stream
 from objreg.analysis.run.config import AnalysisConfig
 from objreg.analysis.run.fingerprint import check_config_unchanged
 from objreg.analysis.run.loop import Trainer
@@ -86,11 +88,11 @@ def restore(trainer: Trainer, state: dict[str, Any], run_dir: Path) -> None:
                         f"config.json ({type(e).__name__})") from None
 
 
-def save_checkpoint(out_dir: Path, trainer_state: dict[str, Any]) -> None:
-    """Write ``checkpoint.pt`` in ``out_dir`` atomically, sealed with its checksum."""
-    buffer = io.BytesIO()
-    torch.save({"format": FORMAT, "trainer": trainer_state}, buffer)
-    write_sealed(Path(out_dir) / CHECKPOINT, buffer.getvalue())
+def save_checkpoint(out_dir: Path, trainer_state: dict[str, Any]) -> int:
+    """Write ``checkpoint.pt`` in ``out_dir`` atomically, sealed with its checksum, hashed while it
+    streams to disk; returns its payload's size in bytes."""
+    state = {"format": FORMAT, "trainer": trainer_state}
+    return write_sealed_stream(Path(out_dir) / CHECKPOINT, lambda f: torch.save(state, f))
 
 
 def _require_checkpoint(out_dir: Path) -> None:
@@ -107,20 +109,22 @@ def load_checkpoint(out_dir: Path) -> tuple[dict[str, Any], list[StepRecord]]:
     """
     path = Path(out_dir) / CHECKPOINT
     _require_checkpoint(out_dir)
+    def load(f: Any) -> Any:
+        try:
+            return torch.load(f, map_location="cpu", weights_only=True)
+        except Exception as e:  # torch raises many types for a foreign payload
+            raise DataError(f"cannot resume {str(out_dir)!r}: {CHECKPOINT} is unreadable ({type(e).__name__})") from None
+
     try:
-        payload = read_sealed(path, CHECKPOINT)
+        data = read_sealed_stream(path, load, CHECKPOINT)
     except ChecksumError as e:
         raise ChecksumError(f"cannot resume {str(out_dir)!r}: {e}; the run cannot continue from it") from None
     except OSError as e:
         raise DataError(f"cannot resume {str(out_dir)!r}: {CHECKPOINT} is unreadable ({e.strerror})") from None
-    try:
-        data = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises many types for a foreign payload
-        raise DataError(f"cannot resume {str(out_dir)!r}: {CHECKPOINT} is unreadable ({type(e).__name__})") from None
     trainer = data.get("trainer") if isinstance(data, dict) else None
     probe = trainer.get("probe") if isinstance(trainer, dict) else None
     records = probe.get("records") if isinstance(probe, dict) else None
-    if data.get("format") != FORMAT or not isinstance(records, list):
+    if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(records, list):
         raise DataError(f"cannot resume {str(out_dir)!r}: {CHECKPOINT} is not an objreg checkpoint of format {FORMAT}")
     return data["trainer"], records
 

@@ -181,7 +181,7 @@ def check_not_special_file(value: str, option: str) -> None:
 
 def check_call(
     *, pretrain: Any, downstream: Any, registry: Any, out_dir: Any, resume: Any, on_step: Any, on_status: Any,
-    cache: Any, writer: Any, settings: Mapping[str, Any], fields: Sequence[str],
+    cache: Any, writer: Any, settings: Mapping[str, Any], fields: Sequence[str], checkpoint_every: Any = 1,
 ) -> None:
     """The arguments of :func:`objreg.analyze`, before anything is built.
 
@@ -202,6 +202,9 @@ def check_call(
         raise InvalidParameterError(f"registry must be an objreg.Registry, got {_type(registry)}")
     for name, value in (("out_dir", out_dir), ("resume", resume), ("cache", cache)):
         check_directory_argument(name, value)
+    if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
+        raise InvalidParameterError(f"checkpoint_every must be a positive integer (steps between two checkpoints), "
+                                    f"got {_type(checkpoint_every)} {checkpoint_every!r}")
     for name, value in (("on_step", on_step), ("on_status", on_status)):
         if value is not None and not callable(value):
             raise InvalidParameterError(f"{name} must be callable, got {_type(value)}")

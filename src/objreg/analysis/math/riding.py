@@ -1,0 +1,213 @@
+"""Per-example dots riding the training backward: ``⟨∇ℓ_{k,i}, v⟩`` for every objective ``k`` and
+row ``i`` from the loop's own forward and backward pass, no pass of their own.
+
+:class:`RidingDots` is :class:`~objreg.analysis.math.ghost.GhostDots` (the same closed-form rules
+for ``nn.Linear``, ``transformers``' ``Conv1D``, ``nn.Embedding`` and ``nn.LayerNorm``, a module's
+own ``jvp`` for anything else) with two things added for a pass it does not run itself:
+
+* **which objective a module call belongs to.** The loop names each objective's per-example
+  losses as it computes them (:meth:`RidingDots.mark`); the module calls made since the previous
+  mark are that objective's. So each objective's forward must run on its own (one backbone pass
+  per objective, as objreg's own loop does); a backbone pass shared by two losses would be
+  given to the first one marked.
+* **the loop's weighting.** The backward is of whatever the loop makes of the losses
+  (``Σ_k α_k mean(ℓ_k)``, a sum, per-example weights), so the gradient reaching a module is
+  ``c_i ∂ℓ_i/∂y`` with ``c_i = ∂L/∂ℓ_i``, read off the losses by a tensor hook. Each row's dot is
+  divided by its ``c_i``: ``⟨∇ℓ_i, v⟩`` whatever the weighting (NaN where ``c_i = 0``, a row or
+  an objective the loop gave no weight).
+
+Module calls never marked (another computation under the same hooks, such as a probe's own
+passes) cost nothing: their gradients are not contracted. The rows must be independent, as for
+ghost dots (never for batch-coupled losses).
+
+A linear layer whose output is wider than its input (an LM head over the vocabulary) contracts
+only the rows whose output gradient is not zero: a masked-token loss has gradient at the masked
+positions alone, so the head's dot costs that share of the positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from objreg.analysis.math.functional import Params
+from objreg.analysis.math.ghost import GhostDots, GhostUnsupportedError, _conv1d, _plain_embedding
+from objreg.core.errors import InvalidParameterError
+
+
+@dataclass
+class _Call:
+    """One call of a module owning measured parameters, waiting for its output's gradient."""
+
+    module: nn.Module
+    values: Params
+    args: tuple
+    kwargs: dict
+    own: dict[str, str]
+    rows: int
+    segment: _Segment | None = None
+
+
+@dataclass
+class _Segment:
+    """One marked objective's losses in one pass: its calls' contributions, and ``∂L/∂ℓ``."""
+
+    name: str
+    rows: int
+    contributions: list[list[torch.Tensor]]  # per direction, per call: [rows]
+    cotangent: torch.Tensor | None = None
+    calls: int = 0
+    hooks: list[Any] = field(default_factory=list)
+
+
+class RidingDots(GhostDots):
+    """Every marked objective's per-example dots with each of ``directions``, from the
+    backward passes run while the hooks are on (module docstring).
+
+    Args:
+        model: The module the loop calls (its own forward, not a ``functional_call``).
+        directions: ``v``s keyed like ``model.named_parameters()``; parameters they do not name
+            contribute nothing.
+    """
+
+    def __init__(self, model: nn.Module, directions: Sequence[Params]):
+        if not directions:
+            raise InvalidParameterError("RidingDots needs at least one direction")
+        super().__init__(model, directions[0], batch_size=0, more=list(directions[1:]))
+        self.directions = list(directions)
+        self.pending: list[_Call] = []
+        self.segments: list[_Segment] = []
+        #: False while the caller runs computations of its own (their calls are not recorded).
+        self.recording = True
+        #: Names of the parameters whose modules' calls a marked objective's backward reached.
+        self.reached: set[str] = set()
+
+    def mark(self, name: str, losses: torch.Tensor) -> torch.Tensor:
+        """Name the per-example losses ``[B]`` of objective ``name``, computed by the module calls
+        made since the last mark; returns ``losses`` as they are.
+
+        Raises:
+            InvalidParameterError: ``losses`` is not a differentiable ``[B]`` tensor, no measured
+                module ran since the last mark, or one ran on another number of rows.
+        """
+        if not isinstance(losses, torch.Tensor) or losses.dim() != 1 or not losses.dtype.is_floating_point:
+            got = f"a tensor of shape {list(losses.shape)}" if isinstance(losses, torch.Tensor) else type(losses).__name__
+            raise InvalidParameterError(f"the losses of {name!r} must be one loss per example, a floating tensor of "
+                                        f"shape [B]; got {got}")
+        if not losses.requires_grad:
+            raise InvalidParameterError(f"the losses of {name!r} do not require grad (computed under "
+                                        f"torch.no_grad(), or detached?): no backward would carry their dots")
+        calls, self.pending = self.pending, []
+        if not calls:
+            raise InvalidParameterError(
+                f"no module owning a measured parameter ran since the last objective was marked: mark the losses "
+                f"of {name!r} right after the forward pass that computed them")
+        rows = losses.shape[0]
+        wrong = next((c for c in calls if c.rows != rows), None)
+        if wrong is not None:
+            raise InvalidParameterError(
+                f"{type(wrong.module).__name__} ran on {wrong.rows} rows but the losses of {name!r} have {rows}: "
+                f"the dots ride a forward whose every module maps the batch's rows (batch first)")
+        segment = _Segment(name, rows, [[] for _ in self.directions], calls=len(calls))
+        for call in calls:
+            call.segment = segment
+
+        def take(cotangent: torch.Tensor) -> None:
+            segment.cotangent = cotangent.detach() if segment.cotangent is None else segment.cotangent + cotangent
+
+        segment.hooks.append(losses.register_hook(take))
+        self.segments.append(segment)
+        return losses
+
+    def by_objective(self) -> dict[str, list[torch.Tensor]]:
+        """Objective → ``[B]`` float64 dots with each direction, rows in the order marked (an
+        objective marked several times in a pass, micro-batches, has their rows one after the
+        other). A segment no backward reached gives NaN rows."""
+        out: dict[str, list[list[torch.Tensor]]] = {}
+        for segment in self.segments:
+            if segment.cotangent is None:  # its losses were never backpropagated
+                dots = [torch.full((segment.rows,), float("nan"), dtype=torch.float64) for _ in self.directions]
+            else:
+                scale = segment.cotangent.double()
+                dots = [sum((p.double() for p in parts), torch.zeros(segment.rows, dtype=torch.float64,
+                                                                      device=scale.device)) / scale
+                        for parts in segment.contributions]
+            held = out.setdefault(segment.name, [[] for _ in self.directions])
+            for column, d in zip(held, dots):
+                column.append(d)
+        return {name: [torch.cat(column) for column in columns] for name, columns in out.items()}
+
+    def clear(self) -> None:
+        """Forget the pass (its calls and contributions), keeping the hooks."""
+        for segment in self.segments:
+            for hook in segment.hooks:
+                hook.remove()
+        self.pending, self.segments = [], []
+
+    def _hook(self, own: dict[str, str]) -> Callable[..., Any]:
+        def forward_hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+            if self._replaying or not self.recording or not torch.is_grad_enabled():
+                return
+            if not isinstance(output, torch.Tensor) or not output.requires_grad:
+                return  # nothing of this call is differentiated
+            if _plain_embedding(module) and args and isinstance(args[0], torch.Tensor) and args[0].dim() < 2:
+                raise GhostUnsupportedError(
+                    f"dots riding the backward need per-row embedding look-ups; {type(module).__name__} was called "
+                    f"with an index tensor of shape {tuple(args[0].shape)} (positions shared by every row, say): "
+                    f"pass ids of shape [B, T]")
+            if output.dim() == 0:
+                raise GhostUnsupportedError(f"{type(module).__name__} returned a scalar: dots riding the backward "
+                                            f"need every module owning measured parameters to map the batch's rows")
+            call = _Call(module, {local: getattr(module, local) for local in own}, args, kwargs, own,
+                         output.shape[0])
+            self.pending.append(call)
+            output.register_hook(lambda g: self._contract(call, g))
+
+        return forward_hook
+
+    def _contract(self, call: _Call, g: torch.Tensor) -> None:
+        segment = call.segment
+        if segment is None:  # not a marked objective's (a computation the caller runs under the hooks)
+            return
+        self.reached.update(call.own.values())
+        with torch.no_grad():
+            for parts, direction in zip(segment.contributions, self.directions):
+                d = {local: direction[name] for local, name in call.own.items()}
+                parts.append(self._contribution(call, g, d))
+
+    def _contribution(self, call: _Call, g: torch.Tensor, d: Params) -> torch.Tensor:
+        module, args = call.module, call.args
+        wide = (type(module) is nn.Linear or _conv1d(module)) and len(args) == 1 and not call.kwargs
+        if wide and g.shape[-1] > args[0].shape[-1]:
+            # Conv1D stores its weight [in, out]: nn.Linear's layout is its transpose.
+            linear = {k: v.T if k == "weight" else v for k, v in d.items()} if _conv1d(module) else d
+            sparse = _live_rows_dot(args[0], g, linear)
+            if sparse is not None:
+                return sparse
+        return self._dot(module, call.values, args, call.kwargs, g, d)
+
+
+def _live_rows_dot(x: torch.Tensor, g: torch.Tensor, d: Params) -> torch.Tensor | None:
+    """``Σ_t g_tᵀ (V x_t + b_V)`` over the positions whose output gradient is not zero (``V`` in
+    ``nn.Linear``'s ``[out, in]`` layout); None where most positions are live (the dense rule is
+    then cheaper)."""
+    V, b = d.get("weight"), d.get("bias")
+    rows = g.shape[0]
+    grad = g.reshape(rows, -1, g.shape[-1])
+    live = (grad.amax(-1) != 0) | (grad.amin(-1) != 0)  # [B, N]; two reductions beat ne(0).any() threefold
+    count = int(live.sum())
+    if V is None or 2 * count > live.numel():
+        return None
+    example, position = live.nonzero(as_tuple=True)
+    picked = grad[example, position]  # [L, out]
+    inputs = x.reshape(rows, -1, x.shape[-1])[example, position]  # [L, in]
+    per_position = torch.linalg.vecdot(picked @ V, inputs)
+    if b is not None:
+        per_position = per_position + picked @ b
+    return torch.zeros(rows, dtype=per_position.dtype, device=per_position.device).index_add_(
+        0, example, per_position)
+
