@@ -24,7 +24,11 @@ import objreg
 from objreg.analysis.run.prepare import prepare
 
 #: Small enough for seconds on a CPU.
-SMALL = {"batch_size": 4, "seq_len": 32, "eval_size": 16, "head_fit_size": 64, "head_warmup_steps": 10}
+#: The downstream head is fitted once before training and then read as it is (``frozen``); for a
+#: head re-fitted at every probe, pass ``downstream_head=`` and ``fit_batches=`` to the probe
+#: (docs/probe.md).
+SMALL = {"batch_size": 4, "seq_len": 32, "eval_size": 16, "head_fit_size": 64, "head_warmup_steps": 10,
+         "downstream_head": "frozen"}
 
 
 def build_model_dir(path: Path) -> Path:

@@ -3,6 +3,7 @@ environment, and ``objreg.analyze`` in two gloo processes on loopback against on
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -267,6 +268,7 @@ def _worker(rank: int, port: int, out_dir: str, results: str) -> None:
             objreg.analyze("mlm,sop", "qa", registry=tiny_registry(), **{**RUN, "lr": 1e300, "optimizer": "sgd",
                                                                            "spectrum": 0})
     finally:
+        gc.collect()  # the run's objects before the group: gloo can abort at exit otherwise
         dist.destroy_process_group()
 
 

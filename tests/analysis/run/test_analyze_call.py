@@ -414,8 +414,9 @@ def _leaves(value, path=""):
 @pytest.mark.e2e
 def test_a_frozen_head_gives_every_number_the_default_job_gave_before_refit():
     """``objreg analyze --pretrain mlm,sop --downstream qa --steps 2 --json`` before the re-fitted
-    head existed (the file, written by that commit) against ``--downstream-head frozen`` now: every
-    value it had is there, bit for bit (the report only gained fields, e.g. config.downstream_head)."""
+    head existed (the file, written at commit 7c37ad6: issues 29 to 31 in, the re-fit not yet) against
+    ``--downstream-head frozen`` now: every value it had is there, bit for bit (the report only
+    gained fields, e.g. config.downstream_head)."""
     before = json.loads(BEFORE_REFIT.read_text(encoding="utf-8"))
     now = objreg.analyze("mlm,sop", "qa", steps=2, downstream_head="frozen").to_dict()
     assert now["config"]["downstream_head"] == "frozen"

@@ -15,6 +15,7 @@ addresses from torchrun's store. See docs/distributed.md.
 from __future__ import annotations
 
 import atexit
+import gc
 import math
 import os
 from collections.abc import Mapping
@@ -163,6 +164,9 @@ def from_environment(device: str = "auto", environ: Mapping[str, str] | None = N
 
 def _destroy() -> None:
     if dist.is_initialized():
+        # Objects of the run still holding the group (in reference cycles) are freed first: freed
+        # after it, gloo's threads can go down with them and abort the process at exit.
+        gc.collect()
         dist.destroy_process_group()
 
 
