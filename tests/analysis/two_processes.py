@@ -34,13 +34,14 @@ def run_two_processes(target, *args) -> None:
                 process.terminate()
 
 
-def _leaves(value, path=""):
+def leaves(value, path=""):
+    """Every scalar of a JSON-like report with its path (``.steps[0].alignment.mlm.dot``)."""
     if isinstance(value, dict):
         for key, item in value.items():
-            yield from _leaves(item, f"{path}.{key}")
+            yield from leaves(item, f"{path}.{key}")
     elif isinstance(value, list):
         for i, item in enumerate(value):
-            yield from _leaves(item, f"{path}[{i}]")
+            yield from leaves(item, f"{path}[{i}]")
     else:
         yield path, value
 
@@ -48,8 +49,8 @@ def _leaves(value, path=""):
 def assert_close_reports(one: dict, two: dict, rtol: float = 1e-6, atol: float = 1e-12) -> None:
     """Every field of the steps and the summary: numbers to ``rtol`` of their own size (``atol``
     for the fields that measure rounding itself, ~1e-16), everything else equal."""
-    left, right = dict(_leaves({"steps": one["steps"], "summary": one["summary"]})), dict(
-        _leaves({"steps": two["steps"], "summary": two["summary"]}))
+    left, right = dict(leaves({"steps": one["steps"], "summary": one["summary"]})), dict(
+        leaves({"steps": two["steps"], "summary": two["summary"]}))
     assert left.keys() == right.keys()
     for key, a in left.items():
         b = right[key]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from two_processes import leaves
 
 import objreg
 from objreg.analysis.run.config import AnalysisConfig
@@ -400,17 +401,6 @@ def test_modifiers_and_task_parameters_reach_the_run():
 BEFORE_REFIT = Path(__file__).parent / "data" / "default-job-2-steps-before-refit.json"
 
 
-def _leaves(value, path=""):
-    if isinstance(value, dict):
-        for key, item in value.items():
-            yield from _leaves(item, f"{path}.{key}")
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            yield from _leaves(item, f"{path}[{i}]")
-    else:
-        yield path, value
-
-
 @pytest.mark.e2e
 def test_a_frozen_head_gives_every_number_the_default_job_gave_before_refit():
     """``objreg analyze --pretrain mlm,sop --downstream qa --steps 2 --json`` before the re-fitted
@@ -420,8 +410,8 @@ def test_a_frozen_head_gives_every_number_the_default_job_gave_before_refit():
     before = json.loads(BEFORE_REFIT.read_text(encoding="utf-8"))
     now = objreg.analyze("mlm,sop", "qa", steps=2, downstream_head="frozen").to_dict()
     assert now["config"]["downstream_head"] == "frozen"
-    found = dict(_leaves(now))
-    assert {path: value for path, value in _leaves(before)} == {path: found.get(path) for path, _ in _leaves(before)}
+    found = dict(leaves(now))
+    assert {path: value for path, value in leaves(before)} == {path: found.get(path) for path, _ in leaves(before)}
 
 
 def test_every_objective_set_starts_from_the_same_refitted_d():

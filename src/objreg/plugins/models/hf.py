@@ -336,26 +336,13 @@ def _deterministic(model: nn.Module) -> None:
 
 
 def load_model(model: str, vocab: Vocabulary, config: Mapping[str, Any], generator: torch.Generator) -> HFBackbone:
-    if config:
-        raise objreg.InvalidParameterError(
-            f"a Hugging Face model directory takes no model config overrides, got {', '.join(sorted(config))}"
-        )
-    path = _check_directory(model)
-    transformers = _transformers()
-    try:
-        hf_config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise objreg.DataError(f"model directory {model!r}: cannot read config.json: {e}") from None
-    kind = architecture(path)
-    kwargs: dict[str, Any] = {"local_files_only": True, "attn_implementation": "eager"}
-    if hf_config.model_type in ("bert", "roberta", "xlm-roberta", "electra", "camembert"):
-        kwargs["add_pooling_layer"] = False
+    path, transformers, _, kind, kwargs = _open_directory(model, config)
     try:
         with _quiet(transformers):
             # Every size mismatch and missing tensor reported (not raised or silently initialised at random):
             # _check_weights refuses them in one line.
             loaded, loading = transformers.AutoModel.from_pretrained(
-                str(path), output_loading_info=True, ignore_mismatched_sizes=True, **kwargs)
+                str(path), output_loading_info=True, ignore_mismatched_sizes=True, local_files_only=True, **kwargs)
     except pickle.UnpicklingError as e:
         # torch.load(weights_only=True) refused a pickled object: say so in one line (its own
         # message is six, and ends in advice to turn the protection off).
@@ -374,13 +361,37 @@ def load_model(model: str, vocab: Vocabulary, config: Mapping[str, Any], generat
         raise objreg.DataError(f"model directory {model!r}: its weights file {_weights_file(path)} cannot be read "
                                f"({' '.join(str(e).split())}): truncated or damaged; save the model again") from None
     _check_weights(model, path, loaded, loading)
-    _deterministic(loaded)
     embedding_rows = loaded.get_input_embeddings().weight.shape[0]
     if vocab.size > embedding_rows:
         raise objreg.DataError(
             f"model directory {model!r}: its tokenizer has {vocab.size} tokens but the model only {embedding_rows} "
             f"embeddings; resize them (model.resize_token_embeddings(len(tokenizer))) and save the model to {model}"
         )
+    return _backbone(loaded, kind, vocab)
+
+
+def _open_directory(directory: str, config: Mapping[str, Any]) -> tuple[Path, Any, Any, str, dict[str, Any]]:
+    """A model directory's path, the transformers module, its config.json, its architecture and
+    the keyword arguments every backbone of it is built with."""
+    if config:
+        raise objreg.InvalidParameterError(
+            f"a Hugging Face model directory takes no model config overrides, got {', '.join(sorted(config))}"
+        )
+    path = _check_directory(directory)
+    transformers = _transformers()
+    try:
+        hf_config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise objreg.DataError(f"model directory {directory!r}: cannot read config.json: {e}") from None
+    kwargs: dict[str, Any] = {"attn_implementation": "eager"}
+    if hf_config.model_type in ("bert", "roberta", "xlm-roberta", "electra", "camembert"):
+        kwargs["add_pooling_layer"] = False
+    return path, transformers, hf_config, architecture(path), kwargs
+
+
+def _backbone(loaded: nn.Module, kind: str, vocab: Vocabulary) -> HFBackbone:
+    """The loaded transformers model as objreg's backbone: deterministic, in float32."""
+    _deterministic(loaded)
     loaded = loaded.float()
     if kind == "encoder-decoder":
         return HFEncoderDecoderBackbone(loaded, vocab.pad_id)
@@ -427,34 +438,17 @@ def load_random_model(model: str, vocab: Vocabulary, config: Mapping[str, Any], 
                       ) -> HFBackbone:
     """``random-init:DIR``: the architecture of DIR's config.json with random weights (drawn from
     ``generator``), the weights file left unread."""
-    if config:
-        raise objreg.InvalidParameterError(
-            f"a Hugging Face model directory takes no model config overrides, got {', '.join(sorted(config))}"
-        )
     directory = model[len(RANDOM_INIT):]
-    path = _check_directory(directory)
-    transformers = _transformers()
-    try:
-        hf_config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
-    except (OSError, ValueError) as e:
-        raise objreg.DataError(f"model directory {directory!r}: cannot read config.json: {e}") from None
-    kind = architecture(path)
-    kwargs: dict[str, Any] = {"attn_implementation": "eager"}
-    if hf_config.model_type in ("bert", "roberta", "xlm-roberta", "electra", "camembert"):
-        kwargs["add_pooling_layer"] = False
+    _, transformers, hf_config, kind, kwargs = _open_directory(directory, config)
     with torch.random.fork_rng(), _quiet(transformers):
         # transformers draws from the global generator: seeded from ours, and restored after.
         torch.manual_seed(int(torch.randint(2**62, (1,), generator=generator)))
         loaded = transformers.AutoModel.from_config(hf_config, **kwargs)
-    _deterministic(loaded)
     embedding_rows = loaded.get_input_embeddings().weight.shape[0]
     if vocab.size > embedding_rows:
         raise objreg.DataError(f"model directory {directory!r}: its tokenizer has {vocab.size} tokens but config.json "
                                f"only {embedding_rows} embeddings")
-    loaded = loaded.float()
-    if kind == "encoder-decoder":
-        return HFEncoderDecoderBackbone(loaded, vocab.pad_id)
-    return HFBackbone(loaded, kind)
+    return _backbone(loaded, kind, vocab)
 
 
 def _random_init(model: str) -> bool:
