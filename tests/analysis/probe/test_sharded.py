@@ -68,35 +68,47 @@ def train_loss(m, step_batches):
     return sum(WEIGHTS[k] * fn(m, step_batches[k]).mean() for k, fn in OBJECTIVES.items())
 
 
-def _worker(rank: int, port: int, results: str) -> None:
+def _sharded_records() -> list:
     from torch.distributed.fsdp import fully_shard
+
+    net = model()
+    for layer in net:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    fully_shard(net)
+    with pytest.raises(InvalidParameterError, match="plain torch.optim.SGD"):
+        ShardedProbe(net, OBJECTIVES, downstream, torch.optim.Adam(net.parameters()), eval_batch=eval_batch())
+    single = fully_shard(nn.Linear(2, 2))
+    with pytest.raises(InvalidParameterError, match="float64 model"):
+        ShardedProbe(single, OBJECTIVES, downstream, torch.optim.SGD(single.parameters(), lr=LR),
+                     eval_batch=eval_batch())
+    optimizer = torch.optim.SGD(net.parameters(), lr=LR)
+    probe = ShardedProbe(net, OBJECTIVES, downstream, optimizer, eval_batch=eval_batch(), weights=WEIGHTS)
+    for step in range(STEPS):
+        probe.measure(batches(step))
+        train_loss(net, batches(step)).backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        probe.finish()
+    return probe.records
+
+
+def _worker(rank: int, port: int, results: str) -> None:
+    import gc
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=TIMEOUT_S))
     try:
-        net = model()
-        for layer in net:
-            if isinstance(layer, nn.Linear):
-                fully_shard(layer)
-        fully_shard(net)
-        with pytest.raises(InvalidParameterError, match="plain torch.optim.SGD"):
-            ShardedProbe(net, OBJECTIVES, downstream, torch.optim.Adam(net.parameters()), eval_batch=eval_batch())
-        single = fully_shard(nn.Linear(2, 2))
-        with pytest.raises(InvalidParameterError, match="float64 model"):
-            ShardedProbe(single, OBJECTIVES, downstream, torch.optim.SGD(single.parameters(), lr=LR),
-                         eval_batch=eval_batch())
-        optimizer = torch.optim.SGD(net.parameters(), lr=LR)
-        probe = ShardedProbe(net, OBJECTIVES, downstream, optimizer, eval_batch=eval_batch(), weights=WEIGHTS)
-        for step in range(STEPS):
-            probe.measure(batches(step))
-            train_loss(net, batches(step)).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            probe.finish()
+        # The FSDP model and its probe live only inside the call: they are freed while the group
+        # still exists (freed at exit, gloo's threads can abort the process), and neither process
+        # tears the group down while the other still has collectives in flight.
+        records = _sharded_records()
         with open(os.path.join(results, f"rank{rank}.json"), "w", encoding="utf-8") as f:
-            json.dump(probe.records, f)
+            json.dump(records, f)
+        dist.barrier()
     finally:
+        gc.collect()
         dist.destroy_process_group()
 
 
