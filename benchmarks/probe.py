@@ -20,12 +20,16 @@ LM loss written here), round-robin in one process:
 * ``in_run_refresh_s``: a training step on which ``InRunAlignment`` refreshes ``∇D`` (one gradient
   of ``D``) and rides both the fresh and the replaced one (for the staleness): every step at
   ``refresh_every = 1``.
+* ``in_run_per_example_ride_s``, ``in_run_per_example_refresh_s``: the same with
+  ``per_example=True`` (linear layers form their weight gradients example by example and the dots
+  come out of those).
 
 Ratios to ``step_s``: ``alignment`` = (``dots_s`` + ``grad_d_s``) / ``step_s`` (the first-order
 probe), ``second_order_along_update`` = ``second_order_s`` / ``step_s``, ``probed_step`` =
 ``probed_step_s`` / ``step_s``; ``in_run_alignment_k1`` = ``in_run_refresh_s`` / ``step_s`` and
 ``in_run_alignment_k{K}`` = ((K − 1) ``in_run_ride_s`` + ``in_run_refresh_s``) / (K ``step_s``),
-the in-run mode's cost per step at ``refresh_every = K`` (the default). ``D`` here is the same loss on a fixed evaluation batch of the
+the in-run mode's cost per step at ``refresh_every = K`` (the default), and likewise
+``in_run_per_example_k1`` and ``in_run_per_example_k{K}``. ``D`` here is the same loss on a fixed evaluation batch of the
 training batch's shape (its cost is what matters; a task head would add little). Models run
 with eager attention and ``position_ids`` of shape ``[B, T]``, so ghost dots apply.
 """
@@ -48,7 +52,8 @@ from objreg.analysis.probe.in_run import DEFAULT_REFRESH_EVERY, InRunAlignment
 from objreg.analysis.probe.transfer_probe import TransferProbe
 
 MODELS = ("bert-base", "gpt2-small")
-PATHS = ("dots", "grad_d", "second_order", "probed_step", "in_run_ride", "in_run_refresh")
+PATHS = ("dots", "grad_d", "second_order", "probed_step", "in_run_ride", "in_run_refresh", "in_run_per_example_ride",
+         "in_run_per_example_refresh")
 #: --quick: the same architectures at a toy size.
 QUICK = {"hidden_size": 64, "layers": 2, "heads": 2}
 
@@ -138,8 +143,10 @@ def measure(name: str, args: Any, device: torch.device) -> dict[str, Any]:
 
     # In-run alignment: one that never refreshes after its first step (the steps in between), one
     # that refreshes on every step (refresh_every = 1).
-    riding = InRunAlignment(model, loss_fn, eval_batches=[evaluation], refresh_every=2**62)
-    refreshing = InRunAlignment(model, loss_fn, eval_batches=[evaluation], refresh_every=1)
+    alignments = {f"in_run{infix}_{kind}": InRunAlignment(model, loss_fn, eval_batches=[evaluation],
+                                                          refresh_every=every, per_example=per_example)
+                  for infix, per_example in (("", False), ("_per_example", True))
+                  for kind, every in (("ride", 2**62), ("refresh", 1))}
 
     def in_run(alignment: InRunAlignment) -> Callable[[], None]:
         def run() -> None:
@@ -152,7 +159,7 @@ def measure(name: str, args: Any, device: torch.device) -> dict[str, Any]:
         return run
 
     paths = {"step": step, "dots": dots, "grad_d": grad_d, "second_order": second_order, "probed_step": probed_step,
-             "in_run_ride": in_run(riding), "in_run_refresh": in_run(refreshing)}
+             **{name: in_run(alignment) for name, alignment in alignments.items()}}
     chosen = [p for p in paths if p == "step" or p in args.paths]
     seconds = interleaved({p: paths[p] for p in chosen}, args.repeats, device)
     every = args.refresh_every
@@ -162,10 +169,11 @@ def measure(name: str, args: Any, device: torch.device) -> dict[str, Any]:
         "second_order_along_update": seconds["second_order"] / seconds["step"] if "second_order" in seconds else None,
         "probed_step": seconds["probed_step"] / seconds["step"] if "probed_step" in seconds else None,
     }
-    if "in_run_ride" in seconds and "in_run_refresh" in seconds:
-        ratio["in_run_alignment_k1"] = seconds["in_run_refresh"] / seconds["step"]
-        ratio[f"in_run_alignment_k{every}"] = ((every - 1) * seconds["in_run_ride"] + seconds["in_run_refresh"]) / (
-            every * seconds["step"])
+    for prefix, label in (("in_run", "in_run_alignment"), ("in_run_per_example", "in_run_per_example")):
+        ride, refresh = seconds.get(f"{prefix}_ride"), seconds.get(f"{prefix}_refresh")
+        if ride is not None and refresh is not None:
+            ratio[f"{label}_k1"] = refresh / seconds["step"]
+            ratio[f"{label}_k{every}"] = ((every - 1) * ride + refresh) / (every * seconds["step"])
     ratio = {k: v for k, v in ratio.items() if v is not None}
     return {
         "model": name, "parameters": sum(p.numel() for p in shared.values()),

@@ -16,6 +16,7 @@ computed how.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 
@@ -127,7 +128,11 @@ def main() -> None:
     dist.init_process_group("gloo")  # the CPU; on GPUs, NCCL with each process on its own device (not tried)
     try:
         records, rank = sharded_run(args.steps, args.lr), dist.get_rank()
+        dist.barrier()  # neither process tears the group down while the other still uses it
     finally:
+        # The sharded model and its probe (in reference cycles) go while the group exists: freed
+        # at exit instead, gloo's threads can abort the process.
+        gc.collect()
         dist.destroy_process_group()
     if rank != 0:
         return

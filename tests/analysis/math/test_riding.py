@@ -108,11 +108,12 @@ def loop_dots(model, loss, batch, direction):
     return torch.tensor(out, dtype=torch.float64)
 
 
-def test_riding_dots_are_the_per_example_loops_for_every_rule_and_weighting():
+@pytest.mark.parametrize("per_example", [False, True], ids=["hooks", "per_example"])
+def test_riding_dots_are_the_per_example_loops_for_every_rule_and_weighting(per_example):
     model, direction = model_and_direction()
     tokens, pairs = make_batch(1), make_batch(2)
     other = {n: 2 * t for n, t in direction.items()}
-    with RidingDots(model, [direction, other]) as riding:
+    with RidingDots(model, [direction, other], per_example=per_example) as riding:
         token_losses = riding.mark("tokens", model.tokens(tokens))
         pair_losses = riding.mark("pairs", model.pairs(pairs))
         # The loop's own weighting: a weighted mean, and a sum with per-example weights.
@@ -124,6 +125,41 @@ def test_riding_dots_are_the_per_example_loops_for_every_rule_and_weighting():
         torch.testing.assert_close(dots[name][0], expected, rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(dots[name][1], 2 * expected, rtol=1e-10, atol=1e-12)
     assert {"head.decoder.weight", "up.weight", "scale.gain"} <= riding.reached
+
+
+def _step_gradients(model, riding=None):
+    """``.grad`` after one two-objective backward (with ``riding``'s hooks on, when given)."""
+    model.zero_grad()
+    mark = riding.mark if riding is not None else (lambda name, losses: losses)
+    (0.3 * mark("tokens", model.tokens(make_batch(1))).mean() + mark("pairs", model.pairs(make_batch(2))).sum()
+     ).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("chunk", [1, 2**24], ids=["one_example_a_chunk", "whole_batch"])
+def test_per_example_linear_layers_keep_the_steps_gradients_and_give_back_their_forward(monkeypatch, chunk):
+    """The weight gradients summed example by example are autograd's own (float64: to rounding),
+    whether the examples come one at a time or all at once; the modules' forwards are theirs again
+    after the block, and a pass never marked runs the ordinary backward."""
+    import objreg.analysis.math.per_example_linear as per_example_linear
+
+    monkeypatch.setattr(per_example_linear, "CHUNK_ELEMENTS", chunk)
+    model, direction = model_and_direction()
+    plain = _step_gradients(model)
+    with RidingDots(model, [direction], per_example=True) as riding:
+        patched = [m for m in model.modules() if "forward" in vars(m)]
+        unmarked = _step_gradients(model, None)
+        riding.clear()
+        riding.pending = []
+        marked = _step_gradients(model, riding)
+        dots = riding.by_objective()
+    assert {type(m).__name__ for m in patched} == {"Linear", "Conv1D"} and len(patched) == 5
+    assert not any("forward" in vars(m) for m in model.modules())
+    for name, grad in plain.items():
+        torch.testing.assert_close(unmarked[name], grad, rtol=1e-13, atol=1e-15)
+        torch.testing.assert_close(marked[name], grad, rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(dots["pairs"][0], loop_dots(model, model.pairs, make_batch(2), direction),
+                               rtol=1e-10, atol=1e-12)
 
 
 def test_calls_never_marked_add_nothing_and_a_row_without_weight_is_nan():

@@ -125,9 +125,10 @@ def flat(params):
     return torch.cat([params[n].flatten() for n in BODY])
 
 
-def test_with_a_fresh_gradient_the_dots_are_a_float64_per_example_loops():
+@pytest.mark.parametrize("per_example", [False, True], ids=["hooks", "per_example"])
+def test_with_a_fresh_gradient_the_dots_are_a_float64_per_example_loops(per_example):
     model, opt = make()
-    alignment = InRunAlignment(model, task_loss, eval_batches=EVAL, refresh_every=1)
+    alignment = InRunAlignment(model, task_loss, eval_batches=EVAL, refresh_every=1, per_example=per_example)
     seen = by_hand(model, opt, alignment, 3)
     assert alignment.shared == BODY  # the frozen task head: D reaches it, no objective does
     for record, (batches, values) in zip(alignment.records, seen):
@@ -143,9 +144,10 @@ def test_with_a_fresh_gradient_the_dots_are_a_float64_per_example_loops():
             assert got["conflict_fraction"] == sum(d < 0 for d in expected) / len(expected)
 
 
-def test_between_refreshes_the_dots_use_the_stale_gradient_and_its_staleness_is_measured():
+@pytest.mark.parametrize("per_example", [False, True], ids=["hooks", "per_example"])
+def test_between_refreshes_the_dots_use_the_stale_gradient_and_its_staleness_is_measured(per_example):
     model, opt = make()
-    alignment = InRunAlignment(model, task_loss, eval_batches=EVAL, refresh_every=3)
+    alignment = InRunAlignment(model, task_loss, eval_batches=EVAL, refresh_every=3, per_example=per_example)
     seen = by_hand(model, opt, alignment, 5)
     assert [r["downstream_grad_age"] for r in alignment.records] == [0, 1, 2, 0, 1]
     assert [r["staleness"] is None for r in alignment.records] == [True, True, True, False, True]
@@ -229,6 +231,7 @@ def test_a_refitted_head_rides_the_gradient_of_the_refitted_loss():
     ({"refresh_every": 0}, "refresh_every must be a positive integer"),
     ({"shared": ["nope"]}, "no trainable parameter called: 'nope'"),
     ({"eval_batches": None}, "eval_batches is required"),
+    ({"per_example": "yes"}, "per_example must be True or False"),
 ])
 def test_bad_arguments_give_one_clear_error(options, message):
     model, _ = make()

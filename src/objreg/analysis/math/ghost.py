@@ -147,6 +147,7 @@ class GhostDots:
         self.foreign_backward = False
         self._replaying = False
         self._handles: list[Any] = []
+        self.owners: list[tuple[nn.Module, dict[str, str]]] = []  # hooked modules, their measured parameters
 
     def __enter__(self) -> GhostDots:
         owner_name = {id(p): n for n, p in self.model.named_parameters() if n in self.direction}  # tied: once
@@ -163,12 +164,14 @@ class GhostDots:
                    if id(p) in owner_name and not _registered_below(path, registered[id(p)])}
             if own:
                 self._handles.append(module.register_forward_hook(self._hook(own), with_kwargs=True))
+                self.owners.append((module, own))
         return self
 
     def __exit__(self, *exc: object) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self.owners.clear()
 
     def dots(self) -> torch.Tensor:
         """``[B]``: the contributions gathered so far (of the loss that was backpropagated)."""

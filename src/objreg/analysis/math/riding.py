@@ -23,6 +23,12 @@ ghost dots (never for batch-coupled losses).
 A linear layer whose output is wider than its input (an LM head over the vocabulary) contracts
 only the rows whose output gradient is not zero: a masked-token loss has gradient at the masked
 positions alone, so the head's dot costs that share of the positions.
+
+With ``per_example=True`` the linear layers (``nn.Linear``, ``Conv1D``) run
+:class:`~objreg.analysis.math.per_example_linear.PerExampleLinear` instead: their backward forms
+the weight gradient example by example and the dots come out of those, for a share of ``1/T`` of
+the layer's own product instead of a product as large as its forward; the step's gradients then
+differ from an unmeasured step's by rounding.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from torch import nn
 
 from objreg.analysis.math.functional import Params
 from objreg.analysis.math.ghost import GhostDots, GhostUnsupportedError, _conv1d, _plain_embedding
+from objreg.analysis.math.per_example_linear import Slot, per_example_forward
 from objreg.core.errors import InvalidParameterError
 
 
@@ -50,6 +57,7 @@ class _Call:
     own: dict[str, str]
     rows: int
     segment: _Segment | None = None
+    slot: Slot | None = None  # a per-example linear layer's hand-over (``per_example=True``)
 
 
 @dataclass
@@ -72,19 +80,40 @@ class RidingDots(GhostDots):
         model: The module the loop calls (its own forward, not a ``functional_call``).
         directions: ``v``s keyed like ``model.named_parameters()``; parameters they do not name
             contribute nothing.
+        per_example: Linear layers form their weight gradients example by example (module
+            docstring); their ``forward`` is replaced inside the block.
     """
 
-    def __init__(self, model: nn.Module, directions: Sequence[Params]):
+    def __init__(self, model: nn.Module, directions: Sequence[Params], per_example: bool = False):
         if not directions:
             raise InvalidParameterError("RidingDots needs at least one direction")
         super().__init__(model, directions[0], batch_size=0, more=list(directions[1:]))
         self.directions = list(directions)
+        self.per_example = per_example
+        self._patched: list[nn.Module] = []
+        self._slot: Slot | None = None  # the slot of the linear call running now
         self.pending: list[_Call] = []
         self.segments: list[_Segment] = []
         #: False while the caller runs computations of its own (their calls are not recorded).
         self.recording = True
         #: Names of the parameters whose modules' calls a marked objective's backward reached.
         self.reached: set[str] = set()
+
+    def __enter__(self) -> RidingDots:
+        super().__enter__()
+        if self.per_example:
+            for module, own in self.owners:
+                linear = type(module) is nn.Linear or _conv1d(module)
+                if linear and set(own) <= {"weight", "bias"} and "forward" not in vars(module):
+                    module.forward = per_example_forward(module, _conv1d(module), self._open_slot)
+                    self._patched.append(module)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for module in self._patched:
+            del module.forward
+        self._patched.clear()
+        super().__exit__(*exc)
 
     def mark(self, name: str, losses: torch.Tensor) -> torch.Tensor:
         """Name the per-example losses ``[B]`` of objective ``name``, computed by the module calls
@@ -115,6 +144,8 @@ class RidingDots(GhostDots):
         segment = _Segment(name, rows, [[] for _ in self.directions], calls=len(calls))
         for call in calls:
             call.segment = segment
+            if call.slot is not None:
+                call.slot.take = self._taker(call)
 
         def take(cotangent: torch.Tensor) -> None:
             segment.cotangent = cotangent.detach() if segment.cotangent is None else segment.cotangent + cotangent
@@ -148,8 +179,15 @@ class RidingDots(GhostDots):
                 hook.remove()
         self.pending, self.segments = [], []
 
+    def _open_slot(self) -> Slot | None:
+        if self._replaying or not self.recording or not torch.is_grad_enabled():
+            return None
+        self._slot = Slot()
+        return self._slot
+
     def _hook(self, own: dict[str, str]) -> Callable[..., Any]:
         def forward_hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+            slot, self._slot = self._slot, None
             if self._replaying or not self.recording or not torch.is_grad_enabled():
                 return
             if not isinstance(output, torch.Tensor) or not output.requires_grad:
@@ -163,9 +201,10 @@ class RidingDots(GhostDots):
                 raise GhostUnsupportedError(f"{type(module).__name__} returned a scalar: dots riding the backward "
                                             f"need every module owning measured parameters to map the batch's rows")
             call = _Call(module, {local: getattr(module, local) for local in own}, args, kwargs, own,
-                         output.shape[0])
+                         output.shape[0], slot=slot)
             self.pending.append(call)
-            output.register_hook(lambda g: self._contract(call, g))
+            if slot is None:
+                output.register_hook(lambda g: self._contract(call, g))
 
         return forward_hook
 
@@ -178,6 +217,29 @@ class RidingDots(GhostDots):
             for parts, direction in zip(segment.contributions, self.directions):
                 d = {local: direction[name] for local, name in call.own.items()}
                 parts.append(self._contribution(call, g, d))
+
+    def _taker(self, call: _Call) -> Callable[[int, torch.Tensor | None, torch.Tensor | None], None]:
+        """Receives a per-example linear call's gradients chunk by chunk (its slot's ``take``)."""
+        segment = call.segment
+        directions = [{local: direction.get(name) for local, name in call.own.items()} for direction in self.directions]
+        parts: list[torch.Tensor] = []
+
+        def take(first: int, weight: torch.Tensor | None, bias: torch.Tensor | None) -> None:
+            if first == 0:
+                self.reached.update(call.own.values())
+                like = weight if weight is not None else bias
+                parts[:] = [torch.zeros(call.rows, dtype=like.dtype, device=like.device) for _ in directions]
+                for column, part in zip(segment.contributions, parts):
+                    column.append(part)
+            with torch.no_grad():
+                for part, d in zip(parts, directions):
+                    rows = part[first: first + len(weight if weight is not None else bias)]
+                    if weight is not None and d.get("weight") is not None:
+                        rows += weight.flatten(1) @ d["weight"].reshape(-1).to(weight.dtype)
+                    if bias is not None and d.get("bias") is not None:
+                        rows += bias @ d["bias"].to(bias.dtype)
+
+        return take
 
     def _contribution(self, call: _Call, g: torch.Tensor, d: Params) -> torch.Tensor:
         module, args = call.module, call.args

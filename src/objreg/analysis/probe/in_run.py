@@ -61,6 +61,10 @@ class InRunAlignment:
             reaches, a re-fitted head's own parameters left out).
         downstream_head, fit_batches: Re-fit the downstream head at every refresh (``D*``), as
             :class:`~objreg.analysis.probe.transfer_probe.TransferProbe` does.
+        per_example: Linear layers form their weight gradients example by example inside the
+            step and the dots come out of those (:mod:`~objreg.analysis.math.per_example_linear`):
+            riding then costs little beyond the step, whose gradients differ from an unmeasured
+            step's by rounding (so its trajectory is no longer bit-identical to one without).
 
     Use it around each step (``with alignment.step(): ...``) or :meth:`attach` it to the
     optimizer; in both, name each objective's per-example losses with :meth:`losses` after its
@@ -71,7 +75,7 @@ class InRunAlignment:
         self, model: nn.Module, downstream: Callable[[nn.Module, Any], torch.Tensor] | Task | Downstream, *,
         eval_batches: Any = None, refresh_every: int = DEFAULT_REFRESH_EVERY,
         shared: Sequence[str] | None = None, downstream_head: nn.Module | Sequence[str] | None = None,
-        fit_batches: Any = None,
+        fit_batches: Any = None, per_example: bool = False,
     ):
         while isinstance(model, nn.parallel.DistributedDataParallel) or isinstance(
                 getattr(model, "_orig_mod", None), nn.Module):
@@ -81,8 +85,11 @@ class InRunAlignment:
         if isinstance(refresh_every, bool) or not isinstance(refresh_every, int) or refresh_every < 1:
             raise InvalidParameterError(f"refresh_every must be a positive integer (steps between two ∇D), got "
                                         f"{refresh_every!r}")
+        if not isinstance(per_example, bool):
+            raise InvalidParameterError(f"per_example must be True or False, got {per_example!r}")
         self.model = model
         self.refresh_every = refresh_every
+        self.per_example = per_example
         group = downstream.group if isinstance(downstream, Downstream) else user_group(model)
         self.downstream = build_downstream(model, downstream, eval_batches, group, None, downstream_head,
                                            fit_batches)
@@ -212,7 +219,7 @@ class InRunAlignment:
         if self.direction is None or self.age >= self.refresh_every:
             self.refresh()
         directions = [self.direction] + ([self._stale] if self._stale is not None else [])
-        self._riding = RidingDots(self.model, directions).__enter__()
+        self._riding = RidingDots(self.model, directions, per_example=self.per_example).__enter__()
 
     def _shut(self) -> None:
         riding, self._riding = self._riding, None
