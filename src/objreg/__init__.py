@@ -11,7 +11,7 @@ The public API. Plugin authors import from here (and from :mod:`objreg.toolkit`)
 
 Importing objreg loads the hook markers, the errors and the plugin manager only. Everything else
 loads on first use: the contract's types and the toolkit (they need torch), the analyzer
-(``analyze``, ``AnalysisConfig``, ``AlignmentReport``, ``TransferProbe``, ``RunWriter``,
+(``analyze``, ``AnalysisConfig``, ``AlignmentReport``, ``TransferProbe``, ``InRunAlignment``, ``RunWriter``,
 ``TensorBoardScalars``, ``ProbeCallback``) and the experiments.
 """
 
@@ -42,6 +42,7 @@ from objreg.toolkit.cache import cache_dir
 
 if TYPE_CHECKING:
     from objreg.analysis.probe.hf_callback import ProbeCallback
+    from objreg.analysis.probe.in_run import InRunAlignment
     from objreg.analysis.probe.report import AlignmentReport
     from objreg.analysis.probe.tensorboard import TensorBoardScalars
     from objreg.analysis.probe.transfer_probe import TransferProbe
@@ -101,6 +102,7 @@ _LAZY = {
     "ScreenReport": ("objreg.analysis.run.screen", "ScreenReport"),
     "AlignmentReport": ("objreg.analysis.probe.report", "AlignmentReport"),
     "TransferProbe": ("objreg.analysis.probe.transfer_probe", "TransferProbe"),
+    "InRunAlignment": ("objreg.analysis.probe.in_run", "InRunAlignment"),
     "ProbeCallback": ("objreg.analysis.probe.hf_callback", "ProbeCallback"),
     "RunWriter": ("objreg.analysis.probe.writer", "RunWriter"),
     "TensorBoardScalars": ("objreg.analysis.probe.tensorboard", "TensorBoardScalars"),
@@ -132,6 +134,7 @@ __all__ = [
     "DistributedError",
     "HeadKind",
     "HeadSpec",
+    "InRunAlignment",
     "InvalidParameterError",
     "Model",
     "ModelOutputs",
