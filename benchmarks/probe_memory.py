@@ -152,6 +152,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = {
         "settings": vars(args),
         "shared_parameters": parameters,
+        "model_parameters": report.config.get("model_parameters"),
         "parameter_bytes": unit,
         "start_rss_gib": start_rss / GIB,
         "peak_rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB,
