@@ -76,40 +76,42 @@ def moments_warning(parameters: int, players: int, dtype: torch.dtype, moments_d
 
 #: Runs of benchmarks/probe_memory.py (``objreg analyze``, 3 objectives, CPU; docs/performance.md,
 #: "A probed step's peak memory"): (optimizer, downstream head, shared parameters, hidden size,
-#: fit rows, seq_len, peak resident bytes).
-PEAK_RUNS: list[tuple[str, str, int, int, int, int, int]] = [
-    ("adamw", "refit", 1486336, 128, 16, 32, 932995072),
-    ("adamw", "refit", 1486336, 128, 64, 64, 1174462464),
-    ("adamw", "refit", 5338624, 256, 16, 32, 2081849344),
-    ("adamw", "refit", 7656320, 320, 16, 32, 2750705664),
-    ("adamw", "frozen", 1486336, 128, 16, 32, 840720384),
-    ("adamw", "frozen", 1486336, 128, 64, 64, 986648576),
-    ("adamw", "frozen", 5338624, 256, 16, 32, 1743863808),
-    ("sgd", "refit", 1486336, 128, 16, 32, 665165824),
-    ("sgd", "refit", 1486336, 128, 64, 64, 839393280),
-    ("sgd", "refit", 5338624, 256, 16, 32, 1153036288),
+#: layers, fit rows, seq_len, peak resident bytes).
+PEAK_RUNS: list[tuple[str, str, int, int, int, int, int, int]] = [
+    ("adamw", "refit", 1486336, 128, 2, 16, 32, 932995072),
+    ("adamw", "refit", 1486336, 128, 2, 64, 64, 1174462464),
+    ("adamw", "refit", 5338624, 256, 4, 16, 32, 2081849344),
+    ("adamw", "refit", 5338624, 256, 4, 64, 64, 2902343680),
+    ("adamw", "refit", 7656320, 320, 4, 16, 32, 2750705664),
+    ("adamw", "frozen", 1486336, 128, 2, 16, 32, 840720384),
+    ("adamw", "frozen", 1486336, 128, 2, 64, 64, 986648576),
+    ("adamw", "frozen", 5338624, 256, 4, 16, 32, 1743863808),
+    ("sgd", "refit", 1486336, 128, 2, 16, 32, 665165824),
+    ("sgd", "refit", 1486336, 128, 2, 64, 64, 839393280),
+    ("sgd", "refit", 5338624, 256, 4, 16, 32, 1153036288),
 ]
 
 
-def fit_peak(runs: list[tuple[str, str, int, int, int, int, int]] = PEAK_RUNS
+def fit_peak(runs: list[tuple[str, str, int, int, int, int, int, int]] = PEAK_RUNS
              ) -> dict[tuple[str, str], tuple[float, float, float]]:
     """Per (optimizer, head), the least-squares ``(a, b, c)`` of ``peak ≈ a × parameter bytes + b ×
     activation unit + c GiB`` through its runs (:func:`activation_bytes`)."""
     fitted = {}
     for setting in dict.fromkeys(run[:2] for run in runs):
         rows = [run for run in runs if run[:2] == setting]
-        design = torch.tensor([[4.0 * p, float(activation_bytes(f, t, h)), GIB] for _, _, p, h, f, t, _ in rows],
+        design = torch.tensor([[4.0 * p, float(activation_bytes(f, t, h, n)), GIB] for _, _, p, h, n, f, t, _ in rows],
                               dtype=torch.float64)
-        peaks = torch.tensor([[float(run[6])] for run in rows], dtype=torch.float64)
+        peaks = torch.tensor([[float(run[7])] for run in rows], dtype=torch.float64)
         a, b, c = torch.linalg.lstsq(design, peaks).solution.flatten().tolist()
         fitted[setting] = (a, b, c)
     return fitted
 
 
-def activation_bytes(fit_rows: int, seq_len: int, hidden: int) -> int:
-    """The activation unit: the fit set's hidden states in float32 (``fit_rows × seq_len ×
-    hidden``); the re-fitted head's curvature moves every direction into them (``φ′w``)."""
-    return 4 * fit_rows * seq_len * hidden
+def activation_bytes(fit_rows: int, seq_len: int, hidden: int, layers: int) -> int:
+    """The activation unit: the fit set's hidden states at every layer in float32 (``fit_rows ×
+    seq_len × hidden × layers``); the re-fitted head's curvature moves every direction through
+    them (``φ′w``)."""
+    return 4 * fit_rows * seq_len * hidden * layers
 
 
 #: (optimizer, downstream head) → (a, b, c) of :func:`fit_peak`.
