@@ -118,18 +118,22 @@ class Curvature:
         return self.gradient_and_products([direction])[1][0]
 
     def _compute(self, directions: list[Params], method: str) -> tuple[Params, list[Params]]:
-        gradient = {n: torch.zeros_like(t) for n, t in self.shared.items()}
-        products = [{n: torch.zeros_like(t) for n, t in self.shared.items()} for _ in directions]
+        gradient: Params = {}
+        products: list[Params] = [{} for _ in directions]
         for f in self.functions:
             loss = self._chunk_loss(f)
             if method == "forward_over_reverse":
                 part_gradient, part_products = self._forward_over_reverse(loss, directions)
             else:
                 part_gradient, part_products = self._double_backward(loss, directions)
-            for n in gradient:
-                gradient[n] += part_gradient[n]
-                for total, part in zip(products, part_products):
-                    total[n] += part[n]
+            # The sums start at zero as each chunk's part arrives (not before the first chunk's
+            # parts exist), and each part is let go once added: the products are held once, not twice.
+            for total, part in zip([gradient, *products], [part_gradient, *part_products]):
+                for n, t in self.shared.items():
+                    total[n] = (total[n] if n in total else torch.zeros_like(t)).add_(part.pop(n))
+        if not self.functions:
+            gradient = {n: torch.zeros_like(t) for n, t in self.shared.items()}
+            products = [{n: torch.zeros_like(t) for n, t in self.shared.items()} for _ in directions]
         # One collective for the gradient and every product (identity in one process).
         gradient, products = self.group.all_reduce_sum((gradient, products))
         self.matvecs += len(directions)

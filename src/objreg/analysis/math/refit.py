@@ -418,26 +418,40 @@ class RefitCurvature:
         # ∂²_θh F v = φ'ᵀ c with c = ∂_φ g, and the curvature of ⟨c, φ(θ)⟩: the backbone's part of G's.
         backbone = Curvature([_Pulled(side.chunk, side.cotangent()) for side in sides], self.shared, self.method,
                              total=1, group=self.group)
-        pulled_c, curved = backbone.gradient_and_products(directions)
-        self.method = backbone.method
         if not directions:
+            pulled_c, _ = backbone.gradient_and_products(directions)
+            self.method = backbone.method
             return {n: gradient_e[n] - pulled_c[n] for n in thetas}, []
+        # Three sets of parameter-sized products make each result (∇²D_E w̃, the backbone's curvature
+        # and the pulled-back cotangents); they are taken one after the other and each is subtracted
+        # into the first in place and let go, so no two of them are held beside the result.
         moved = [side.chunk.moved(self.shared, directions) for side in sides]  # φ' w, chunk by chunk
         sums = [self.group.all_reduce_sum(_sum_params([side.mixed(m[k]) for side, m in zip(sides, moved)], self.head))
                 for k in range(len(directions))]
         lifts = self._solve([{n: -m[n] for n in heads} for m in sums])  # J w = −A⁻¹ ∂²_hθ F w
         gradient_e, products_e = self._run(self.evaluation, self.eval_rows,
                                            [self._lift(w, j) for w, j in zip(directions, lifts)])
-        gradient = {n: gradient_e[n] - pulled_c[n] for n in thetas}
         thirds = [[side.third(m[k], jw) for k, jw in enumerate(lifts)] for side, m in zip(sides, moved)]
+        del moved
         head_g = [self.group.all_reduce_sum(_sum_params([t[k][1] for t in thirds], self.head))
                   for k in range(len(directions))]
         back = self._solve([{n: pe[n] - hg[n] for n in heads} for pe, hg in zip(products_e, head_g)])  # A⁻¹[∇²Φw̃]_h
+        results = [{n: pe[n] for n in thetas} for pe in products_e]  # the θ-part of ∇²D_E w̃, made the result
+        del products_e
+        pulled_c, curved = backbone.gradient_and_products(directions)
+        self.method = backbone.method
+        gradient = {n: gradient_e[n] - pulled_c[n] for n in thetas}
+        for result, c in zip(results, curved):
+            for n in thetas:
+                result[n].sub_(c.pop(n))
+        del curved
         pulled = _sum_params([side.chunk.pull(self.shared, [t[k][0] + side.back(z) for k, z in enumerate(back)])
                               for side, t in zip(sides, thirds)], {k: None for k in range(len(directions))})
         pulled = self.group.all_reduce_sum(pulled)
-        return gradient, [{n: pe[n] - c[n] - pulled[k][n] for n in thetas}
-                          for k, (pe, c) in enumerate(zip(products_e, curved))]
+        for k, result in enumerate(results):
+            for n in thetas:
+                result[n].sub_(pulled[k].pop(n))
+        return gradient, results
 
 
 class _Pulled:
