@@ -214,3 +214,18 @@ def test_losses_marked_twice_without_a_forward_between_are_refused():
         losses = riding.mark("pairs", model.pairs(make_batch(1)))
         with pytest.raises(InvalidParameterError, match="no module owning a measured parameter ran"):
             riding.mark("again", losses * 2)
+
+
+def test_a_frozen_linear_weight_still_gets_its_dots_by_per_example_gradients():
+    """A direction may name a weight that is not trained: its dots come out of per-example
+    gradients formed for it anyway, and equal the ghost rule's (checked against the loop above)."""
+    model, direction = model_and_direction()
+    model.mix.weight.requires_grad_(False)
+    batch = make_batch(2)
+    dots = []
+    for per_example in (False, True):
+        with RidingDots(model, [direction], per_example=per_example) as riding:
+            riding.mark("pairs", model.pairs(batch)).mean().backward()
+        dots.append(riding.by_objective()["pairs"][0])
+    assert model.mix.weight.grad is None
+    torch.testing.assert_close(dots[1], dots[0], rtol=1e-10, atol=1e-12)

@@ -33,10 +33,10 @@ CHUNK_ELEMENTS = 2**24
 class Slot:
     """One call's hand-over: the caller sets ``take(first_row, per_example_weight, per_example_bias)``
     before the backward to receive the call's per-example gradients chunk by chunk
-    (``[c, *weight.shape]``, or None for a frozen weight; ``[c, out]``, or None without a bias);
-    left None, the layer's backward is an ordinary one."""
+    (``[c, *weight.shape]``; ``[c, out]``, or None without a bias); left None, the layer's backward
+    is an ordinary one."""
 
-    take: Callable[[int, torch.Tensor | None, torch.Tensor | None], None] | None = None
+    take: Callable[[int, torch.Tensor, torch.Tensor | None], None] | None = None
 
 
 class PerExampleLinear(torch.autograd.Function):
@@ -76,13 +76,12 @@ class PerExampleLinear(torch.autograd.Function):
         per_bias = g3.sum(1) if ctx.has_bias else None  # [B, out]
         step = max(1, CHUNK_ELEMENTS // weight.numel())
         for start in range(0, rows, step):
-            stop = min(rows, start + step)
-            per_weight = None
+            gc, xc = g3[start: start + step], x3[start: start + step]
+            # Formed for a frozen weight too: its dots are asked for all the same.
+            per_weight = xc.transpose(1, 2) @ gc if ctx.transposed else gc.transpose(1, 2) @ xc
             if wants_w:
-                gc, xc = g3[start:stop], x3[start:stop]
-                per_weight = xc.transpose(1, 2) @ gc if ctx.transposed else gc.transpose(1, 2) @ xc
                 grad_w += per_weight.sum(0)
-            take(start, per_weight, per_bias[start:stop] if per_bias is not None else None)
+            take(start, per_weight, per_bias[start: start + step] if per_bias is not None else None)
         grad_b = per_bias.sum(0) if wants_b and ctx.has_bias else None
         return grad_x, grad_w, grad_b, None, None
 

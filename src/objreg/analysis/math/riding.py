@@ -218,23 +218,22 @@ class RidingDots(GhostDots):
                 d = {local: direction[name] for local, name in call.own.items()}
                 parts.append(self._contribution(call, g, d))
 
-    def _taker(self, call: _Call) -> Callable[[int, torch.Tensor | None, torch.Tensor | None], None]:
+    def _taker(self, call: _Call) -> Callable[[int, torch.Tensor, torch.Tensor | None], None]:
         """Receives a per-example linear call's gradients chunk by chunk (its slot's ``take``)."""
         segment = call.segment
         directions = [{local: direction.get(name) for local, name in call.own.items()} for direction in self.directions]
         parts: list[torch.Tensor] = []
 
-        def take(first: int, weight: torch.Tensor | None, bias: torch.Tensor | None) -> None:
+        def take(first: int, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
             if first == 0:
                 self.reached.update(call.own.values())
-                like = weight if weight is not None else bias
-                parts[:] = [torch.zeros(call.rows, dtype=like.dtype, device=like.device) for _ in directions]
+                parts[:] = [torch.zeros(call.rows, dtype=weight.dtype, device=weight.device) for _ in directions]
                 for column, part in zip(segment.contributions, parts):
                     column.append(part)
             with torch.no_grad():
                 for part, d in zip(parts, directions):
-                    rows = part[first: first + len(weight if weight is not None else bias)]
-                    if weight is not None and d.get("weight") is not None:
+                    rows = part[first: first + len(weight)]
+                    if d.get("weight") is not None:
                         rows += weight.flatten(1) @ d["weight"].reshape(-1).to(weight.dtype)
                     if bias is not None and d.get("bias") is not None:
                         rows += bias @ d["bias"].to(bias.dtype)
