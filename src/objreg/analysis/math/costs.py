@@ -12,13 +12,15 @@ what shrinks them.
 A probed step holds more than that: the Hessian-vector products of every direction it takes
 (each objective's gradient and, under Adam, each part of the step and each point of the exact
 counterfactual's stencil) are parameter-sized, and a re-fitted head's curvature needs a second
-set of them. :data:`PROBE_PEAK` is the peak resident memory of ``objreg analyze`` per optimizer
+set of them. :func:`probe_peak` gives the peak resident memory of ``objreg analyze`` per optimizer
 and head, a multiple of the shared parameters' bytes plus an activation term, fitted to the runs
 of :data:`PEAK_RUNS` (docs/performance.md, "A probed step's peak memory"); :func:`peak_table`
 prints it for the models of the table.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -114,15 +116,18 @@ def activation_bytes(fit_rows: int, seq_len: int, hidden: int, layers: int) -> i
     return 4 * fit_rows * seq_len * hidden * layers
 
 
-#: (optimizer, downstream head) → (a, b, c) of :func:`fit_peak`.
-PROBE_PEAK = fit_peak()
+@functools.cache
+def probe_peak() -> dict[tuple[str, str], tuple[float, float, float]]:
+    """(optimizer, downstream head) → (a, b, c) of :func:`fit_peak` over :data:`PEAK_RUNS`, fitted
+    on first use (the probe imports this module for its warning and needs no fit)."""
+    return fit_peak()
 
 
 def probe_peak_bytes(parameters: int, optimizer: str, head: str, activation: int = 0) -> float:
     """The peak resident memory of a probed ``objreg analyze`` run with 3 objectives
-    (:data:`PROBE_PEAK`): ``parameters`` shared float32 parameters, ``activation`` the bytes of
+    (:func:`probe_peak`): ``parameters`` shared float32 parameters, ``activation`` the bytes of
     :func:`activation_bytes` (0: leave the activation term out)."""
-    a, b, c = PROBE_PEAK[(optimizer, head)]
+    a, b, c = probe_peak()[(optimizer, head)]
     return a * 4 * parameters + b * activation + c * GIB
 
 
@@ -134,7 +139,7 @@ def peak_table() -> str:
     lines = ["| optimizer | downstream head | × parameter bytes (a) | × activation unit (b) | constant (c) | "
              + " | ".join(f"{name}, {TABLE_MODELS[name] / 1e6:,.1f} M" for name in names) + " |",
              "|---|---|---|---|---|" + "---|" * len(names)]
-    for (optimizer, head), (a, b, c) in PROBE_PEAK.items():
+    for (optimizer, head), (a, b, c) in probe_peak().items():
         peaks = [probe_peak_bytes(TABLE_MODELS[name], optimizer, head) / GIB for name in names]
         lines.append(f"| {optimizer} | {head} | {a:.0f} | {b:.0f} | {c:.2f} GiB | "
                      + " | ".join(f"{peak:,.1f} GiB" for peak in peaks) + " |")
