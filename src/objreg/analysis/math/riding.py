@@ -179,8 +179,12 @@ class RidingDots(GhostDots):
                 hook.remove()
         self.pending, self.segments = [], []
 
+    def _recorded(self) -> bool:
+        """Whether a module call made now is the loop's own, to be recorded."""
+        return not self._replaying and self.recording and torch.is_grad_enabled()
+
     def _open_slot(self) -> Slot | None:
-        if self._replaying or not self.recording or not torch.is_grad_enabled():
+        if not self._recorded():
             return None
         self._slot = Slot()
         return self._slot
@@ -188,7 +192,7 @@ class RidingDots(GhostDots):
     def _hook(self, own: dict[str, str]) -> Callable[..., Any]:
         def forward_hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             slot, self._slot = self._slot, None
-            if self._replaying or not self.recording or not torch.is_grad_enabled():
+            if not self._recorded():
                 return
             if not isinstance(output, torch.Tensor) or not output.requires_grad:
                 return  # nothing of this call is differentiated
