@@ -229,3 +229,25 @@ def test_a_frozen_linear_weight_still_gets_its_dots_by_per_example_gradients():
         dots.append(riding.by_objective()["pairs"][0])
     assert model.mix.weight.grad is None
     torch.testing.assert_close(dots[1], dots[0], rtol=1e-10, atol=1e-12)
+
+
+class ByKeyword(Every):
+    """Every, its linear layer called by keyword (``mix(input=h)``)."""
+
+    def body(self, ids):
+        h = self.norm(self.embed(ids))
+        h = h + self.down(torch.relu(self.up(h)))
+        return self.scale(self.mix(input=h))
+
+
+def test_a_linear_layer_called_by_keyword_rides_as_one_called_by_position():
+    """The swapped forward takes its one input by name too: no call goes unrecorded."""
+    model, direction = model_and_direction()
+    keyword = ByKeyword().double()
+    keyword.load_state_dict(model.state_dict())
+    batch = make_batch(2)
+    with RidingDots(keyword, [direction], per_example=True) as riding:
+        riding.mark("pairs", keyword.pairs(batch)).mean().backward()
+    assert "mix.weight" in riding.reached
+    torch.testing.assert_close(riding.by_objective()["pairs"][0], loop_dots(model, model.pairs, batch, direction),
+                               rtol=1e-10, atol=1e-12)

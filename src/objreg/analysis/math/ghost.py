@@ -150,22 +150,33 @@ class GhostDots:
         self.owners: list[tuple[nn.Module, dict[str, str]]] = []  # hooked modules, their measured parameters
 
     def __enter__(self) -> GhostDots:
-        owner_name = {id(p): n for n, p in self.model.named_parameters() if n in self.direction}  # tied: once
+        modules = list(self.model.named_modules())
+        owner_name: dict[int, str] = {}  # a measured parameter → its name (a tied one: its first, as named_parameters)
         registered: dict[int, list[str]] = {}  # a parameter → the modules registering it
-        for path, module in self.model.named_modules():
-            for _, p in module.named_parameters(recurse=False):
+        for path, module in modules:
+            for local, p in module._parameters.items():
+                if p is None:
+                    continue
+                if id(p) not in registered:
+                    name = f"{path}.{local}" if path else local
+                    if name in self.direction:
+                        owner_name[id(p)] = name
                 registered.setdefault(id(p), []).append(path)
-        for path, module in self.model.named_modules():
-            params = module.named_parameters(recurse=False)
+        for path, module in modules:
             # A parameter a submodule registers too (Hugging Face's LM-head bias, tied to its
             # decoder's) is that submodule's to count: the parent's own jvp would count the
             # submodule's use of it a second time.
-            own = {local: owner_name[id(p)] for local, p in params
-                   if id(p) in owner_name and not _registered_below(path, registered[id(p)])}
+            own = {local: owner_name[id(p)] for local, p in module._parameters.items()
+                   if p is not None and id(p) in owner_name
+                   and not (len(registered[id(p)]) > 1 and _registered_below(path, registered[id(p)]))}
             if own:
-                self._handles.append(module.register_forward_hook(self._hook(own), with_kwargs=True))
+                self._attach(module, own)
                 self.owners.append((module, own))
         return self
+
+    def _attach(self, module: nn.Module, own: dict[str, str]) -> None:
+        """Start watching ``module``'s calls (a forward hook; a subclass may watch otherwise)."""
+        self._handles.append(module.register_forward_hook(self._hook(own), with_kwargs=True))
 
     def __exit__(self, *exc: object) -> None:
         for handle in self._handles:

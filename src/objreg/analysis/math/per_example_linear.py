@@ -43,19 +43,17 @@ class PerExampleLinear(torch.autograd.Function):
     """``y = x Wᵀ + b`` (``nn.Linear``'s layout) or ``y = x W + b`` (``transposed``: the
     ``Conv1D`` layout of ``transformers``' GPT-2), batch first; its forward is the module's own."""
 
+    # The forward takes ``ctx`` itself (no ``setup_context``): ``apply`` then skips binding the
+    # arguments to the signature, which costs more than the layer's own product at small sizes.
     @staticmethod
-    def forward(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, transposed: bool,
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, transposed: bool,
                 slot: Slot) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.transposed, ctx.slot, ctx.has_bias = transposed, slot, bias is not None
         if not transposed:
             return F.linear(x, weight, bias)
         out = torch.addmm(bias, x.view(-1, x.shape[-1]), weight) if bias is not None else x.view(-1, x.shape[-1]) @ weight
         return out.view(*x.shape[:-1], weight.shape[-1])
-
-    @staticmethod
-    def setup_context(ctx: Any, inputs: tuple, output: torch.Tensor) -> None:
-        x, weight, bias, transposed, slot = inputs
-        ctx.save_for_backward(x, weight)
-        ctx.transposed, ctx.slot, ctx.has_bias = transposed, slot, bias is not None
 
     @staticmethod
     @once_differentiable
@@ -72,7 +70,7 @@ class PerExampleLinear(torch.autograd.Function):
             grad_w = ((x2.T @ g2) if ctx.transposed else (g2.T @ x2)) if wants_w else None
             grad_b = g2.sum(0) if wants_b and ctx.has_bias else None
             return grad_x, grad_w, grad_b, None, None
-        grad_w = torch.zeros_like(weight) if wants_w else None
+        grad_w = None
         per_bias = g3.sum(1) if ctx.has_bias else None  # [B, out]
         step = max(1, CHUNK_ELEMENTS // weight.numel())
         for start in range(0, rows, step):
@@ -80,22 +78,23 @@ class PerExampleLinear(torch.autograd.Function):
             # Formed for a frozen weight too: its dots are asked for all the same.
             per_weight = xc.transpose(1, 2) @ gc if ctx.transposed else gc.transpose(1, 2) @ xc
             if wants_w:
-                grad_w += per_weight.sum(0)
+                grad_w = per_weight.sum(0) if grad_w is None else grad_w.add_(per_weight.sum(0))
             take(start, per_weight, per_bias[start: start + step] if per_bias is not None else None)
         grad_b = per_bias.sum(0) if wants_b and ctx.has_bias else None
         return grad_x, grad_w, grad_b, None, None
 
 
-def per_example_forward(module: nn.Module, transposed: bool, open_slot: Callable[[], Slot | None]
-                        ) -> Callable[..., Any]:
+def per_example_forward(module: nn.Module, transposed: bool,
+                        open_slot: Callable[[nn.Module, torch.Tensor], Slot | None]) -> Callable[..., Any]:
     """A replacement ``forward`` for ``module`` (an ``nn.Linear``, or a ``Conv1D`` when
-    ``transposed``) running :class:`PerExampleLinear` with the slot ``open_slot()`` gives; the
-    module's own forward where it gives None or the call is not ``module(x)``."""
+    ``transposed``) running :class:`PerExampleLinear` with the slot ``open_slot(module, x)``
+    gives; the module's own forward where it gives None."""
 
     def forward(*args: Any, **kwargs: Any) -> torch.Tensor:
-        slot = open_slot() if len(args) == 1 and not kwargs else None
+        inputs = (*args, *kwargs.values())  # one input, by position or by name
+        slot = open_slot(module, inputs[0]) if len(inputs) == 1 else None
         if slot is None:
             return type(module).forward(module, *args, **kwargs)
-        return PerExampleLinear.apply(args[0], module.weight, module.bias, transposed, slot)
+        return PerExampleLinear.apply(inputs[0], module.weight, module.bias, transposed, slot)
 
     return forward

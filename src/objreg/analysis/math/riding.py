@@ -91,7 +91,6 @@ class RidingDots(GhostDots):
         self.directions = list(directions)
         self.per_example = per_example
         self._patched: list[nn.Module] = []
-        self._slot: Slot | None = None  # the slot of the linear call running now
         self.pending: list[_Call] = []
         self.segments: list[_Segment] = []
         #: False while the caller runs computations of its own (their calls are not recorded).
@@ -99,15 +98,15 @@ class RidingDots(GhostDots):
         #: Names of the parameters whose modules' calls a marked objective's backward reached.
         self.reached: set[str] = set()
 
-    def __enter__(self) -> RidingDots:
-        super().__enter__()
-        if self.per_example:
-            for module, own in self.owners:
-                linear = type(module) is nn.Linear or _conv1d(module)
-                if linear and set(own) <= {"weight", "bias"} and "forward" not in vars(module):
-                    module.forward = per_example_forward(module, _conv1d(module), self._open_slot)
-                    self._patched.append(module)
-        return self
+    def _attach(self, module: nn.Module, own: dict[str, str]) -> None:
+        linear = type(module) is nn.Linear or _conv1d(module)
+        if self.per_example and linear and set(own) <= {"weight", "bias"} and "forward" not in vars(module):
+            # Its own forward records the call: no forward hook (a hook sends every call down
+            # nn.Module's slower path).
+            module.forward = per_example_forward(module, _conv1d(module), self._opener(own))
+            self._patched.append(module)
+        else:
+            super()._attach(module, own)
 
     def __exit__(self, *exc: object) -> None:
         for module in self._patched:
@@ -164,8 +163,7 @@ class RidingDots(GhostDots):
                 dots = [torch.full((segment.rows,), float("nan"), dtype=torch.float64) for _ in self.directions]
             else:
                 scale = segment.cotangent.double()
-                dots = [sum((p.double() for p in parts), torch.zeros(segment.rows, dtype=torch.float64,
-                                                                      device=scale.device)) / scale
+                dots = [(torch.stack(parts).double().sum(0) if parts else torch.zeros_like(scale)) / scale
                         for parts in segment.contributions]
             held = out.setdefault(segment.name, [[] for _ in self.directions])
             for column, d in zip(held, dots):
@@ -183,15 +181,26 @@ class RidingDots(GhostDots):
         """Whether a module call made now is the loop's own, to be recorded."""
         return not self._replaying and self.recording and torch.is_grad_enabled()
 
-    def _open_slot(self) -> Slot | None:
-        if not self._recorded():
-            return None
-        self._slot = Slot()
-        return self._slot
+    def _opener(self, own: dict[str, str]) -> Callable[[nn.Module, torch.Tensor], Slot | None]:
+        """The slot of a per-example linear call on ``x``, recorded as the loop's; None for a
+        call that is not the loop's (the module then runs its own forward)."""
+
+        def open_slot(module: nn.Module, x: torch.Tensor) -> Slot | None:
+            differentiated = x.requires_grad or any(p is not None and p.requires_grad
+                                                    for p in (module.weight, module.bias))
+            if not self._recorded() or not differentiated:  # nothing of this call is differentiated
+                return None
+            if x.dim() < 2:
+                raise GhostUnsupportedError(f"{type(module).__name__} was called on a tensor of shape {tuple(x.shape)}: "
+                                            f"dots riding the backward need every measured module to map the batch's rows")
+            slot = Slot()
+            self.pending.append(_Call(module, {}, (x,), {}, own, x.shape[0], slot=slot))
+            return slot
+
+        return open_slot
 
     def _hook(self, own: dict[str, str]) -> Callable[..., Any]:
         def forward_hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
-            slot, self._slot = self._slot, None
             if not self._recorded():
                 return
             if not isinstance(output, torch.Tensor) or not output.requires_grad:
@@ -205,10 +214,9 @@ class RidingDots(GhostDots):
                 raise GhostUnsupportedError(f"{type(module).__name__} returned a scalar: dots riding the backward "
                                             f"need every module owning measured parameters to map the batch's rows")
             call = _Call(module, {local: getattr(module, local) for local in own}, args, kwargs, own,
-                         output.shape[0], slot=slot)
+                         output.shape[0])
             self.pending.append(call)
-            if slot is None:
-                output.register_hook(lambda g: self._contract(call, g))
+            output.register_hook(lambda g: self._contract(call, g))
 
         return forward_hook
 
@@ -225,22 +233,32 @@ class RidingDots(GhostDots):
     def _taker(self, call: _Call) -> Callable[[int, torch.Tensor, torch.Tensor | None], None]:
         """Receives a per-example linear call's gradients chunk by chunk (its slot's ``take``)."""
         segment = call.segment
-        directions = [{local: direction.get(name) for local, name in call.own.items()} for direction in self.directions]
+        own = call.own
+        # Each direction's (weight flattened, bias) for this layer, None where it does not name it.
+        directions = [(direction[own["weight"]].reshape(-1) if "weight" in own and own["weight"] in direction else None,
+                       direction.get(own["bias"]) if "bias" in own else None) for direction in self.directions]
         parts: list[torch.Tensor] = []
 
         def take(first: int, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+            with torch.no_grad():
+                flat = weight.flatten(1)
+                dots = []
+                for v_weight, v_bias in directions:
+                    dot = bias @ v_bias.to(bias.dtype) if bias is not None and v_bias is not None else None
+                    if v_weight is not None:
+                        v_weight = v_weight.to(weight.dtype)
+                        dot = flat @ v_weight if dot is None else torch.addmv(dot, flat, v_weight)
+                    dots.append(dot if dot is not None else flat.new_zeros(len(weight)))
             if first == 0:
-                self.reached.update(call.own.values())
-                parts[:] = [torch.zeros(call.rows, dtype=weight.dtype, device=weight.device) for _ in directions]
+                self.reached.update(own.values())
+                if len(weight) < call.rows:  # in chunks: the rows are filled in as they come
+                    dots = [torch.cat([dot, dot.new_zeros(call.rows - len(weight))]) for dot in dots]
+                parts[:] = dots
                 for column, part in zip(segment.contributions, parts):
                     column.append(part)
-            with torch.no_grad():
-                for part, d in zip(parts, directions):
-                    rows = part[first: first + len(weight)]
-                    if d.get("weight") is not None:
-                        rows += weight.flatten(1) @ d["weight"].reshape(-1).to(weight.dtype)
-                    if bias is not None and d.get("bias") is not None:
-                        rows += bias @ d["bias"].to(bias.dtype)
+            else:
+                for part, dot in zip(parts, dots):
+                    part[first: first + len(dot)] = dot
 
         return take
 

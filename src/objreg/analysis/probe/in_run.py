@@ -100,6 +100,7 @@ class InRunAlignment:
         self.downstream.shared = self.shared
         self.records: list[InRunRecord] = []
         self.direction: Params | None = None  # ∇D in use
+        self._direction_norm = 0.0  # its norm, taken once per refresh (a pass over every parameter)
         self.age = 0  # steps ∇D has served since it was computed
         self._stale: Params | None = None  # the ∇D just replaced (ridden once more, for its staleness)
         self._staleness: dict[str, float] | None = None
@@ -158,17 +159,17 @@ class InRunAlignment:
             if riding is not None:
                 riding.recording = True
         fresh = {n: t.detach() for n, t in fresh.items()}
-        old, age = self.direction, self.age
+        old, age, norm_old = self.direction, self.age, self._direction_norm
+        norm_new = float(flat_norm(fresh))
         self._staleness = None
         if old is not None:
-            norm_old, norm_new = float(flat_norm(old)), float(flat_norm(fresh))
             change = {n: fresh[n] - old[n] for n in fresh}
             self._staleness = {
                 "age": age,
                 "cosine": float(flat_dot(old, fresh)) / (norm_old * norm_new) if norm_old * norm_new > 0 else 0.0,
                 "relative_change": float(flat_norm(change)) / norm_new if norm_new > 0 else 0.0,
             }
-        self._stale, self.direction, self.age = old, fresh, 0
+        self._stale, self.direction, self.age, self._direction_norm = old, fresh, 0, norm_new
 
     # -- attached to the optimizer ---------------------------------------------------------------
 
@@ -244,10 +245,11 @@ class InRunAlignment:
             self.shared = tuple(n for n in self.shared if n in reached)
             self.downstream.shared = self.shared
             self.direction = {n: self.direction[n] for n in self.shared}
+            self._direction_norm = float(flat_norm(self.direction))
         record: InRunRecord = {
             "step": self._step,
             "downstream_grad_age": self.age,
-            "downstream_grad_norm": float(flat_norm(self.direction)),
+            "downstream_grad_norm": self._direction_norm,
             "alignment": {name: _alignment(columns[0]) for name, columns in dots.items()},
             "staleness": None,
         }
