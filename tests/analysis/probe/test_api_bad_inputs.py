@@ -33,8 +33,11 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from click.testing import CliRunner
+from probe_stand_ins import BATCH as B
+from probe_stand_ins import EVAL, LENGTH, LOSSES, VOCAB, WEIGHTS, Tiny, make, pair_loss, task_loss, token_loss
+from probe_stand_ins import batch as batch_of
+from probe_stand_ins import step_batches as batches_from
 from torch import nn
 
 import objreg
@@ -57,68 +60,16 @@ from objreg.core.errors import (
 )
 from objreg.toolkit.taskfiles import read_classification
 
-VOCAB, WIDTH, LENGTH, B = 11, 6, 5, 8
-WEIGHTS = {"tokens": 1.0, "pairs": 0.5}
 SHARED = ["embed.weight", "body.weight", "body.bias"]
-LR = 0.05
+LR = 0.05  # the stand-ins' make() default
 TEXT = "The committee met on Tuesday. It approved the budget for the new library. Members argued about the roof."
 
 
-# -- the stand-ins: a bag-of-embeddings body, two pre-training heads and a downstream head -----------
-
-
-class Tiny(nn.Module):
-    def __init__(self, dropout: float = 0.0):
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, WIDTH)
-        self.body = nn.Linear(WIDTH, WIDTH)
-        self.drop = nn.Dropout(dropout)
-        self.token_head = nn.Linear(WIDTH, VOCAB)
-        self.pair_head = nn.Linear(WIDTH, 2)
-        self.task_head = nn.Linear(WIDTH, 3)
-
-    def hidden(self, ids: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(self.body(self.drop(self.embed(ids)))).mean(1)
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.token_head(self.hidden(ids))
-
-
-def token_loss(model, batch):
-    return F.cross_entropy(model.token_head(model.hidden(batch["ids"])), batch["y"], reduction="none")
-
-
-def pair_loss(model, batch):
-    return F.cross_entropy(model.pair_head(model.hidden(batch["ids"])), batch["y"], reduction="none")
-
-
-def task_loss(model, batch):
-    return F.cross_entropy(model.task_head(model.hidden(batch["ids"])), batch["y"], reduction="none")
-
-
-LOSSES = {"tokens": token_loss, "pairs": pair_loss}
-
-
-def batch_of(generator: torch.Generator, classes: int, size: int = B) -> dict[str, torch.Tensor]:
-    return {"ids": torch.randint(VOCAB, (size, LENGTH), generator=generator),
-            "y": torch.randint(classes, (size,), generator=generator)}
-
-
-EVAL = [batch_of(torch.Generator().manual_seed(99), 3, 12), batch_of(torch.Generator().manual_seed(98), 3, 5)]
+# -- the stand-ins (tests/analysis/probe_stand_ins.py) ------------------------------------------------
 
 
 def step_batches(seed: int = 1) -> dict[str, dict[str, torch.Tensor]]:
-    generator = torch.Generator().manual_seed(seed)
-    return {"tokens": batch_of(generator, VOCAB), "pairs": batch_of(generator, 2)}
-
-
-def make(optimizer: str = "sgd", dtype: torch.dtype = torch.float64, dropout: float = 0.0, lr: float = LR,
-         cls: type | None = None, **options: Any) -> tuple[Tiny, torch.optim.Optimizer]:
-    torch.manual_seed(0)
-    model = Tiny(dropout).to(dtype)
-    trained = [p for n, p in model.named_parameters() if not n.startswith("task_head")]
-    kinds = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}
-    return model, (cls or kinds[optimizer])(trained, lr=lr, **options)
+    return batches_from(torch.Generator().manual_seed(seed))
 
 
 def probe_of(model, opt, objectives=None, downstream=task_loss, eval_batches=EVAL, **options):

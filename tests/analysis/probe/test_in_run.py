@@ -4,65 +4,20 @@ independently; by hand, attached, beside an attached ``TransferProbe``, with a r
 
 from __future__ import annotations
 
+import probe_stand_ins as stand_ins
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
+from probe_stand_ins import EVAL, FIT, LOSSES, WEIGHTS, batch, pair_loss, step_batches, task_loss
 
 import objreg
 from objreg.analysis.probe.in_run import InRunAlignment
 from objreg.core.errors import InvalidParameterError, ProbeStateError
 
-VOCAB, WIDTH, LENGTH, BATCH = 11, 6, 5, 8
-LOSSES = {"tokens": lambda m, b: m.tokens(b), "pairs": lambda m, b: m.pairs(b)}
-WEIGHTS = {"tokens": 1.0, "pairs": 0.5}
-
-
-class Tiny(nn.Module):
-    """An embedding body shared by two pre-training heads and a downstream head."""
-
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, WIDTH)
-        self.body = nn.Linear(WIDTH, WIDTH)
-        self.token_head = nn.Linear(WIDTH, VOCAB)
-        self.pair_head = nn.Linear(WIDTH, 2)
-        self.task_head = nn.Linear(WIDTH, 3)
-
-    def hidden(self, ids):
-        return torch.tanh(self.body(self.embed(ids))).mean(1)
-
-    def tokens(self, batch):
-        return F.cross_entropy(self.token_head(self.hidden(batch["ids"])), batch["y"], reduction="none")
-
-    def pairs(self, batch):
-        return F.cross_entropy(self.pair_head(self.hidden(batch["ids"])), batch["y"], reduction="none")
-
-
-def task_loss(model, batch):
-    return F.cross_entropy(model.task_head(model.hidden(batch["ids"])), batch["y"], reduction="none")
-
-
-def batch(generator, classes, size=BATCH):
-    return {"ids": torch.randint(VOCAB, (size, LENGTH), generator=generator),
-            "y": torch.randint(classes, (size,), generator=generator)}
-
-
-EVAL = [batch(torch.Generator().manual_seed(99), 3, 12), batch(torch.Generator().manual_seed(98), 3, 5)]
-FIT = [batch(torch.Generator().manual_seed(97), 3, 16)]
 BODY = ("embed.weight", "body.weight", "body.bias")
 
 
 def make(optimizer="sgd"):
-    torch.manual_seed(0)
-    model = Tiny().double()
-    trained = [p for n, p in model.named_parameters() if not n.startswith("task_head")]
-    opt = torch.optim.SGD(trained, lr=0.5) if optimizer == "sgd" else torch.optim.Adam(trained, lr=0.05)
-    return model, opt
-
-
-def step_batches(generator):
-    return {"tokens": batch(generator, VOCAB), "pairs": batch(generator, 2)}
+    return stand_ins.make(optimizer, lr=0.5 if optimizer == "sgd" else 0.05)
 
 
 def by_hand(model, opt, alignment, steps):
@@ -244,11 +199,11 @@ def test_calls_out_of_order_are_refused():
     alignment = InRunAlignment(model, task_loss, eval_batches=EVAL)
     data = batch(torch.Generator().manual_seed(1), 2)
     with pytest.raises(ProbeStateError, match="inside `with alignment.step\\(\\):`"):
-        alignment.losses("pairs", model.pairs(data))
+        alignment.losses("pairs", pair_loss(model, data))
     with pytest.raises(ProbeStateError, match="no objective's losses were named"), alignment.step():
-        model.pairs(data).mean().backward()
+        pair_loss(model, data).mean().backward()
     with pytest.raises(ProbeStateError, match="no backward pass reached them"), alignment.step():
-        alignment.losses("pairs", model.pairs(data))
+        alignment.losses("pairs", pair_loss(model, data))
     alignment.attach(opt)
     with pytest.raises(ProbeStateError, match="not attached"), alignment.step():
         pass

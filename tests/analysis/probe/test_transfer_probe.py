@@ -10,6 +10,19 @@ import typing
 import pytest
 import torch
 import torch.nn.functional as F
+from probe_stand_ins import (
+    BATCH,
+    EVAL,
+    FIT,
+    VOCAB,
+    WEIGHTS,
+    batch,
+    make,
+    pair_loss,
+    step_batches,
+    task_loss,
+    token_loss,
+)
 from torch import nn
 
 import objreg
@@ -17,59 +30,6 @@ from objreg.analysis.math.curvature import HVP_METHODS
 from objreg.analysis.math.per_sample import METHODS as PER_SAMPLE_METHODS
 from objreg.analysis.records import StepRecord
 from objreg.core.errors import InvalidParameterError, ProbeStateError
-
-VOCAB, WIDTH, LENGTH, BATCH = 11, 6, 5, 8
-
-
-class Tiny(nn.Module):
-    """A bag-of-embeddings body shared by two pre-training heads and a downstream head."""
-
-    def __init__(self, dropout: float = 0.0):
-        super().__init__()
-        self.embed = nn.Embedding(VOCAB, WIDTH)
-        self.body = nn.Linear(WIDTH, WIDTH)
-        self.drop = nn.Dropout(dropout)
-        self.token_head = nn.Linear(WIDTH, VOCAB)
-        self.pair_head = nn.Linear(WIDTH, 2)
-        self.task_head = nn.Linear(WIDTH, 3)
-
-    def hidden(self, ids):
-        return torch.tanh(self.body(self.drop(self.embed(ids)))).mean(1)
-
-    def forward(self, ids):
-        hidden = self.hidden(ids)
-        return self.token_head(hidden), self.pair_head(hidden)
-
-
-def token_loss(model, batch):
-    return F.cross_entropy(model.token_head(model.hidden(batch["ids"])), batch["y"], reduction="none")
-
-
-def pair_loss(model, batch):
-    return F.cross_entropy(model.pair_head(model.hidden(batch["ids"])), batch["y"], reduction="none")
-
-
-def task_loss(model, batch):
-    return F.cross_entropy(model.task_head(model.hidden(batch["ids"])), batch["y"], reduction="none")
-
-
-def batch(generator, classes, size=BATCH):
-    return {"ids": torch.randint(VOCAB, (size, LENGTH), generator=generator),
-            "y": torch.randint(classes, (size,), generator=generator)}
-
-
-WEIGHTS = {"tokens": 1.0, "pairs": 0.5}
-EVAL = [batch(torch.Generator().manual_seed(99), 3, 12), batch(torch.Generator().manual_seed(98), 3, 5)]
-FIT = [batch(torch.Generator().manual_seed(97), 3, 16), batch(torch.Generator().manual_seed(96), 3, 9)]
-
-
-def make(optimizer="sgd", dropout=0.0, dtype=torch.float64, lr=0.05):
-    torch.manual_seed(0)
-    model = Tiny(dropout).to(dtype)
-    trained = [p for n, p in model.named_parameters() if not n.startswith("task_head")]
-    opt = {"sgd": lambda: torch.optim.SGD(trained, lr=lr), "adam": lambda: torch.optim.Adam(trained, lr=lr),
-           "adamw": lambda: torch.optim.AdamW(trained, lr=lr)}[optimizer]()
-    return model, opt
 
 
 def new_probe(model, opt, **options):
@@ -434,10 +394,6 @@ def test_bad_refit_arguments_give_one_clear_error(change, message):
 
 
 # -- checkpoints and the attached probe --------------------------------------------------------------
-
-
-def step_batches(generator):
-    return {"tokens": batch(generator, VOCAB), "pairs": batch(generator, 2)}
 
 
 def backward(model, opt, batches):
