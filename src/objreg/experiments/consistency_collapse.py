@@ -255,7 +255,8 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     plots = [_plot(curves, figures, setting)] if setting.out_dir is not None else []
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
                             _support.settings(config, setting, device, model=model_config or "default",
-                                              views="the first and the second half of each row's tokens"), plots)
+                                              views="two disjoint spans of each row: its tokens before a split point drawn uniformly per row, "
+                                                    "and the rest"), plots)
 
 
 def _plot(curves: dict, figures: dict, setting: Setting) -> str:
