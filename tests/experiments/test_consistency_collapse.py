@@ -142,3 +142,13 @@ def test_tiny_run_trains_both_arms_and_is_reproducible(tiny, tmp_path):
         assert stds["no_batch_norm"][arm]["trained"] < 0.01
     again = cc._run(config, Setting(quick=True, seed=1, device="cpu"), tiny, dict(TINY_MODEL))
     assert again.figures == result.figures
+
+
+def test_the_committed_result_was_run_with_the_views_and_steps_of_the_full_setting():
+    from objreg.experiments import docs
+
+    result = json.loads((docs.DOCS / "experiments" / "results" / "consistency-collapse.json").read_text())
+    for replicate in result["replicates"]:
+        assert replicate["setting"]["views"] == cc.VIEWS
+        assert replicate["setting"]["steps"] == cc.FULL.steps
+        assert replicate["figures"]["training_loss"]["simsiam"]["no_stop_gradient"]["steps"] == cc.FULL.steps

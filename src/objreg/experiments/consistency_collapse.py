@@ -15,21 +15,22 @@ sentences of one document of the default corpus, so the views share their docume
 like SimSiam's crops of one image, they can be matched only through what they are about, never
 exactly, and (the split drawn at random) not by their lengths. The default backbone (initialised
 from the seed) is followed by SimSiam's heads at the backbone's width ``d``: the representation
-``z`` = a projector on the mean of the backbone's output over the row's real tokens, ``BN(W₂ relu(BN(W₁ x)))``, and a bottleneck predictor ``p = W₄ relu(BN(W₃
-z))`` (width ``d/4``). Loss ``½ D(p₁, sg z₂) + ½ D(p₂, sg z₁)``, ``D`` the negative cosine.
-Two runs from one initialisation on the same rows and the same views, differing only in ``sg``:
-*stop-gradient* (``detach``) and *no stop-gradient* (identity). SimSiam's optimizer (SGD,
-momentum 0.9, weight decay 1e-4, lr 0.05; quick: 60 steps of 32 rows of 64 tokens; full: 400
-steps). The same pair is run again with every batch norm removed from the heads (reported, not
-part of the rule: SimSiam's §4.4 finds batch norm helps optimisation, not that it prevents
-collapse).
+``z`` = a projector on the mean of the backbone's output over the row's real tokens,
+``BN(W₂ relu(BN(W₁ x)))``, and a bottleneck predictor ``p = W₄ relu(BN(W₃ z))`` (width
+``d/4``). Loss ``½ D(p₁, sg z₂) + ½ D(p₂, sg z₁)``, ``D`` the negative cosine. Two runs from one
+initialisation on the same rows and the same views, differing only in ``sg``: *stop-gradient*
+(``detach``) and *no stop-gradient* (identity). SimSiam's optimizer (SGD, momentum 0.9, weight
+decay 1e-4, lr 0.05; quick: 60 steps of 32 rows of 64 tokens; full: 400 steps). The same pair is
+run again with every batch norm removed from the heads (reported, not part of the rule:
+SimSiam's §4.4 finds batch norm helps optimisation, not that it prevents collapse).
 
 **Measured.** On held-out rows (quick 256, full 512; the first view of each, split at its
-middle), the per-dimension standard deviation over rows of ``z/‖z‖``, averaged over dimensions and multiplied by ``√d``: about
-1 for an output spread like a random Gaussian vector, 0 for a collapsed one (SimSiam's Figure 2,
-middle, in units of ``1/√d``). Measured at initialisation and after training. It can also read near
-0 for a representation that did not collapse but is dominated by one shared direction (then all
-rows point the same way): that is what SimSiam's metric calls collapse too.
+middle), the per-dimension standard deviation over rows of ``z/‖z‖``, averaged over dimensions
+and multiplied by ``√d``: about 1 for an output spread like a random Gaussian vector, 0 for a
+collapsed one (SimSiam's Figure 2, middle, in units of ``1/√d``). Measured at initialisation and
+after training. It can also read near 0 for a representation that did not collapse but is
+dominated by one shared direction (then all rows point the same way): that is what SimSiam's
+metric calls collapse too.
 
 **Verdict.** The per-seed effect is the normalised std with the stop-gradient minus without it,
 after training. Over seeds: the mean effect with a 95% t-interval; ``confirmed`` when it lies
@@ -102,6 +103,8 @@ class Config:
 
 
 QUICK = Config(steps=60, eval_rows=256)
+#: What a result records as its views (the ``views`` of its setting).
+VIEWS = "two disjoint spans of each row: its tokens before a split point drawn uniformly per row, and the rest"
 FULL = Config(steps=400, eval_rows=512)
 
 
@@ -154,7 +157,7 @@ def two_views(rows: TokenBatch, pad_id: int,
     one, is the middle (the larger half first). The views share no token of the row, only its
     document: a representation can match them through what the document is about, not by copying
     tokens, and (the point drawn at random) not by their lengths either."""
-    halves: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+    spans: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
     for ids, padding in zip(rows.input_ids, rows.is_padding):
         framed = ids[~padding]  # [CLS] tokens [SEP]
         tokens = framed[1:-1]
@@ -164,10 +167,10 @@ def two_views(rows: TokenBatch, pad_id: int,
             split = (len(tokens) + 1) // 2
         else:
             split = int(torch.randint(1, len(tokens), (1,), generator=generator))
-        for view, part in zip(halves, (tokens[:split], tokens[split:])):
+        for view, part in zip(spans, (tokens[:split], tokens[split:])):
             view.append(torch.cat([framed[:1], part, framed[-1:]]))
     documents = rows.document_ids[:, 0]
-    return _framed(halves[0], documents, pad_id), _framed(halves[1], documents, pad_id)
+    return _framed(spans[0], documents, pad_id), _framed(spans[1], documents, pad_id)
 
 
 def _framed(rows: list[torch.Tensor], documents: torch.Tensor, pad_id: int) -> CorruptedBatch:
@@ -255,8 +258,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     plots = [_plot(curves, figures, setting)] if setting.out_dir is not None else []
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
                             _support.settings(config, setting, device, model=model_config or "default",
-                                              views="two disjoint spans of each row: its tokens before a split point drawn uniformly per row, "
-                                                    "and the rest"), plots)
+                                              views=VIEWS), plots)
 
 
 def _plot(curves: dict, figures: dict, setting: Setting) -> str:
