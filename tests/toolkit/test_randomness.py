@@ -15,7 +15,7 @@ from objreg.toolkit.randomness import STREAMS, stream, stream_seed
 # recorded results (the default job, every experiment's figures) were drawn from these.
 OLD_NUMBERS = {
     "data": 1,  # analysis.run.loop, experiments._support.train, consistency_collapse.train
-    "corruption": 2,  # the same three
+    "corruption": 2,  # analysis.run.loop, experiments._support.train (consistency_collapse too until its split views)
     "heldout_rows": 3,  # experiments._support.heldout_rows, hard_negatives, weight_tying, consistency_collapse
     "char_noise": 3,  # analysis.run.prepare
     "heldout_corruption": 4,  # entropy_masking, hard_negatives, weight_tying, inverse_frequency, fim, label smoothing
@@ -34,6 +34,7 @@ NEW_NUMBERS = {
     "moment_rounding": 13,  # analysis.math.shapley: stochastic rounding of bfloat16 coalition moments
     "screen_random_order": 20,  # analysis.run.screen (the random-order baseline, drawn after every run)
     "entropy_heldout_corruption": 30,  # entropy_masking: held-out masks drawn by the entropy twin's policy
+    "collapse_views": 45,  # consistency_collapse: the split point of each training row (beside data only)
 }
 
 

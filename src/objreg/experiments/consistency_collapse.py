@@ -8,25 +8,29 @@ optimizer finds the degenerate solution at once (loss −1, the per-dimension st
 l2-normalised output goes to 0), with it the std stays near ``1/√d``. Source: Chen & He 2021,
 Exploring Simple Siamese Representation Learning (SimSiam), CVPR 2021, §4.1 and Figure 2.
 
-**Setting.** The augmentation is objreg's own consistency modifier's: two independently masked
-views of each row (``mlm`` with ``consistency_weight > 0`` draws both, 15% masked each). The
-default backbone (initialised from the seed) is followed by SimSiam's heads at the backbone's
-width ``d``: the representation ``z`` = a projector on the mean of the backbone's output over the
-row's real tokens, ``BN(W₂ relu(BN(W₁ x)))``, and a bottleneck predictor ``p = W₄ relu(BN(W₃
-z))`` (width ``d/4``). Loss ``½ D(p₁, sg z₂) + ½ D(p₂, sg z₁)``, ``D`` the negative cosine.
-Two runs from one initialisation on the same rows and the same views, differing only in ``sg``:
-*stop-gradient* (``detach``) and *no stop-gradient* (identity). SimSiam's optimizer (SGD,
-momentum 0.9, weight decay 1e-4, lr 0.05; quick: 60 steps of 32 rows of 64 tokens; full: 200
-steps). The same pair is run again with every batch norm removed from the heads (reported, not
-part of the rule: SimSiam's §4.4 finds batch norm helps optimisation, not that it prevents
-collapse).
+**Setting.** The two views of a row are two disjoint spans of it: its tokens before a split point
+drawn uniformly for each row (each view keeps at least one token) and its tokens from that point
+on, each framed ``[CLS] … [SEP]`` as a row of its own (:func:`two_views`). Rows hold consecutive
+sentences of one document of the default corpus, so the views share their document and no token:
+like SimSiam's crops of one image, they can be matched only through what they are about, never
+exactly, and (the split drawn at random) not by their lengths. The default backbone (initialised
+from the seed) is followed by SimSiam's heads at the backbone's width ``d``: the representation
+``z`` = a projector on the mean of the backbone's output over the row's real tokens,
+``BN(W₂ relu(BN(W₁ x)))``, and a bottleneck predictor ``p = W₄ relu(BN(W₃ z))`` (width
+``d/4``). Loss ``½ D(p₁, sg z₂) + ½ D(p₂, sg z₁)``, ``D`` the negative cosine. Two runs from one
+initialisation on the same rows and the same views, differing only in ``sg``: *stop-gradient*
+(``detach``) and *no stop-gradient* (identity). SimSiam's optimizer (SGD, momentum 0.9, weight
+decay 1e-4, lr 0.05; quick: 60 steps of 32 rows of 64 tokens; full: 400 steps). The same pair is
+run again with every batch norm removed from the heads (reported, not part of the rule:
+SimSiam's §4.4 finds batch norm helps optimisation, not that it prevents collapse).
 
-**Measured.** On held-out rows (quick 256, full 512; one masked view each), the per-dimension
-standard deviation over rows of ``z/‖z‖``, averaged over dimensions and multiplied by ``√d``: about
-1 for an output spread like a random Gaussian vector, 0 for a collapsed one (SimSiam's Figure 2,
-middle, in units of ``1/√d``). Measured at initialisation and after training. It can also read near
-0 for a representation that did not collapse but is dominated by one shared direction (then all
-rows point the same way): that is what SimSiam's metric calls collapse too.
+**Measured.** On held-out rows (quick 256, full 512; the first view of each, split at its
+middle), the per-dimension standard deviation over rows of ``z/‖z‖``, averaged over dimensions
+and multiplied by ``√d``: about 1 for an output spread like a random Gaussian vector, 0 for a
+collapsed one (SimSiam's Figure 2, middle, in units of ``1/√d``). Measured at initialisation and
+after training. It can also read near 0 for a representation that did not collapse but is
+dominated by one shared direction (then all rows point the same way): that is what SimSiam's
+metric calls collapse too.
 
 **Verdict.** The per-seed effect is the normalised std with the stop-gradient minus without it,
 after training. Over seeds: the mean effect with a 95% t-interval; ``confirmed`` when it lies
@@ -41,7 +45,10 @@ the stop-gradient: the verdict is then ``inconclusive (precondition failed: …)
 
 objreg's own consistency modifier (``consistency_weight``) is a KL between the two views' MLM
 predictions, always added to the MLM loss, which anchors the output: collapse cannot arise there
-with or without ``sg``, so the mechanism is tested in SimSiam's pure form, on objreg's views.
+with or without ``sg``, so the mechanism is tested in SimSiam's pure form. Until 2026-11-27 the
+views were that modifier's (two 15% maskings of one row, 200 steps): they share most of their
+tokens, every run matched them exactly (loss −1) without collapsing, and the positive control
+failed.
 """
 
 from __future__ import annotations
@@ -54,7 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from objreg import CorruptedBatch, Objective
+from objreg import IGNORE_INDEX, CorruptedBatch, DataError, Objective, TokenBatch
 from objreg.analysis.parallel.devices import resolve_device
 from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
@@ -96,7 +103,9 @@ class Config:
 
 
 QUICK = Config(steps=60, eval_rows=256)
-FULL = Config(steps=200, eval_rows=512)
+#: What a result records as its views (the ``views`` of its setting).
+VIEWS = "two disjoint spans of each row: its tokens before a split point drawn uniformly per row, and the rest"
+FULL = Config(steps=400, eval_rows=512)
 
 
 class Siamese(nn.Module):
@@ -140,28 +149,57 @@ def normalised_std(z: torch.Tensor) -> float:
     return float(unit.std(dim=0, unbiased=False).mean() * math.sqrt(z.shape[1]))
 
 
-def two_views(objective: Objective, rows, generator: torch.Generator, device) -> tuple[CorruptedBatch, torch.Tensor]:
-    """Two independently masked views of ``rows`` by the consistency modifier: the batch (view 1)
-    and view 2's input ids."""
-    batch = objective.corrupt(rows, generator).to(device)
-    return batch, batch.extras["consistency_input_ids"]
+def two_views(rows: TokenBatch, pad_id: int,
+              generator: torch.Generator | None = None) -> tuple[CorruptedBatch, CorruptedBatch]:
+    """The two views of each row: its tokens before a split point and its tokens from it on, each
+    framed ``[CLS] … [SEP]`` like a row of its own and right-padded with ``pad_id``. The split
+    point is drawn uniformly from ``generator`` (each view keeps at least one token), or, without
+    one, is the middle (the larger half first). The views share no token of the row, only its
+    document: a representation can match them through what the document is about, not by copying
+    tokens, and (the point drawn at random) not by their lengths either."""
+    spans: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
+    for ids, padding in zip(rows.input_ids, rows.is_padding):
+        framed = ids[~padding]  # [CLS] tokens [SEP]
+        tokens = framed[1:-1]
+        if len(tokens) < 2:
+            raise DataError(f"a row with {len(tokens)} token(s) cannot be split into two views: each needs one")
+        if generator is None:
+            split = (len(tokens) + 1) // 2
+        else:
+            split = int(torch.randint(1, len(tokens), (1,), generator=generator))
+        for view, part in zip(spans, (tokens[:split], tokens[split:])):
+            view.append(torch.cat([framed[:1], part, framed[-1:]]))
+    documents = rows.document_ids[:, 0]
+    return _framed(spans[0], documents, pad_id), _framed(spans[1], documents, pad_id)
+
+
+def _framed(rows: list[torch.Tensor], documents: torch.Tensor, pad_id: int) -> CorruptedBatch:
+    """``rows`` (each ``[CLS] … [SEP]``) as one right-padded batch, positions from 0, no labels."""
+    T = max(len(row) for row in rows)
+    input_ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    is_padding = torch.ones(len(rows), T, dtype=torch.bool)
+    for i, row in enumerate(rows):
+        input_ids[i, : len(row)] = row
+        is_padding[i, : len(row)] = False
+    return CorruptedBatch(input_ids=input_ids, labels=torch.full_like(input_ids, IGNORE_INDEX), is_padding=is_padding,
+                          position_ids=torch.arange(T).expand(len(rows), T).clone(),
+                          document_ids=torch.where(is_padding, -1, documents.unsqueeze(1)), extras={})
 
 
 def train(siamese: Siamese, objective: Objective, text: _support.DefaultText, config: Config, seed: int,
           stop_gradient: bool, device) -> list[float]:
-    """``config.steps`` SGD steps of the SimSiam loss; rows and views from generators seeded by
-    ``seed`` only, so both arms see the same views in the same order."""
-    data = stream(seed, "data")
-    views = stream(seed, "corruption")
+    """``config.steps`` SGD steps of the SimSiam loss; rows and split points from generators
+    seeded by ``seed`` only, so both arms see the same views in the same order."""
+    data, splits = stream(seed, "data"), stream(seed, "collapse_views")
     # SimSiam's optimizer: SGD, momentum 0.9, weight decay 1e-4.
     optimizer = torch.optim.SGD(siamese.parameters(), lr=config.lr, momentum=0.9, weight_decay=1e-4)
     siamese.train()
     losses = []
     for _ in range(config.steps):
-        batch, second = two_views(objective, text.train.sample(config.batch_size, data), views, device)
-        mask = objective.attention_mask(batch)
-        z1, p1 = siamese(batch.input_ids, mask, batch.position_ids, batch.is_padding)
-        z2, p2 = siamese(second, mask, batch.position_ids, batch.is_padding)
+        first, second = (view.to(device) for view in two_views(text.train.sample(config.batch_size, data),
+                                                                text.train.vocab.pad_id, splits))
+        z1, p1 = siamese(first.input_ids, objective.attention_mask(first), first.position_ids, first.is_padding)
+        z2, p2 = siamese(second.input_ids, objective.attention_mask(second), second.position_ids, second.is_padding)
         loss = simsiam_loss(z1, p1, z2, p2, stop_gradient)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -173,7 +211,7 @@ def train(siamese: Siamese, objective: Objective, text: _support.DefaultText, co
 
 @torch.no_grad()
 def representation(siamese: Siamese, objective: Objective, batch: CorruptedBatch) -> torch.Tensor:
-    """``z`` ``[N, d]`` of the rows of ``batch`` (view 1)."""
+    """``z`` ``[N, d]`` of the rows of ``batch`` (a view)."""
     mask = objective.attention_mask(batch)
     return siamese(batch.input_ids, mask, batch.position_ids, batch.is_padding)[0]
 
@@ -187,9 +225,10 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     device = resolve_device(setting.device)
     setting.status("loading the default corpus")
     text = text or _support.default_text(config.seq_len)
-    objective = text.registry.get("mlm", vocab=text.train.vocab, consistency_weight=1.0)
+    # The objective gives the backbone and its attention mask only; the loss is SimSiam's.
+    objective = text.registry.get("mlm", vocab=text.train.vocab)
     rows = text.heldout.sample(config.eval_rows, stream(setting.seed, "heldout_rows"))
-    held_out, _ = two_views(objective, rows, stream(setting.seed, "heldout_corruption"), device)
+    held_out = two_views(rows, text.heldout.vocab.pad_id)[0].to(device)
     figures: dict = {"normalised_std": {}, "training_loss": {}}
     curves: dict = {}
     for heads, batch_norm in HEADS.items():
@@ -219,7 +258,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     plots = [_plot(curves, figures, setting)] if setting.out_dir is not None else []
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
                             _support.settings(config, setting, device, model=model_config or "default",
-                                              views="mlm consistency modifier: two independent 15% maskings"), plots)
+                                              views=VIEWS), plots)
 
 
 def _plot(curves: dict, figures: dict, setting: Setting) -> str:

@@ -10,7 +10,7 @@ number below, keeps the streams of different seeds apart):
 name                                  number  what it feeds
 ====================================  ======  ==============================================================
 ``data``                              1       training rows (the analyzer's loop, experiments' training loops)
-``corruption``                        2       the corruption of training rows (SimSiam's two views too)
+``corruption``                        2       the corruption of training rows
 ``heldout_rows``                      3       the held-out rows an experiment measures every model on
 ``char_noise``                        3       ``objreg analyze --char-noise`` on the pre-training text
 ``heldout_corruption``                4       the corruption of those held-out rows
@@ -26,6 +26,7 @@ name                                  number  what it feeds
 ``moment_rounding``                   13      stochastic rounding of bfloat16 Adam coalition moments
 ``screen_random_order``               20      ``objreg screen``'s random-order baseline
 ``entropy_heldout_corruption``        30      entropy-masking's held-out masks drawn by the entropy policy
+``collapse_views``                    45      consistency-collapse's split of each training row into its two views
 ====================================  ======  ==============================================================
 
 Names sharing a number are never drawn together in one run: each reads right where it is used,
@@ -57,6 +58,7 @@ STREAMS: dict[str, int] = {
     "moment_rounding": 13,
     "screen_random_order": 20,
     "entropy_heldout_corruption": 30,
+    "collapse_views": 45,
 }
 
 
