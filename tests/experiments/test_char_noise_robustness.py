@@ -49,7 +49,7 @@ def test_tiny_run_is_reproducible(tokenizer, texts, tmp_path):
     text = _support.DefaultText(registry, objreg.TokenizedCorpus(tokenizer, train, 32),
                                 objreg.TokenizedCorpus(tokenizer, heldout, 32))
     data = (texts * 5, torch.tensor([i % 2 for i in range(30)]))
-    config = cn.Config(steps=6, seq_len=32, batch_size=4, probe_seq_len=40)
+    config = cn.Config(steps=6, seq_len=32, batch_size=4, probe_seq_len=40, finetune_epochs=1)
     result = cn._run(config, Setting(quick=True, seed=1, out_dir=tmp_path, device="cpu"), text, dict(TINY_MODEL),
                      data)
     json.dumps(result.to_dict(), allow_nan=False)
@@ -59,6 +59,8 @@ def test_tiny_run_is_reproducible(tokenizer, texts, tmp_path):
         assert figures["drop"][arm] == pytest.approx(figures["accuracy"][arm]["clean"]
                                                      - figures["accuracy"][arm]["misspelled"])
     assert figures["effect"] == pytest.approx(figures["drop"]["clean"] - figures["drop"]["char_noise"])
+    assert all(set(figures["probe_accuracy"][arm]) == {"clean", "misspelled"} for arm in cn.ARMS)
+    assert cn.PRECONDITIONS[0].measure(figures, None) == min(figures["accuracy"][arm]["clean"] for arm in cn.ARMS)
     # The two arms trained on different text: their training losses differ.
     assert figures["training_loss"]["clean"] != figures["training_loss"]["char_noise"]
     again = cn._run(config, Setting(quick=True, seed=1, device="cpu"), text, dict(TINY_MODEL), data)

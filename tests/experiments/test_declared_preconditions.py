@@ -24,7 +24,9 @@ def _seed(module, effect: float, figures: dict, seed: int) -> ExperimentResult:
 
 
 def _rtd_figures(final: dict[str, float]) -> dict:
-    return {"probe_accuracy": {"untrained": 0.5, **{arm: [0.5, 0.55, final[arm]] for arm in rtd.ARMS}}}
+    # The frozen probe's curve (deciding nothing) sits at chance; the fine-tuned accuracies decide.
+    return {"accuracy": {"untrained": 0.55, **final},
+            "probe_accuracy": {"untrained": 0.5, **{arm: [0.5, 0.52, 0.54] for arm in rtd.ARMS}}}
 
 
 def _cn_figures(clean: dict[str, float]) -> dict:
@@ -37,7 +39,7 @@ def _cc_figures(no_sg: float) -> dict:
 
 
 @pytest.mark.parametrize(("module", "figures", "expected", "passes"), [
-    # rtd-efficiency: the lowest arm's probe at the last checkpoint.
+    # rtd-efficiency: the lowest arm's fine-tuned accuracy after pre-training.
     (rtd, _rtd_figures({"mlm": 0.71, "rtd": 0.64, "rtd15": 0.68}), 0.64, True),
     (rtd, _rtd_figures({"mlm": 0.71, "rtd": 0.75, "rtd15": 0.58}), 0.58, False),
     # char-noise-robustness: the lower clean-text accuracy of the two models.

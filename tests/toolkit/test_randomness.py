@@ -34,6 +34,7 @@ NEW_NUMBERS = {
     "moment_rounding": 13,  # analysis.math.shapley: stochastic rounding of bfloat16 coalition moments
     "screen_random_order": 20,  # analysis.run.screen (the random-order baseline, drawn after every run)
     "entropy_heldout_corruption": 30,  # entropy_masking: held-out masks drawn by the entropy twin's policy
+    "finetune": 40,  # experiments.sst2_finetune: the SST-2 fine-tune's head init and batch order
     "collapse_views": 45,  # consistency_collapse: the split point of each training row (beside data only)
 }
 

@@ -1,6 +1,7 @@
-"""A linear probe on SST-2: how much sentiment a backbone's mean-pooled output carries, the
-downstream measurement of the experiments that compare pre-training objectives on real data
-(rtd-efficiency, char-noise-robustness)."""
+"""A linear probe on SST-2: how much sentiment a backbone's frozen mean-pooled output carries.
+entropy-masking reports it; rtd-efficiency and char-noise-robustness report it beside their
+reading, a fine-tune on the same folds (:mod:`objreg.experiments.sst2_finetune`), since at these
+model sizes the frozen probe sits near chance."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ SST2 = "glue/SST-2/dev.tsv"
 #: A probe reads a model's sentiment only where it beats chance by a margin: chance is 0.5 on these
 #: balanced labels (the majority class is 444 of 872, 0.509), and a margin of 0.1 keeps the noise of
 #: one 872-sentence cross-validation (a standard error of about 0.017) far from deciding it. The
-#: precondition of the experiments that read this probe.
+#: precondition of the experiments that read SST-2 (now through the fine-tune).
 PROBE_ABOVE_CHANCE = 0.6
 
 

@@ -26,6 +26,7 @@ name                                  number  what it feeds
 ``moment_rounding``                   13      stochastic rounding of bfloat16 Adam coalition moments
 ``screen_random_order``               20      ``objreg screen``'s random-order baseline
 ``entropy_heldout_corruption``        30      entropy-masking's held-out masks drawn by the entropy policy
+``finetune``                          40      the SST-2 fine-tune's head init and batch order (``experiments.sst2_finetune``)
 ``collapse_views``                    45      consistency-collapse's split of each training row into its two views
 ====================================  ======  ==============================================================
 
@@ -58,6 +59,7 @@ STREAMS: dict[str, int] = {
     "moment_rounding": 13,
     "screen_random_order": 20,
     "entropy_heldout_corruption": 30,
+    "finetune": 40,
     "collapse_views": 45,
 }
 
