@@ -3,9 +3,9 @@ it is trained on the task, the protocol of the papers the SST-2 experiments test
 GLUE after fine-tuning; Pruthi et al. attack a fine-tuned BERT classifier).
 
 Per fold, a copy of the backbone plus a linear head on its mean-pooled output is trained end to
-end on the other folds' sentences and predicts the held-out fold. The folds are those of
-:func:`objreg.experiments.sst2_probe.probe_correct` for the same seed, so the frozen probe and the
-fine-tune are read on the same splits.
+end on the other folds' sentences and predicts the held-out fold. The folds are the frozen probe's
+(:func:`objreg.experiments.sst2_probe.cross_validation_folds` of the same seed), so the probe and
+the fine-tune are read on the same splits.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from objreg import InvalidParameterError, Tokenizer, masks
+from objreg import InvalidParameterError, Tokenizer
+from objreg.experiments.sst2_probe import cross_validation_folds, mean_pooled
 from objreg.toolkit.randomness import stream
 
 
@@ -53,19 +54,15 @@ class Classifier(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, is_padding: torch.Tensor, document_ids: torch.Tensor) -> torch.Tensor:
         """Logits ``[B, C]``."""
-        mask = masks.AttentionMask.bidirectional(is_padding, document_ids).dense()
-        hidden = self.backbone.encode(input_ids, mask, masks.positions_within_documents(document_ids))  # (B, T, H)
-        real = (~is_padding).unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * real).sum(dim=1) / real.sum(dim=1).clamp(min=1)  # (B, H)
-        return self.head(pooled)
+        return self.head(mean_pooled(self.backbone, input_ids, is_padding, document_ids))
 
 
 def finetune_correct(model: nn.Module, tokenizer: Tokenizer, texts: Sequence[str], labels: torch.Tensor,
                      folds: int, seed: int, seq_len: int, device, schedule: FineTune = FineTune(),
                      also: Sequence[Sequence[str]] = (), chunk: int = 128) -> list[torch.Tensor]:
     """Cross-validated correctness ``[N]`` bool of fine-tuning ``model``'s backbone with a linear
-    head on ``texts``: for each of ``folds`` folds (the permutation of
-    :func:`~objreg.experiments.sst2_probe.probe_correct` for ``seed``), a copy of the backbone and
+    head on ``texts``: for each of ``folds`` folds (the frozen probe's,
+    :func:`~objreg.experiments.sst2_probe.cross_validation_folds` of ``seed``), a copy of the backbone and
     a fresh head trained on the other folds (``schedule``; the head's init and the batch order
     from the ``finetune`` stream of ``seed``), then the held-out fold predicted. Returned for
     ``texts`` and then for every text list in ``also`` (other versions of the same rows, e.g.
@@ -81,13 +78,10 @@ def finetune_correct(model: nn.Module, tokenizer: Tokenizer, texts: Sequence[str
     if any(len(other) != n for other in also):
         raise InvalidParameterError(f"every text list in `also` must have {n} texts, one per row of `texts`")
     views = [tokenizer.batch_from_texts(list(view), seq_len) for view in (texts, *also)]
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     generator = stream(seed, "finetune")
     classes = int(labels.max()) + 1
     correct = [torch.zeros(n, dtype=torch.bool) for _ in views]
-    for fold in order.chunk(folds):
-        train = torch.ones(n, dtype=torch.bool)
-        train[fold] = False
+    for fold, train in cross_validation_folds(n, folds, seed):
         classifier = Classifier(copy.deepcopy(model).float(), model.hidden_size, classes, generator).to(device)
         fit(classifier, views[0], labels, train.nonzero().squeeze(1), schedule, generator, device)
         classifier.eval()

@@ -5,7 +5,7 @@ model sizes the frozen probe sits near chance."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -38,6 +38,15 @@ def sst2(path: Path | None = None) -> tuple[list[str], torch.Tensor]:
     return [r.text for r in records], torch.tensor([labels.index(r.label) for r in records])
 
 
+def mean_pooled(backbone: nn.Module, input_ids: torch.Tensor, is_padding: torch.Tensor,
+                document_ids: torch.Tensor) -> torch.Tensor:
+    """``[B, H]``: the mean of the backbone's (bidirectional) output over each row's real tokens."""
+    mask = masks.AttentionMask.bidirectional(is_padding, document_ids).dense()
+    hidden = backbone.encode(input_ids, mask, masks.positions_within_documents(document_ids))
+    real = (~is_padding).unsqueeze(-1).to(hidden.dtype)
+    return (hidden * real).sum(dim=1) / real.sum(dim=1).clamp(min=1)
+
+
 @torch.no_grad()
 def sentence_features(model: nn.Module, tokenizer: Tokenizer, texts: Sequence[str], seq_len: int, device,
                       chunk: int = 128) -> torch.Tensor:
@@ -46,28 +55,32 @@ def sentence_features(model: nn.Module, tokenizer: Tokenizer, texts: Sequence[st
     out = []
     for start in range(0, len(texts), chunk):
         batch = tokenizer.batch_from_texts(list(texts[start:start + chunk]), seq_len).to(device)
-        mask = masks.AttentionMask.bidirectional(batch.is_padding, batch.document_ids).dense()
-        hidden = model.encode(batch.input_ids, mask, masks.positions_within_documents(batch.document_ids))
-        real = (~batch.is_padding).unsqueeze(-1).to(hidden.dtype)
-        out.append(((hidden * real).sum(dim=1) / real.sum(dim=1).clamp(min=1)).double().cpu())
+        out.append(mean_pooled(model, batch.input_ids, batch.is_padding, batch.document_ids).double().cpu())
     return torch.cat(out)
+
+
+def cross_validation_folds(n: int, folds: int, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The ``folds`` folds of ``n`` rows (a permutation from ``seed``): each fold's held-out row
+    indices and the ``[n]`` bool mask of the rows it trains on. The frozen probe and the fine-tune
+    (:mod:`objreg.experiments.sst2_finetune`) split by it, so both are read on the same folds."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    for fold in order.chunk(folds):
+        train = torch.ones(n, dtype=torch.bool)
+        train[fold] = False
+        yield fold, train
 
 
 def probe_correct(features: torch.Tensor, labels: torch.Tensor, folds: int, seed: int,
                   also: Sequence[torch.Tensor] = (), l2: float = 1e-2) -> list[torch.Tensor]:
     """Cross-validated correctness ``[N]`` bool of a logistic-regression probe on ``features``
-    ``[N, H]``: for each of ``folds`` folds (a permutation from ``seed``), fit on the others
+    ``[N, H]``: for each of ``folds`` folds (:func:`cross_validation_folds`), fit on the others
     (standardised with their statistics; mean log-loss + ``l2``·‖w‖², L-BFGS in float64) and
     predict the held-out fold. Returned for ``features`` and then for every tensor in ``also``
     (other versions of the same rows, e.g. misspelled, predicted by the probe fitted on ``features``)."""
-    n = len(labels)
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     views = [features, *also]
-    correct = [torch.zeros(n, dtype=torch.bool) for _ in views]
+    correct = [torch.zeros(len(labels), dtype=torch.bool) for _ in views]
     classes = int(labels.max()) + 1
-    for fold in order.chunk(folds):
-        train = torch.ones(n, dtype=torch.bool)
-        train[fold] = False
+    for fold, train in cross_validation_folds(len(labels), folds, seed):
         x = features[train]
         mean, std = x.mean(dim=0), x.std(dim=0).clamp(min=1e-8)
         weight, bias = fit_logistic((x - mean) / std, labels[train], classes, l2)
