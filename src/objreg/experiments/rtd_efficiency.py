@@ -152,9 +152,8 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     effect = _support.finite(min(gaps.values()))
     figures["effect"] = effect
     verdict = verdict_from_interval(effect, effect, THRESHOLD, DIRECTION)
-    final = acc
-    reason = (f"SST-2 fine-tuned accuracy after {config.steps} steps: rtd {final['rtd']:.3f}, mlm {final['mlm']:.3f}, "
-              f"rtd15 {final['rtd15']:.3f} (untrained {figures['accuracy']['untrained']:.3f}); gaps "
+    reason = (f"SST-2 fine-tuned accuracy after {config.steps} steps: rtd {acc['rtd']:.3f}, mlm {acc['mlm']:.3f}, "
+              f"rtd15 {acc['rtd15']:.3f} (untrained {acc['untrained']:.3f}); gaps "
               f"rtd-mlm {gaps['rtd_minus_mlm']:+.3f}, rtd-rtd15 {gaps['rtd_minus_rtd15']:+.3f}; effect "
               f"{effect:+.3f} (one seed: no between-seed interval)")
     plots = [_plot(figures, config, setting)] if setting.out_dir is not None else []
