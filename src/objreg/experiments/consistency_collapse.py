@@ -67,6 +67,7 @@ from objreg.experiments import _support
 from objreg.experiments.base import ExperimentResult, Setting, save_figure, verdict_from_interval
 from objreg.experiments.preconditions import Precondition
 from objreg.toolkit.randomness import stream
+from objreg.toolkit.seq2seq import compact, row_document
 
 NAME = "consistency-collapse"
 CLAIM = ("In siamese consistency learning the stop-gradient prevents collapse: without it the output collapses (the "
@@ -157,33 +158,31 @@ def two_views(rows: TokenBatch, pad_id: int,
     one, is the middle (the larger half first). The views share no token of the row, only its
     document: a representation can match them through what the document is about, not by copying
     tokens, and (the point drawn at random) not by their lengths either."""
-    spans: tuple[list[torch.Tensor], list[torch.Tensor]] = ([], [])
-    for ids, padding in zip(rows.input_ids, rows.is_padding):
-        framed = ids[~padding]  # [CLS] tokens [SEP]
-        tokens = framed[1:-1]
-        if len(tokens) < 2:
-            raise DataError(f"a row with {len(tokens)} token(s) cannot be split into two views: each needs one")
-        if generator is None:
-            split = (len(tokens) + 1) // 2
-        else:
-            split = int(torch.randint(1, len(tokens), (1,), generator=generator))
-        for view, part in zip(spans, (tokens[:split], tokens[split:])):
-            view.append(torch.cat([framed[:1], part, framed[-1:]]))
-    documents = rows.document_ids[:, 0]
-    return _framed(spans[0], documents, pad_id), _framed(spans[1], documents, pad_id)
+    real = ~rows.is_padding
+    tokens = (real.sum(dim=1) - 2).clamp(min=0)  # [B]: between [CLS] and [SEP]
+    short = (tokens < 2).nonzero()
+    if len(short):
+        raise DataError(f"a row with {int(tokens[short[0, 0]])} token(s) cannot be split into two views: each needs one")
+    if generator is None:
+        split = (tokens + 1) // 2
+    else:  # one draw per row, in row order
+        split = torch.stack([torch.randint(1, int(n), (1,), generator=generator)[0] for n in tokens])
+    rank = real.long().cumsum(dim=1) - 1  # [B, T]: 0 at [CLS], tokens from 1, tokens + 1 at [SEP]
+    frame = (rank == 0) | (rank == tokens[:, None] + 1)
+    before = rank <= split[:, None]
+    document = row_document(rows)
+    return (_view(rows.input_ids, real & (before | frame), document, pad_id),
+            _view(rows.input_ids, real & (~before | frame), document, pad_id))
 
 
-def _framed(rows: list[torch.Tensor], documents: torch.Tensor, pad_id: int) -> CorruptedBatch:
-    """``rows`` (each ``[CLS] … [SEP]``) as one right-padded batch, positions from 0, no labels."""
-    T = max(len(row) for row in rows)
-    input_ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
-    is_padding = torch.ones(len(rows), T, dtype=torch.bool)
-    for i, row in enumerate(rows):
-        input_ids[i, : len(row)] = row
-        is_padding[i, : len(row)] = False
-    return CorruptedBatch(input_ids=input_ids, labels=torch.full_like(input_ids, IGNORE_INDEX), is_padding=is_padding,
-                          position_ids=torch.arange(T).expand(len(rows), T).clone(),
-                          document_ids=torch.where(is_padding, -1, documents.unsqueeze(1)), extras={})
+def _view(input_ids: torch.Tensor, keep: torch.Tensor, document: torch.Tensor, pad_id: int) -> CorruptedBatch:
+    """The ``keep`` tokens of each row as one right-padded batch, positions from 0, no labels."""
+    ids, lengths = compact(input_ids, keep, pad_id)
+    positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+    is_padding = positions >= lengths[:, None]
+    return CorruptedBatch(input_ids=ids, labels=torch.full_like(ids, IGNORE_INDEX), is_padding=is_padding,
+                          position_ids=positions.clone(),
+                          document_ids=torch.where(is_padding, -1, document.unsqueeze(1)), extras={})
 
 
 def train(siamese: Siamese, objective: Objective, text: _support.DefaultText, config: Config, seed: int,
