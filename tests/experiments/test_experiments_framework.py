@@ -299,6 +299,16 @@ def test_a_precondition_holds_only_when_every_seed_holds_it(stand_in_experiment)
     assert objreg.experiments.run("stand-in", seeds=1, seed=0, quick=True).verdict == "inconclusive"
 
 
+def test_one_seed_says_once_which_precondition_failed(stand_in_experiment):
+    module, _ = stand_in_experiment
+    module.PRECONDITIONS = (_precondition(5.0),)
+    result = objreg.experiments.run("stand-in", seeds=1, seed=0, quick=True)
+    assert result.verdict == "inconclusive" and result.reason.count("precondition failed") == 1
+    assert result.reason.startswith("only one seed was run") and result.reason.count("Without it") == 1
+    [check] = result.preconditions
+    assert check["passed"] is False and check["per_seed"] == pytest.approx([draw(0)])
+
+
 def test_recombine_rebuilds_the_overall_result_from_the_seeds(stand_in_experiment):
     from objreg.experiments.replication import recombine
 

@@ -79,3 +79,16 @@ def test_one_quick_seed_runs_end_to_end(tmp_path):
     assert result.setting["budget"] == screen_validity.QUICK.budget and result.setting["outcome_factor"] == 20
     json.dumps(result.to_dict(), allow_nan=False)
     assert (tmp_path / "screen-validity.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_full_setting_reads_squad_for_qa_and_the_built_in_pairs_for_classification(tmp_path, monkeypatch):
+    (tmp_path / "squad_v1.1").mkdir()
+    (tmp_path / "squad_v1.1" / "dev-v1.1.half-a.json").write_text("{}")
+    (tmp_path / "glue" / "SST-2").mkdir(parents=True)
+    (tmp_path / "glue" / "SST-2" / "dev.tsv").write_text("sentence\tlabel\n")
+    monkeypatch.setenv("OBJREG_SHARED_DATA", str(tmp_path))
+    assert screen_validity.data_for("qa", quick=False) == str(tmp_path / "squad_v1.1" / "dev-v1.1.half-a.json")
+    assert screen_validity.data_for("classification", quick=False) is None  # SST-2 present, not read
+    assert screen_validity.data_for("qa", quick=True) is None
+    monkeypatch.setenv("OBJREG_SHARED_DATA", str(tmp_path / "absent"))
+    assert screen_validity.data_for("qa", quick=False) is None

@@ -202,8 +202,14 @@ def conclude(experiment: ModuleType, results: list[ExperimentResult], setting: S
     overall.power = power.summary(tests, overall.verdict) if tests else None
     # A precondition that only exists across seeds (the outcome's own agreement between them).
     across = getattr(experiment, "preconditions_across_seeds", None)
-    preconditions.apply(overall, [preconditions.check_seeds(c, [c.value(r) for r in results])
-                                  for c in checks] + (across(results) if across is not None else []))
+    over_seeds = [preconditions.check_seeds(c, [c.value(r) for r in results])
+                  for c in checks] + (across(results) if across is not None else [])
+    if len(results) == 1:
+        # One seed's checks are the overall's, and every combine carries that seed's verdict and
+        # reason, which already say which check failed: applying them again would nest the reason.
+        overall.preconditions = over_seeds
+    else:
+        preconditions.apply(overall, over_seeds)
     overall.replicates = [r.to_dict() for r in results]
     overall.timing = {key: sum(r.timing.get(key, 0.0) for r in results) for key in ("wall_s", "cpu_s")}
     return overall
