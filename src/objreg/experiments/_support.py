@@ -67,15 +67,13 @@ class DefaultText:
     heldout: TokenizedCorpus
 
 
-def default_text(seq_len: int, registry: Registry | None = None, cache: Path | None = None,
-                 corpus: str = "default") -> DefaultText:
-    """The corpus (a name or a file, the built-in one by default) and the default tokenizer trained
-    on it, through the registry, as ``objreg analyze --corpus`` loads them."""
+def default_text(seq_len: int, registry: Registry | None = None, cache: Path | None = None) -> DefaultText:
+    """The default corpus and tokenizer through the registry, as ``objreg analyze`` loads them."""
     registry = registry or Registry.load()
     cache = cache or cache_dir()
-    documents = registry.load_corpus(corpus, cache)
-    tokenizer = registry.load_tokenizer("default", documents, cache)
-    train, heldout = documents.split()
+    corpus = registry.load_corpus("default", cache)
+    tokenizer = registry.load_tokenizer("default", corpus, cache)
+    train, heldout = corpus.split()
     return DefaultText(registry, TokenizedCorpus(tokenizer, train, seq_len),
                        TokenizedCorpus(tokenizer, heldout, seq_len))
 
