@@ -87,9 +87,9 @@ FULL = Config(candidates=("mlm", "mlm:mask_prob=0.4", "wwm", "span", "t5", "clm"
 
 def data_for(task: str, quick: bool) -> str | None:
     """The task's real data file (SQuAD for ``qa``) in the full setting where it is present, else
-    None (the built-in set). ``classification`` always reads the built-in same-document pairs:
-    SST-2's outcome did not reproduce between seeds (pre-training on this corpus barely moves a
-    sentiment probe), so there was no order for the screen to predict."""
+    None (the built-in set). ``classification`` always reads the built-in same-document pairs, a
+    task pre-training on this corpus moves, where SST-2's outcome had no order between seeds to
+    predict (docs/experiments.md gives both runs)."""
     if quick or task != "qa":
         return None
     path = _support.shared_data() / SQUAD
