@@ -341,3 +341,32 @@ def test_pooling_a_second_run_equals_running_every_seed_at_once(stand_in_experim
     quick = objreg.experiments.run("stand-in", seeds=2, seed=7, quick=True).to_dict()
     with pytest.raises(InvalidParameterError, match="one experiment in one setting"):
         pool(first, quick)
+
+
+def test_a_run_stopped_part_way_keeps_its_finished_seeds_for_pooling(stand_in_experiment, tmp_path):
+    from objreg.experiments.replication import pool, recombine
+
+    module, _ = stand_in_experiment
+    first = objreg.experiments.run("stand-in", seeds=3, seed=0, quick=False).to_dict()
+    finished = module.run
+
+    def stops_at_seed_5(setting):
+        if setting.seed == 5:
+            raise KeyboardInterrupt
+        return finished(setting)
+
+    module.run = stops_at_seed_5
+    with pytest.raises(KeyboardInterrupt):
+        objreg.experiments.run("stand-in", seeds=3, seed=3, quick=False, out_dir=tmp_path / "stopped")
+    assert not (tmp_path / "stopped" / "result.json").exists()
+    assert not (tmp_path / "stopped" / "seed-5" / "result.json").exists()
+    pooled = first
+    for seed in (3, 4):
+        kept = json.loads((tmp_path / "stopped" / f"seed-{seed}" / "result.json").read_text())
+        assert kept["setting"]["seed"] == seed and kept["timing"]["cpu_s"] >= 0
+        pooled = pool(pooled, kept)
+    module.run = finished
+    together = objreg.experiments.run("stand-in", seeds=5, seed=0, quick=False)
+    pooled = recombine(module, pooled)
+    assert pooled.verdict == together.verdict and pooled.figures == together.figures
+    assert pooled.setting["seeds"] == [0, 1, 2, 3, 4]

@@ -158,8 +158,9 @@ def seeds_plot(result: ExperimentResult, path: Path) -> str:
 
 def run_seeds(experiment: ModuleType, *, seeds: int, seed: int, quick: bool, out_dir: Path | None, device: str,
               status: Callable[[str], None]) -> ExperimentResult:
-    """Run ``experiment`` for each seed (its plots in ``out_dir/seed-S``), combine, and write
-    ``out_dir/result.json`` and the per-seed plot."""
+    """Run ``experiment`` for each seed (its plots and, as soon as it finishes, its own
+    ``result.json`` in ``out_dir/seed-S``, so a run stopped part way keeps the seeds it finished:
+    :func:`pool` takes them), combine, and write ``out_dir/result.json`` and the per-seed plot."""
     results = []
     for s in range(seed, seed + seeds):
         seed_dir = out_dir / f"seed-{s}" if out_dir is not None else None
@@ -170,6 +171,8 @@ def run_seeds(experiment: ModuleType, *, seeds: int, seed: int, quick: bool, out
         wall, cpu = time.perf_counter(), time.process_time()
         result = experiment.run(setting)
         result.timing = {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}
+        if seed_dir is not None:
+            result.write(seed_dir)
         results.append(result)
     overall_setting = Setting(quick=quick, seed=seed, out_dir=out_dir, device=device, status=status)
     overall = conclude(experiment, results, overall_setting)
@@ -232,14 +235,20 @@ def recombine(experiment: ModuleType, committed: dict[str, Any]) -> ExperimentRe
 
 def pool(committed: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
     """A committed ``result.json`` with the seeds of another run of the same experiment and setting
-    (``more``, e.g. ``--seed 3 --seeds 3`` after seeds 0 to 2) added to its ``replicates``, its
-    timing the sum of both; pass it to :func:`recombine` for the overall result over every seed.
+    (``more``, e.g. ``--seed 3 --seeds 3`` after seeds 0 to 2, or one seed's ``seed-S/result.json``
+    of a run stopped part way) added to its ``replicates``, its timing the sum of both; pass it to
+    :func:`recombine` for the overall result over every seed.
 
     Raises:
         InvalidParameterError: the runs are of different experiments, settings, or share a seed.
     """
     def setting(result: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in result["setting"].items() if k != "seeds"}
+
+    if "seeds" not in more["setting"]:  # one seed's own result: a run of that seed alone
+        seed = more["setting"]["seed"]
+        more = {**more, "replicates": [more],
+                "setting": {**{k: v for k, v in more["setting"].items() if k != "seed"}, "seeds": [seed]}}
 
     if committed["name"] != more["name"] or setting(committed) != setting(more):
         raise InvalidParameterError(
