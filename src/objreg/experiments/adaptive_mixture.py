@@ -18,8 +18,10 @@ fitted to the seed it is judged on; (c) ``adaptive:quadratic`` and ``adaptive:ta
 WikiText-2 (valid split) pre-training with SQuAD v1.1 (half a) as the ``qa`` data, from
 ``$OBJREG_SHARED_DATA`` or ``shared/data`` beside the checkout (the built-in setting at full size where that folder is absent).
 
-**Measured.** Per condition the downstream loss ``D`` after training (float64, the fixed
-evaluation set), and the CPU seconds per training step (this process's CPU time between
+**Measured.** Per condition the downstream loss after training (float64, the fixed evaluation
+set) through the head re-fitted to the trained features, ``D*`` (``downstream_head="refit"``,
+the analyzer's default since issue 27; the seeds committed before 2026-11-27 22:00 read the head
+frozen at the start), and the CPU seconds per training step (this process's CPU time between
 finished steps, so that other load on a shared machine does not count; the first and the last
 step, probed in every condition, left out): the cost of the probes an adaptive rule needs.
 
@@ -84,6 +86,9 @@ class Config:
     grid: tuple[float, ...] = (0.0, 0.5, 1.0, 1.5, 2.0)  # mlm's weight; sop gets the rest of the total
     corpus: str = "default"
     downstream_data: str | None = None
+    #: Named, not left to the analyzer's default, so a result records which loss it read: the
+    #: seeds run before the default became the re-fitted head read the frozen one.
+    downstream_head: str = "refit"
 
 
 QUICK = Config(steps=12, probe_every=2, lr=5e-3, batch_size=8, seq_len=64, eval_size=16, head_warmup_steps=20,
@@ -110,6 +115,7 @@ def _train(config: Config, setting: Setting, registry: Registry, seed: int, **ho
         batch_size=config.batch_size, seq_len=config.seq_len, eval_size=config.eval_size,
         head_warmup_steps=config.head_warmup_steps, head_fit_size=config.head_fit_size, seed=seed,
         device=str(resolve_device(setting.device)), corpus=config.corpus, downstream_data=config.downstream_data,
+        downstream_head=config.downstream_head,
         attribution_top=0, on_step=lambda step, record: finished.append(time.process_time()),
         **{"probe_every": config.steps, **how},
     )
