@@ -89,3 +89,16 @@ def test_a_tiny_run_scales_as_the_taylor_remainder_and_repeats(tmp_path):
     json.dumps(first.to_dict(), allow_nan=False)
     again = tt._run(TINY, Setting(quick=True, seed=0, device="cpu"))
     assert again.figures == figures
+
+
+def test_the_committed_head_is_named_to_the_analyzer(monkeypatch):
+    seen = []
+
+    def analyze(*args, **kwargs):
+        seen.append(kwargs["downstream_head"])
+        raise RuntimeError("stop after the call")
+
+    monkeypatch.setattr(tt, "analyze", analyze)
+    with pytest.raises(RuntimeError, match="stop after the call"):
+        tt._run(tt.QUICK, Setting(quick=True, seed=0, device="cpu"))
+    assert seen == ["frozen"] and tt.FULL.downstream_head == "frozen"
