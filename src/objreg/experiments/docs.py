@@ -8,8 +8,8 @@ rewrites the table; ``python -m objreg.experiments.docs recombine NAME...`` reco
 results' overall verdict, preconditions and power from their own per-seed figures (a rule that
 reads only what the seeds recorded), then rewrites the table; ``python -m
 objreg.experiments.docs pool NAME RESULT_JSON`` adds the seeds of another run of NAME (same
-setting, other seeds; a run's result.json or one seed's seed-S/result.json) to its committed result; ``python -m objreg.experiments.docs`` rewrites
-the table alone. The table
+setting, other seeds; a run's result.json or one seed's seed-S/result.json) to its committed
+result; ``python -m objreg.experiments.docs`` rewrites the table alone. The table
 sits between two markers in the page; tests/experiments/test_docs_table.py checks it matches.
 """
 
