@@ -1,4 +1,5 @@
-"""Stand-ins shared by the experiments' tests: a tiny corpus in the default text's shape."""
+"""Stand-ins shared by the experiments' tests: a tiny corpus in the default text's shape, and an
+``analyze`` that records its settings and stops."""
 
 from __future__ import annotations
 
@@ -15,3 +16,22 @@ def tiny_text(registry, tokenizer, texts):
     train, heldout = corpus.split(heldout_every=3)
     return _support.DefaultText(registry, objreg.TokenizedCorpus(tokenizer, train, 32),
                                 objreg.TokenizedCorpus(tokenizer, heldout, 32))
+
+
+@pytest.fixture
+def stopping_analyze(monkeypatch):
+    """``stopping_analyze(module)`` replaces ``module.analyze`` with one that records each call's
+    keyword settings and raises ``RuntimeError("analyze called")``; returns the list of recorded
+    settings."""
+
+    def install(module):
+        calls = []
+
+        def analyze(*args, **settings):
+            calls.append(settings)
+            raise RuntimeError("analyze called")
+
+        monkeypatch.setattr(module, "analyze", analyze)
+        return calls
+
+    return install

@@ -73,18 +73,12 @@ def test_one_tiny_seed_trains_every_condition(monkeypatch):
 
 
 @pytest.mark.parametrize("head", ["refit", "frozen"])
-def test_the_downstream_head_is_named_to_the_analyzer_and_recorded(monkeypatch, head):
-    seen = []
-
-    def analyze(*args, **kwargs):
-        seen.append(kwargs["downstream_head"])
-        raise RuntimeError("stop after the call")
-
-    monkeypatch.setattr(am, "analyze", analyze)
+def test_the_downstream_head_is_named_to_the_analyzer_and_recorded(stopping_analyze, head):
+    calls = stopping_analyze(am)
     config = am.Config(steps=2, probe_every=1, lr=5e-3, batch_size=4, seq_len=48, eval_size=8, head_warmup_steps=2,
                        head_fit_size=16, downstream_head=head)
-    with pytest.raises(RuntimeError, match="stop after the call"):
+    with pytest.raises(RuntimeError, match="analyze called"):
         am._train(config, Setting(quick=True, seed=0, device="cpu"), None, 0, weights={"mlm": 1.0, "sop": 1.0})
-    assert seen == [head]
+    assert [c["downstream_head"] for c in calls] == [head]
     assert am._setting(config, Setting(quick=True, seed=0))["downstream_head"] == head
     assert am.FULL.downstream_head == "refit"

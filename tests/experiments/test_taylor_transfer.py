@@ -91,14 +91,8 @@ def test_a_tiny_run_scales_as_the_taylor_remainder_and_repeats(tmp_path):
     assert again.figures == figures
 
 
-def test_the_committed_head_is_named_to_the_analyzer(monkeypatch):
-    seen = []
-
-    def analyze(*args, **kwargs):
-        seen.append(kwargs["downstream_head"])
-        raise RuntimeError("stop after the call")
-
-    monkeypatch.setattr(tt, "analyze", analyze)
-    with pytest.raises(RuntimeError, match="stop after the call"):
+def test_the_committed_head_is_named_to_the_analyzer(stopping_analyze):
+    calls = stopping_analyze(tt)
+    with pytest.raises(RuntimeError, match="analyze called"):
         tt._run(tt.QUICK, Setting(quick=True, seed=0, device="cpu"))
-    assert seen == ["frozen"] and tt.FULL.downstream_head == "frozen"
+    assert [c["downstream_head"] for c in calls] == ["frozen"] and tt.FULL.downstream_head == "frozen"
