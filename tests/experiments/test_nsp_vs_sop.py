@@ -77,6 +77,9 @@ def _parts(topic, nsp_own, nsp_order, difference, sop_on_nsp=(0.6, 0.7)):
     ((0.4, 0.48), (0.6, 0.7), (0.47, 0.53), (0.05, 0.2), (0.6, 0.7), "refuted"),  # topic says nothing
     ((0.7, 0.8), (0.6, 0.7), (0.47, 0.53), (0.05, 0.2), (0.40, 0.48), "refuted"),  # SOP model fails NSP
     ((0.7, 0.8), (0.6, 0.7), (0.47, 0.53), (0.05, 0.2), (0.48, 0.6), "inconclusive"),
+    # Above 0.5 but inside the chance band is not doing well on NSP: the bar is the NSP model's own (0.55).
+    ((0.7, 0.8), (0.6, 0.7), (0.47, 0.53), (0.05, 0.2), (0.51, 0.54), "refuted"),
+    ((0.7, 0.8), (0.6, 0.7), (0.47, 0.53), (0.05, 0.2), (0.52, 0.58), "inconclusive"),
 ])
 def test_verdict_rule(topic, nsp_own, nsp_order, difference, sop_on_nsp, expected):
     parts = _parts(topic, nsp_own, nsp_order, difference, sop_on_nsp)
