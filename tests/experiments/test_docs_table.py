@@ -96,3 +96,24 @@ def test_an_inconclusive_verdict_with_a_refuted_part_says_the_parts_disagree():
     n80 = power.seeds_for_power((0.29 / 3) / split["power"]["parts"]["own_masks"]["sd"])
     assert docs.why(split) == (f"parts disagree (`other_masks` refuted, not enough alone); power: n80 = {n80} seeds "
                                "(3 run) for `own_masks`")
+
+
+def test_an_inconclusive_verdict_whose_parts_are_all_decided_names_no_power():
+    from objreg.experiments import power
+
+    # One part confirmed, the other refuted, under a rule that refutes only when both are: no
+    # number of seeds moves the verdict, so an n80 would be a wrong reason.
+    tested = {"own_masks": {"per_seed": [0.17, 0.15, 0.19], "threshold": 0.0, "direction": "above",
+                            "verdict": "confirmed"},
+              "other_masks": {"per_seed": [-0.08, -0.13, -0.07], "threshold": 0.0, "direction": "above",
+                              "verdict": "refuted"}}
+    names = [name for name in EXPERIMENTS if not docs.is_software_check(name)]
+    split = result(names[0], "inconclusive", [0.1, 0.2, 0.3])
+    split["figures"]["tests"] = tested
+    split["power"] = power.summary(tested, "inconclusive")
+    assert docs.why(split) == ("parts decided and disagree (`own_masks` confirmed, `other_masks` refuted): "
+                               "more seeds do not settle it")
+    by_power = result(names[1], "inconclusive", [0.1, 0.3, -0.05])
+    block = docs.table({names[0]: split, names[1]: by_power})
+    assert "2 inconclusive (0 by a failed precondition, 1 by parts that disagree, 1 by power)" in block
+

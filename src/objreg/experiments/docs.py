@@ -63,15 +63,30 @@ def _side(direction: str, threshold: Any) -> str:
     return f"{direction} {threshold:g}"
 
 
+def decided_split(result: dict[str, Any]) -> dict[str, str]:
+    """Each part's verdict when an inconclusive result's parts are all decided, some confirmed and
+    some refuted (a rule that refutes only when several parts agree); else empty. More seeds do
+    not settle such a verdict, so no ``n80`` is its reason."""
+    parts = (result.get("power") or {}).get("parts", {})
+    verdicts = {key: part["verdict"] for key, part in parts.items()}
+    if result["verdict"] != "inconclusive" or not verdicts or set(verdicts.values()) != {"confirmed", "refuted"}:
+        return {}
+    return verdicts
+
+
 def why(result: dict[str, Any]) -> str:
-    """What an inconclusive verdict comes from: a failed precondition (with its measured value) or
-    power (with ``n80``); empty for a decided verdict."""
+    """What an inconclusive verdict comes from: a failed precondition (with its measured value),
+    parts that are decided and disagree, or power (with ``n80``); empty for a decided verdict."""
     if result["verdict"] != "inconclusive":
         return ""
     failed = failed_preconditions(result)
     if failed:
         return "precondition failed: " + "; ".join(
             f"{c['name']} {c['value']:.3g}, must be {_side(c['direction'], c['threshold'])}" for c in failed)
+    split = decided_split(result)
+    if split:
+        return ("parts decided and disagree (" + ", ".join(f"`{key}` {verdict}" for key, verdict in split.items())
+                + "): more seeds do not settle it")
     power = result.get("power") or {}
     n80 = power.get("n80")
     seeds = len(result.get("replicates", []))
@@ -145,11 +160,13 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     decided = {name: r for name, r in results.items() if name in claims}
     counts = {v: sum(r["verdict"] == v for r in decided.values()) for v in ("confirmed", "refuted", "inconclusive")}
     by_precondition = sum(r["verdict"] == "inconclusive" and bool(failed_preconditions(r)) for r in decided.values())
+    by_split = sum(not failed_preconditions(r) and bool(decided_split(r)) for r in decided.values())
     missing = [name for name in EXPERIMENTS if name not in results]
     lines = [
         f"**Verdicts over seeds, claims of the literature:** {counts['confirmed']} confirmed, {counts['refuted']} "
         f"refuted, {counts['inconclusive']} inconclusive ({by_precondition} by a failed precondition, "
-        f"{counts['inconclusive'] - by_precondition} by power)"
+        + (f"{by_split} by parts that disagree, " if by_split else "")
+        + f"{counts['inconclusive'] - by_precondition - by_split} by power)"
         + (f"; {len(missing)} not run in the full setting yet ({', '.join(missing)})." if missing else "."),
         "",
         HEADER,
