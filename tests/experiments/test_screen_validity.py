@@ -92,3 +92,29 @@ def test_the_full_setting_reads_squad_for_qa_and_the_built_in_pairs_for_classifi
     assert screen_validity.data_for("qa", quick=True) is None
     monkeypatch.setenv("OBJREG_SHARED_DATA", str(tmp_path / "absent"))
     assert screen_validity.data_for("qa", quick=False) is None
+
+
+def test_each_task_gets_its_own_sets(monkeypatch):
+    full = screen_validity.FULL
+    assert screen_validity.sizes_for(full, "qa") == {"batch_size": 8, "seq_len": 64, "eval_size": 32,
+                                                     "head_fit_size": 64}
+    assert screen_validity.sizes_for(full, "classification") == {"batch_size": 8, "seq_len": 64, "eval_size": 256,
+                                                                 "head_fit_size": 512}
+    assert screen_validity.sizes_for(screen_validity.QUICK, "classification")["eval_size"] == 16
+    asked = []
+
+    class Stop(Exception):
+        pass
+
+    def recording_screen(candidates, task, **kwargs):
+        asked.append((task, kwargs["eval_size"], kwargs["head_fit_size"]))
+        raise Stop
+
+    monkeypatch.setattr(screen_validity, "FULL", screen_validity.Config(
+        candidates=("mlm",), budget=2, tasks=("classification",), eval_size=32, head_fit_size=64,
+        classification_eval_size=256, classification_head_fit_size=512))
+    monkeypatch.setattr(screen_validity, "screen", recording_screen)
+    with pytest.raises(Stop):
+        screen_validity.run(Setting(quick=False, device="cpu"))
+    assert asked == [("classification", 256, 512)]
+

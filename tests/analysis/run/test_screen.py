@@ -161,6 +161,21 @@ def test_the_validity_line_reads_the_committed_result_for_its_setting(tmp_path):
                                                            batch_size=8, seq_len=64, eval_size=32, head_fit_size=64),
                                             Budget(steps=8), path)
     assert "not validated" in validity_line(AnalysisConfig(pretrain=("mlm",)), Budget(steps=8), path)
+    # A task the experiment read with its own sets is validated at those sets, not the common ones.
+    path.write_text(json.dumps({"verdict": "inconclusive", "setting": {
+        "model": "default", "corpus": "default", "budget": 8, "batch_size": 8, "seq_len": 64, "eval_size": 32,
+        "head_fit_size": 64, "classification_eval_size": 256, "classification_head_fit_size": 512,
+        "outcome_factor": 20}, "figures": {"per_task": {"qa": {"rho": {"screen": rho}},
+                                                        "classification": {"rho": {"screen": rho}}}}}))
+
+    def classification(eval_size, head_fit_size):
+        return AnalysisConfig(pretrain=("mlm",), downstream="classification", batch_size=8, seq_len=64,
+                              eval_size=eval_size, head_fit_size=head_fit_size)
+
+    assert "ρ +0.61" in validity_line(classification(256, 512), Budget(steps=8), path)
+    line = validity_line(classification(32, 64), Budget(steps=8), path)
+    assert "not validated" in line and "classification: batch_size 8, seq_len 64, eval_size 256" in line
+    assert "ρ +0.61" in validity_line(config, Budget(steps=8), path)  # qa at its own 32 and 64
 
 
 def test_the_random_order_is_seeded(registry):

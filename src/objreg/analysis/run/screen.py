@@ -251,15 +251,19 @@ def validity_line(config: AnalysisConfig, budget: Budget, path: Path = VALIDITY_
     except (OSError, ValueError, KeyError, TypeError):
         return "validity: not validated for this setting (no committed result of experiment screen-validity)"
     defaults = AnalysisConfig(pretrain=("mlm",))
+
+    def ran(task: str, key: str) -> Any:  # a size the experiment set for one task overrides the common one
+        return setting.get(f"{task}_{key}") or setting.get(key)
+
     same = (config.model == setting.get("model") and config.corpus == setting.get("corpus")
             and config.downstream in per_task and budget.steps == setting.get("budget")
-            and all(getattr(config, k) == setting.get(k) for k in VALIDATED_SIZES)
+            and all(getattr(config, k) == ran(config.downstream, k) for k in VALIDATED_SIZES)
             and (config.optimizer, config.lr) == (defaults.optimizer, defaults.lr))
     if not same:
-        tasks = ", ".join(per_task)
+        tasks = "; ".join(f"{task}: " + ", ".join(f"{k} {ran(task, k)}" for k in VALIDATED_SIZES)
+                          for task in per_task)
         return (f"validity: not validated for this setting (experiment screen-validity ran model "
-                f"{setting.get('model')}, tasks {tasks}, budget {setting.get('budget')} steps, "
-                + ", ".join(f"{k} {setting.get(k)}" for k in VALIDATED_SIZES) + ")")
+                f"{setting.get('model')}, budget {setting.get('budget')} steps, {tasks})")
     rho = per_task[config.downstream]["rho"]["screen"]
     return (f"validity: Spearman ρ {rho['mean']:+.2f} [{rho['low']:+.2f}, {rho['high']:+.2f}] between this "
             f"setting's screen and {config.downstream}'s D* after {setting.get('outcome_factor')}× the steps, over "
