@@ -116,4 +116,3 @@ def test_an_inconclusive_verdict_whose_parts_are_all_decided_names_no_power():
     by_power = result(names[1], "inconclusive", [0.1, 0.3, -0.05])
     block = docs.table({names[0]: split, names[1]: by_power})
     assert "2 inconclusive (0 by a failed precondition, 1 by parts that disagree, 1 by power)" in block
-

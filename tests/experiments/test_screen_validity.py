@@ -117,4 +117,3 @@ def test_each_task_gets_its_own_sets(monkeypatch):
     with pytest.raises(Stop):
         screen_validity.run(Setting(quick=False, device="cpu"))
     assert asked == [("classification", 256, 512)]
-

@@ -84,9 +84,9 @@ class Config:
 QUICK = Config(candidates=("mlm", "clm", "sop"), budget=4, batch_size=4, seq_len=48, eval_size=16, head_fit_size=32)
 #: The full setting's rows and sets are smaller than the screen's defaults: with SQuAD's long
 #: contexts a default-size probe took minutes per candidate on the shared CPU, too long for
-#: 8 candidates × 2 tasks × 3 seeds with their 20× runs.
-#: The classification pairs are short rows, so their sets can be 8× SQuAD's (at 32 and 64 a head
-#: fitted on so few pairs made ``D*`` rise over the long run on some seeds).
+#: 8 candidates × 2 tasks × 3 seeds with their 20× runs. The classification pairs are short rows,
+#: so their sets can be 8× SQuAD's (at 32 and 64 a head fitted on so few pairs made ``D*`` rise
+#: over the long run on some seeds).
 FULL = Config(candidates=("mlm", "mlm:mask_prob=0.4", "wwm", "span", "t5", "clm", "sop", "mlm+sop"),
               budget=DEFAULT_BUDGET, batch_size=8, seq_len=64, eval_size=32, head_fit_size=64,
               classification_eval_size=256, classification_head_fit_size=512)
