@@ -41,7 +41,7 @@ from scipy import stats
 from objreg import Registry
 from objreg.analysis.math.stats import mean_ci95
 from objreg.analysis.parallel.devices import resolve_device
-from objreg.analysis.run.screen import DEFAULT_BUDGET, screen
+from objreg.analysis.run.screen import DEFAULT_BUDGET, VALIDATED_SIZES, screen
 from objreg.experiments import _support
 from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, ExperimentResult, Setting, save_figure
 from objreg.experiments.replication import test_of
@@ -93,12 +93,9 @@ FULL = Config(candidates=("mlm", "mlm:mask_prob=0.4", "wwm", "span", "t5", "clm"
 
 
 def sizes_for(config: Config, task: str) -> dict[str, int]:
-    """The screen's rows and sets for ``task`` (only those the config sets)."""
-    sizes = {"batch_size": config.batch_size, "seq_len": config.seq_len, "eval_size": config.eval_size,
-             "head_fit_size": config.head_fit_size}
-    if task == "classification":
-        sizes["eval_size"] = config.classification_eval_size or config.eval_size
-        sizes["head_fit_size"] = config.classification_head_fit_size or config.head_fit_size
+    """The screen's rows and sets for ``task`` (only those the config sets): a ``{task}_{size}``
+    field overrides the common one, the naming ``objreg screen``'s validity line reads back."""
+    sizes = {key: getattr(config, f"{task}_{key}", None) or getattr(config, key) for key in VALIDATED_SIZES}
     return {key: value for key, value in sizes.items() if value is not None}
 
 
