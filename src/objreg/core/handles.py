@@ -258,3 +258,33 @@ class Task(_Handle):
         by_name = {spec.name: spec for spec in sized}
         return tuple(by_name.get(name, spec) for name, spec in declared.items())
 
+
+    @property
+    def has_metrics(self) -> bool:
+        """Whether the task scores rows by its metric (``objreg_task_metrics``)."""
+        return bool(self._hooks["objreg_task_metrics"].get_hookimpls())
+
+    def require_metrics(self) -> None:
+        """Refuse, in one line, a task that scores no metric."""
+        if not self.has_metrics:
+            raise InvalidParameterError(f"task {self.name!r} reports no metric (its plugin implements no "
+                                        f"objreg_task_metrics), so it cannot be fine-tuned and scored")
+
+    @torch.no_grad()
+    def metrics(self, model: Model, batch: CorruptedBatch) -> dict[str, torch.Tensor]:
+        """Metric name → per-row scores ``[B]`` of ``model`` on ``batch`` (``objreg_task_metrics``);
+        the first name is the task's headline metric.
+
+        Raises:
+            InvalidParameterError: the task implements no ``objreg_task_metrics``.
+        """
+        self.require_metrics()
+        mask = self.attention_mask(batch)
+        hidden = model.encode(batch.input_ids, mask, batch.position_ids)
+        scores = self._hooks["objreg_task_metrics"](outputs=ModelOutputs(hidden, model), batch=batch, params=self.params)
+        B = batch.input_ids.shape[0]
+        if (not isinstance(scores, Mapping) or not scores
+                or any(not isinstance(v, torch.Tensor) or tuple(v.shape) != (B,) for v in scores.values())):
+            raise self._problem("objreg_task_metrics", f"returned {type(scores).__name__} instead of a mapping of "
+                                f"metric names to per-row scores of shape [{B}]")
+        return {name: value.detach().float() for name, value in scores.items()}

@@ -62,7 +62,7 @@ CUSTOM_ATTENTION_HOOK = "objreg_attention_mask"
 #: Hooks dispatched by objective name.
 PER_OBJECTIVE_HOOKS = (
     "objreg_objective_info", "objreg_check_params", "objreg_prepare_batch", "objreg_corrupt",
-    "objreg_attention_mask", "objreg_loss", "objreg_task_data",
+    "objreg_attention_mask", "objreg_loss", "objreg_task_data", "objreg_task_metrics",
 )
 
 
@@ -202,6 +202,22 @@ def objreg_task_data(
         inputs, and the task's heads sized from the data (a plain ``CorruptedBatch`` keeps the
         heads of ``ObjectiveInfo``). Raise :class:`objreg.DataError` for a missing or malformed
         source.
+    """
+
+
+@hookspec(firstresult=True)
+def objreg_task_metrics(outputs: ModelOutputs, batch: CorruptedBatch, params: Mapping[str, Any]) -> Mapping[str, torch.Tensor]:
+    """Score each row of a downstream task's batch by the task's usual metric (downstream tasks
+    only; optional: ``objreg finetune`` needs it, the analysis does not).
+
+    :param outputs: :class:`objreg.ModelOutputs` of the model on ``batch`` under the task's mask
+        (``hidden`` ``[B, T, H]``; ``model`` for its heads).
+    :param batch: Rows of the task's data, as ``objreg_task_data`` built them.
+    :param params: The task's resolved parameters.
+    :return: Metric name → per-row scores ``[B]`` (float, in ``[0, 1]``), whose mean over rows is the
+        metric: ``{"accuracy": ...}`` for classification, ``{"exact_match": ..., "f1": ...}`` for QA.
+        The first name is the task's headline metric. Called under ``torch.no_grad``; it need not
+        be transform-safe.
     """
 
 

@@ -31,6 +31,7 @@ EXPERIMENTS: dict[str, str] = {
     "hard-negatives": "objreg.experiments.hard_negatives",
     "adaptive-mixture": "objreg.experiments.adaptive_mixture",
     "screen-validity": "objreg.experiments.screen_validity",
+    "tapt": "objreg.experiments.tapt",
     # Software checks (KIND = "software check") after the claims of the literature.
     "taylor-transfer": "objreg.experiments.taylor_transfer",
 }

@@ -26,7 +26,8 @@ name                                  number  what it feeds
 ``moment_rounding``                   13      stochastic rounding of bfloat16 Adam coalition moments
 ``screen_random_order``               20      ``objreg screen``'s random-order baseline
 ``entropy_heldout_corruption``        30      entropy-masking's held-out masks drawn by the entropy policy
-``finetune``                          40      the SST-2 fine-tune's head init and batch order (``experiments.sst2_finetune``)
+``finetune``                          40      a fine-tune's batch order (``objreg finetune``; the SST-2 fine-tune's head init too)
+``finetune_split``                    41      ``objreg finetune``'s cross-validation folds
 ``collapse_views``                    45      consistency-collapse's split of each training row into its two views
 ====================================  ======  ==============================================================
 
@@ -60,6 +61,7 @@ STREAMS: dict[str, int] = {
     "screen_random_order": 20,
     "entropy_heldout_corruption": 30,
     "finetune": 40,
+    "finetune_split": 41,
     "collapse_views": 45,
 }
 

@@ -42,6 +42,7 @@ from objreg.analysis.run.prepare import check, prepare
 from objreg.analysis.run.resume import load_checkpoint, remove_checkpoint, restore, resumed_config, save_checkpoint
 from objreg.analysis.run.rundir import claim
 from objreg.analysis.run.schedules import adaptive_rule
+from objreg.analysis.run.trained import can_save, save_backbone
 from objreg.analysis.run.validation import check_call, check_providers, fields_of
 from objreg.core.registry import Registry
 from objreg.toolkit.cache import cache_dir
@@ -75,7 +76,8 @@ def analyze(
         out_dir: Where to write ``config.json`` (at the start), ``steps.jsonl`` (one line per
             finished probe), ``checkpoint.pt`` (after every ``checkpoint_every``-th finished step
             and the last, removed at the end), and at the end ``report.json``, ``report.csv`` and
-            the PNG plots.
+            the PNG plots; on a Hugging Face model (continued pre-training), ``model/``, the trained
+            backbone as a model directory (:mod:`objreg.analysis.run.trained`).
         resume: A run directory written with ``out_dir`` whose run was interrupted: continue it
             from its last finished step with the settings in its ``config.json`` (give no
             ``pretrain``, ``downstream``, ``out_dir`` or settings with it). The result equals
@@ -212,6 +214,9 @@ def _run_claimed(
     trainer.run(record_step)
     report = build_report(config, report_config, trainer, trainer.probe.records)
     if writing:
+        if can_save(trainer.model):
+            status("saving the trained model")
+            group.on_main(lambda: save_backbone(trainer.model, Path(out_dir)))
         status("writing the report")
         group.on_main(lambda: (writer.write_report(report), remove_checkpoint(Path(out_dir))))
     return report

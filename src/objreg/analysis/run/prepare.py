@@ -33,6 +33,7 @@ from objreg.analysis.run.adaptive import adaptive_rule_of
 from objreg.analysis.run.config import DTYPES, AnalysisConfig
 from objreg.analysis.run.headfit import fit_downstream_head
 from objreg.analysis.run.loop import Trainer
+from objreg.analysis.run.unseen import check_unseen, corpus_sentences
 from objreg.core.errors import DataError, InvalidParameterError
 from objreg.core.handles import Task
 from objreg.core.heads import build_heads
@@ -100,6 +101,9 @@ def prepare(
     refit = config.downstream_head == "refit"
     fit_size = config.head_fit_size if refit or config.head_warmup_steps else 0
     eval_batch, fit_batch, task_heads, split = downstream_sets(task, config, heldout.documents, tokenizer, fit_size)
+    if config.downstream_data is not None:
+        check_unseen(eval_batch, tokenizer.vocab, corpus_sentences(tokenized),
+                     f"--downstream-data {config.downstream_data}", config.corpus)
 
     if refit and fit_batch.batch_size < group.world_size:
         raise InvalidParameterError(

@@ -32,7 +32,7 @@ from objreg.toolkit.atomic import remove_stale_temporaries
 LOCK_FILE = ".objreg.lock"
 #: Every file a run writes into its directory (the lock file aside).
 RUN_FILES = ("config.json", "steps.jsonl", "checkpoint.pt", "report.json", "report.csv", "alignment.png",
-             "taylor.png", "spectrum.png", "run.json", "tokenizer.json")
+             "taylor.png", "spectrum.png", "run.json", "tokenizer.json", "model")
 
 try:
     import fcntl

@@ -47,6 +47,7 @@ import json
 import os
 import pickle
 import re
+import shutil
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,9 @@ WEIGHTS_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_m
 #: A tokenizer.json larger than this is refused before the tokenizers library reads it (the largest
 #: published ones are tens of MiB; a file of gigabytes makes the library abort the process).
 MAX_TOKENIZER_BYTES = 256 * 2**20
+#: The tokenizer files of a model directory, copied beside a saved backbone.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
+                   "merges.txt", "spiece.model", "added_tokens.json")
 #: Float dropout rates some transformers modules apply functionally (BART, Llama).
 DROPOUT_ATTRIBUTES = ("dropout", "attention_dropout", "activation_dropout", "layerdrop")
 
@@ -247,9 +251,25 @@ class HFBackbone(nn.Module):
         self.num_layers = int(getattr(config, "num_hidden_layers", 1) or 1)
         self.max_positions = int(getattr(config, "max_position_embeddings", 0) or 0)
         self.layer_norm_eps = _layer_norm_eps(config)
+        self.source: Path | None = None  # the directory it was loaded from (its tokenizer files)
 
     def input_embeddings(self) -> nn.Parameter:
         return self.model.get_input_embeddings().weight
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> None:
+        """Write the backbone as a transformers model directory: ``config.json`` and safetensors
+        weights (``save_pretrained``; the config as loaded, so the dropout rates zeroed for the
+        analysis are saved as they were) and the source directory's tokenizer files, so
+        ``AutoModel.from_pretrained`` and objreg's ``--model`` read it. Heads (objreg's) and the
+        pooler (left out at loading) are not part of it."""
+        target = Path(directory)
+        with _quiet(_transformers()):
+            self.model.save_pretrained(str(target), safe_serialization=True)
+        source = getattr(self, "source", None)
+        if source is not None:
+            for name in TOKENIZER_FILES:
+                if (source / name).is_file():
+                    shutil.copyfile(source / name, target / name)
 
     def position_embeddings(self) -> nn.Parameter | None:
         table = getattr(getattr(self.model, "embeddings", None), "position_embeddings", None)  # BERT
@@ -367,7 +387,9 @@ def load_model(model: str, vocab: Vocabulary, config: Mapping[str, Any], generat
             f"model directory {model!r}: its tokenizer has {vocab.size} tokens but the model only {embedding_rows} "
             f"embeddings; resize them (model.resize_token_embeddings(len(tokenizer))) and save the model to {model}"
         )
-    return _backbone(loaded, kind, vocab)
+    backbone = _backbone(loaded, kind, vocab)
+    backbone.source = path
+    return backbone
 
 
 def _open_directory(directory: str, config: Mapping[str, Any]) -> tuple[Path, Any, Any, str, dict[str, Any]]:
@@ -448,7 +470,9 @@ def load_random_model(model: str, vocab: Vocabulary, config: Mapping[str, Any], 
     if vocab.size > embedding_rows:
         raise objreg.DataError(f"model directory {directory!r}: its tokenizer has {vocab.size} tokens but config.json "
                                f"only {embedding_rows} embeddings")
-    return _backbone(loaded, kind, vocab)
+    backbone = _backbone(loaded, kind, vocab)
+    backbone.source = Path(directory).expanduser()
+    return backbone
 
 
 def _random_init(model: str) -> bool:

@@ -259,3 +259,10 @@ def objreg_loss(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> t
     # The first token on an encoder; the last real token on a decoder-only model (docs/models.md).
     states = summary_states(outputs.hidden, batch)
     return label_nll(outputs.model.heads[HEAD](states), batch.extras["label"])  # logits (B, C)
+
+
+@objreg.hookimpl
+def objreg_task_metrics(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> dict[str, torch.Tensor]:
+    """Accuracy: whether the head's most likely class is the label."""
+    logits = outputs.model.heads[HEAD](summary_states(outputs.hidden, batch))
+    return {"accuracy": (logits.argmax(dim=-1) == batch.extras["label"]).float()}

@@ -361,3 +361,36 @@ def objreg_loss(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> t
     picked = masked.gather(1, targets[:, None, :]).squeeze(1)  # (B, 2)
     nll = torch.logsumexp(masked, dim=1) - picked  # (B, 2)
     return nll.mean(dim=-1)  # (B,)
+
+
+#: The longest answer span the metrics consider, in tokens (Hugging Face run_qa.py's default).
+MAX_ANSWER_TOKENS = 30
+
+
+@objreg.hookimpl
+def objreg_task_metrics(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBatch) -> dict[str, torch.Tensor]:
+    """Exact match and F1 of each row's best span (start ≤ end, at most ``MAX_ANSWER_TOKENS``
+    tokens, inside the context, or ``[CLS]`` for no answer) against the labelled span, by token
+    positions within the row: SQuAD's metrics read on tokens of one window, not the official
+    script's normalised words over a question's windows."""
+    logits = outputs.model.heads["qa"](outputs.hidden).float()  # (B, T, 2)
+    T = logits.shape[1]
+    positions = torch.arange(T, device=logits.device)
+    allowed = batch.extras["context_mask"] | (positions == 0)  # (B, T)
+    start = logits[..., 0].masked_fill(~allowed, float("-inf"))
+    end = logits[..., 1].masked_fill(~allowed, float("-inf"))
+    length = positions[None, :] - positions[:, None]  # (T, T): end - start
+    valid = (length >= 0) & (length < MAX_ANSWER_TOKENS)
+    valid = valid | ((positions[:, None] == 0) & (positions[None, :] == 0))  # the [CLS] "span"
+    spans = (start[:, :, None] + end[:, None, :]).masked_fill(~valid, float("-inf"))  # (B, T, T)
+    best = spans.flatten(1).argmax(dim=1)
+    pred_start, pred_end = best // T, best % T
+    gold_start, gold_end = batch.extras["start_positions"], batch.extras["end_positions"]
+    exact = (pred_start == gold_start) & (pred_end == gold_end)
+    overlap = (torch.minimum(pred_end, gold_end) - torch.maximum(pred_start, gold_start) + 1).clamp(min=0).float()
+    predicted = (pred_end - pred_start + 1).float()
+    gold = (gold_end - gold_start + 1).float()
+    f1 = torch.where(overlap > 0, 2 * overlap / (predicted + gold), torch.zeros_like(overlap))
+    # No answer ([CLS] at 0) is right only when the label is no answer too (SQuAD 2.0's rule).
+    f1 = torch.where((gold_start == 0) | (pred_start == 0), exact.float(), f1)
+    return {"exact_match": exact.float(), "f1": f1}
