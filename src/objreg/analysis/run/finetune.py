@@ -296,7 +296,7 @@ def _scores(net: nn.Module, task: Task, batch: CorruptedBatch, device: torch.dev
 def _probe(net: nn.Module, task: Task, train: CorruptedBatch, test: CorruptedBatch,
            linear: Sequence[str]) -> dict[str, float]:
     """The linear probe on the frozen backbone (module docstring): ``D*`` and the metrics."""
-    frozen = copy.deepcopy(net).double().eval()
+    frozen = copy.deepcopy(net).double().eval().requires_grad_(False)
     device = next(frozen.parameters()).device
     chunks = [train.select(slice(s, s + CHUNK)).to(device) for s in range(0, train.batch_size, CHUNK)]
     params = dict(frozen.named_parameters())

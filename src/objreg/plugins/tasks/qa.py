@@ -380,8 +380,9 @@ def objreg_task_metrics(outputs: objreg.ModelOutputs, batch: objreg.CorruptedBat
     start = logits[..., 0].masked_fill(~allowed, float("-inf"))
     end = logits[..., 1].masked_fill(~allowed, float("-inf"))
     length = positions[None, :] - positions[:, None]  # (T, T): end - start
-    valid = (length >= 0) & (length < MAX_ANSWER_TOKENS)
-    valid = valid | ((positions[:, None] == 0) & (positions[None, :] == 0))  # the [CLS] "span"
+    starts_in_context = positions[:, None] > 0
+    valid = starts_in_context & (length >= 0) & (length < MAX_ANSWER_TOKENS)
+    valid = valid | ((positions[:, None] == 0) & (positions[None, :] == 0))  # [CLS] alone: no answer
     spans = (start[:, :, None] + end[:, None, :]).masked_fill(~valid, float("-inf"))  # (B, T, T)
     best = spans.flatten(1).argmax(dim=1)
     pred_start, pred_end = best // T, best % T
