@@ -48,7 +48,7 @@ def _shared(command: click.Command) -> click.Command:
 @click.option("--batch-size", type=int, default=DEFAULTS.batch_size, show_default=True, help="Rows per step.")
 @click.option("--weight-decay", type=float, default=DEFAULTS.weight_decay, show_default=True, help="AdamW weight decay.")
 @click.option("--seq-len", type=int, default=128, show_default=True, help="Longest row in tokens.")
-@click.option("--param", "params", multiple=True, metavar="TASK.NAME=VALUE", help="A task parameter, e.g. qa.doc_stride=64.")
+@click.option("--param", "params", multiple=True, metavar="TASK.NAME=VALUE", help="A task parameter, e.g. qa.doc_stride=64 (default: the task's own).")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), metavar="DIR",
               help="Write finetune.json and predictions.jsonl (per held-out row and fold) here.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout and nothing else.")

