@@ -4,7 +4,7 @@ GLUE after fine-tuning; Pruthi et al. attack a fine-tuned BERT classifier).
 
 Per fold, a copy of the backbone plus a linear head on its mean-pooled output is trained end to
 end on the other folds' sentences and predicts the held-out fold. The folds are the frozen probe's
-(:func:`objreg.experiments.sst2_probe.cross_validation_folds` of the same seed), so the probe and
+(:func:`objreg.analysis.run.finetune.cross_validation_folds` of the same seed), so the probe and
 the fine-tune are read on the same splits.
 """
 
@@ -12,33 +12,19 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from objreg import InvalidParameterError, Tokenizer
-from objreg.experiments.sst2_probe import cross_validation_folds, mean_pooled
+from objreg.analysis.run.finetune import Schedule, cross_validation_folds, train_rows
+from objreg.experiments.sst2_probe import mean_pooled
 from objreg.toolkit.randomness import stream
 
-
-@dataclass(frozen=True)
-class FineTune:
-    """The fine-tune's fixed schedule: ``epochs`` passes over the training folds in batches of
-    ``batch_size`` (shuffled each epoch), AdamW at a constant ``lr`` with weight decay 0.01."""
-
-    epochs: int = 3
-    lr: float = 1e-4
-    batch_size: int = 16
-
-    def __post_init__(self):
-        if not (isinstance(self.epochs, int) and self.epochs >= 1):
-            raise InvalidParameterError(f"fine-tune epochs must be an integer >= 1, got {self.epochs!r}")
-        if not (isinstance(self.batch_size, int) and self.batch_size >= 1):
-            raise InvalidParameterError(f"fine-tune batch_size must be an integer >= 1, got {self.batch_size!r}")
-        if not self.lr > 0:
-            raise InvalidParameterError(f"fine-tune lr must be > 0, got {self.lr!r}")
+#: The fine-tune's schedule (:class:`objreg.analysis.run.finetune.Schedule`), under the name these
+#: experiments registered it with.
+FineTune = Schedule
 
 
 class Classifier(nn.Module):
@@ -62,7 +48,7 @@ def finetune_correct(model: nn.Module, tokenizer: Tokenizer, texts: Sequence[str
                      also: Sequence[Sequence[str]] = (), chunk: int = 128) -> list[torch.Tensor]:
     """Cross-validated correctness ``[N]`` bool of fine-tuning ``model``'s backbone with a linear
     head on ``texts``: for each of ``folds`` folds (the frozen probe's,
-    :func:`~objreg.experiments.sst2_probe.cross_validation_folds` of ``seed``), a copy of the backbone and
+    :func:`~objreg.analysis.run.finetune.cross_validation_folds` of ``seed``), a copy of the backbone and
     a fresh head trained on the other folds (``schedule``; the head's init and the batch order
     from the ``finetune`` stream of ``seed``), then the held-out fold predicted. Returned for
     ``texts`` and then for every text list in ``also`` (other versions of the same rows, e.g.
@@ -96,19 +82,12 @@ def finetune_correct(model: nn.Module, tokenizer: Tokenizer, texts: Sequence[str
 
 def fit(classifier: Classifier, batch, labels: torch.Tensor, rows: torch.Tensor, schedule: FineTune,
         generator: torch.Generator, device) -> list[float]:
-    """Train ``classifier`` on ``rows`` of the tokenised ``batch`` (mean cross-entropy, AdamW);
-    returns each step's loss."""
-    optimizer = torch.optim.AdamW(classifier.parameters(), lr=schedule.lr, weight_decay=0.01)
+    """Train ``classifier`` on ``rows`` of the tokenised ``batch`` (mean cross-entropy, AdamW,
+    :func:`objreg.analysis.run.finetune.train_rows`); returns each step's loss."""
     classifier.train()
-    losses = []
-    for _ in range(schedule.epochs):
-        for part in rows[torch.randperm(len(rows), generator=generator)].split(schedule.batch_size):
-            loss = batch_loss(classifier, batch.select(part).to(device), labels[part].to(device))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            losses.append(float(loss.detach()))
-    return losses
+    return train_rows(list(classifier.parameters()),
+                      lambda part: batch_loss(classifier, batch.select(part).to(device), labels[part].to(device)),
+                      rows, schedule, generator)
 
 
 def batch_loss(classifier: Classifier, rows, labels: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,7 @@ model sizes the frozen probe sits near chance."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from objreg import DataError, Tokenizer, masks
+from objreg.analysis.run.finetune import cross_validation_folds
 from objreg.experiments._support import shared_data
 
 SST2 = "glue/SST-2/dev.tsv"
@@ -57,17 +58,6 @@ def sentence_features(model: nn.Module, tokenizer: Tokenizer, texts: Sequence[st
         batch = tokenizer.batch_from_texts(list(texts[start:start + chunk]), seq_len).to(device)
         out.append(mean_pooled(model, batch.input_ids, batch.is_padding, batch.document_ids).double().cpu())
     return torch.cat(out)
-
-
-def cross_validation_folds(n: int, folds: int, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """The ``folds`` folds of ``n`` rows (a permutation from ``seed``): each fold's held-out row
-    indices and the ``[n]`` bool mask of the rows it trains on. The frozen probe and the fine-tune
-    (:mod:`objreg.experiments.sst2_finetune`) split by it, so both are read on the same folds."""
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    for fold in order.chunk(folds):
-        train = torch.ones(n, dtype=torch.bool)
-        train[fold] = False
-        yield fold, train
 
 
 def probe_correct(features: torch.Tensor, labels: torch.Tensor, folds: int, seed: int,

@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from objreg import Registry, cache_dir
 from objreg.analysis.parallel.devices import resolve_device

@@ -77,7 +77,7 @@ def test_the_probe_is_a_float64_logistic_regression_on_the_frozen_features(tiny_
         x, y = features[~test], labels[~test]
         l2 = 1.0 / len(y)
 
-        def penalised(flat):
+        def penalised(flat, x=x, y=y, l2=l2):
             w, b = flat[:64].reshape(2, 32), flat[64:]
             logits = x @ w.T + b
             nll = np.mean(np.logaddexp.reduce(logits, axis=1) - logits[np.arange(len(y)), y])

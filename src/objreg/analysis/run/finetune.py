@@ -203,38 +203,25 @@ def finetune(
     run_device = resolve_device(device)
     splits = list(_splits(rows, folds, seeds, seed, evaluation is not None))
     total = sum(schedule.steps(int(train.sum())) for _, _, _, train in splits)
-    done = 0
     units, predictions = [], []
     kinds = registry.head_kinds()
+    linear = tuple(f"heads.{spec.name}.{p}" for spec in data.heads for p in (kinds[spec.kind].linear or ()))
+    counter = _StepCounter(total, on_progress)
     for unit_seed, fold, held, train in splits:
-        label = f"seed {unit_seed}" + (f", fold {fold + 1}/{folds}" if evaluation is None else "")
+        counter.label = f"seed {unit_seed}" + (f", fold {fold + 1}/{folds}" if evaluation is None else "")
         train_batch = data.batch.select(train.nonzero().squeeze(1))
         test_batch = evaluation.batch if evaluation is not None else data.batch.select(held)
         net = build_model(registry, source.model, tokenizer.vocab, {task.name: data.heads}, unit_seed).to(run_device)
-        linear = tuple(f"heads.{spec.name}.{p}" for spec in data.heads for p in (kinds[spec.kind].linear or ()))
-        status(f"{label}: the linear probe")
+        status(f"{counter.label}: the linear probe")
         probe = _probe(net, task, train_batch, test_batch, linear) if linear else None
-        status(f"{label}: fine-tuning on {train_batch.batch_size:,} rows, scoring {test_batch.batch_size:,}")
-
-        def step() -> None:
-            nonlocal done
-            done += 1
-            if on_progress is not None:
-                on_progress(done, total, label)
-
-        net.train()
-        generator = stream(unit_seed, "finetune")
-        losses = train_rows(list(net.parameters()),
-                            lambda part: task.losses(net, train_batch.select(part).to(run_device)).mean(),
-                            torch.arange(train_batch.batch_size), schedule, generator, step)
-        net.eval()
+        status(f"{counter.label}: fine-tuning on {train_batch.batch_size:,} rows, scoring {test_batch.batch_size:,}")
+        losses = _fine_tune(net, task, train_batch, schedule, stream(unit_seed, "finetune"), run_device, counter)
         scores = _scores(net, task, test_batch, run_device)
-        unit = {"seed": unit_seed, "fold": fold, "train_rows": train_batch.batch_size,
-                "heldout_rows": test_batch.batch_size,
-                "finetune": {name: float(v.mean()) for name, v in scores.items()},
-                "train_loss": {"first": losses[0], "last": losses[-1], "steps": len(losses)},
-                "probe": probe}
-        units.append(unit)
+        units.append({"seed": unit_seed, "fold": fold, "train_rows": train_batch.batch_size,
+                      "heldout_rows": test_batch.batch_size,
+                      "finetune": {name: float(v.mean()) for name, v in scores.items()},
+                      "train_loss": {"first": losses[0], "last": losses[-1], "steps": len(losses)},
+                      "probe": probe})
         index = held.tolist() if evaluation is None else list(range(test_batch.batch_size))
         for i, row in enumerate(index):
             predictions.append({"seed": unit_seed, "fold": fold, "row": row,
@@ -252,6 +239,29 @@ def finetune(
                                                  "batch_size", "seq_len", "seed", "model")},
         timing={"wall_s": time.perf_counter() - started, "cpu_s": time.process_time() - cpu_started},
     )
+
+
+class _StepCounter:
+    """Counts optimizer steps over every unit and reports each to ``on_progress``."""
+
+    def __init__(self, total: int, on_progress: Progress | None):
+        self.total, self.on_progress = total, on_progress
+        self.done, self.label = 0, ""
+
+    def __call__(self) -> None:
+        self.done += 1
+        if self.on_progress is not None:
+            self.on_progress(self.done, self.total, self.label)
+
+
+def _fine_tune(net: nn.Module, task: Task, rows: CorruptedBatch, schedule: Schedule, generator: torch.Generator,
+               device: torch.device, on_step: Callable[[], None]) -> list[float]:
+    """Train ``net`` (backbone and heads) on every row of ``rows``; returns each step's loss."""
+    net.train()
+    losses = train_rows(list(net.parameters()), lambda part: task.losses(net, rows.select(part).to(device)).mean(),
+                        torch.arange(rows.batch_size), schedule, generator, on_step)
+    net.eval()
+    return losses
 
 
 def _check_counts(**values: int) -> None:
