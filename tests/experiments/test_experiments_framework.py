@@ -315,13 +315,33 @@ def test_recombine_rebuilds_the_overall_result_from_the_seeds(stand_in_experimen
     module, calls = stand_in_experiment
     committed = objreg.experiments.run("stand-in", seeds=3, seed=0, quick=False).to_dict()
     ran = len(calls)
-    assert recombine(module, committed).to_dict() == committed
+    with pytest.warns(UserWarning, match="kept as recorded"):
+        assert recombine(module, committed).to_dict() == committed
     module.PRECONDITIONS = (_precondition(5.0),)  # a precondition declared later reads the seeds' figures
     changed = recombine(module, committed)
     assert len(calls) == ran  # nothing ran
     assert changed.verdict == "inconclusive" and changed.preconditions[0]["per_seed"] == pytest.approx(
         [draw(s) for s in range(3)])
     assert changed.timing == committed["timing"] and changed.setting == committed["setting"]
+
+
+def test_recombine_reads_each_seed_s_verdict_again_after_a_rule_change(stand_in_experiment):
+    from objreg.experiments import base
+    from objreg.experiments.replication import recombine
+
+    module, _ = stand_in_experiment
+    committed = objreg.experiments.run("stand-in", seeds=3, seed=0, quick=False).to_dict()
+    with pytest.warns(UserWarning, match="per-seed verdicts are kept as recorded"):
+        kept = recombine(module, committed)
+    assert [r["verdict"] for r in kept.to_dict()["replicates"]] == [r["verdict"] for r in committed["replicates"]]
+    # The rule changes: the threshold moves above every draw. Each seed must now read refuted.
+    module.seed_verdict = lambda figures: (
+        base.verdict_from_interval(figures["effect"] - 0.01, figures["effect"] + 0.01, 10.0), "re-read")
+    reread = recombine(module, committed).to_dict()
+    assert [r["verdict"] for r in reread["replicates"]] == ["refuted"] * 3
+    assert [r["reason"] for r in reread["replicates"]] == ["re-read"] * 3
+    assert [r["figures"]["effect"] for r in reread["replicates"]] == [r["figures"]["effect"]
+                                                                     for r in committed["replicates"]]
 
 
 def test_pooling_a_second_run_equals_running_every_seed_at_once(stand_in_experiment):

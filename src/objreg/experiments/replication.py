@@ -11,7 +11,9 @@ model on one evaluation set; they are never pooled into the overall interval.
 
 from __future__ import annotations
 
+import copy
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -221,10 +223,23 @@ def conclude(experiment: ModuleType, results: list[ExperimentResult], setting: S
 def recombine(experiment: ModuleType, committed: dict[str, Any]) -> ExperimentResult:
     """The overall result of a committed ``result.json`` (its ``replicates``) under the experiment's
     current combine, preconditions and power, running nothing: for rules that read only figures
-    the seeds already recorded. The seeds' figures, timing, settings and plots are kept."""
-    results = [ExperimentResult(r["name"], r["claim"], r["verdict"], r["reason"], r["figures"], r["setting"],
-                                list(r["plots"]), timing=dict(r["timing"]), preconditions=list(r.get("preconditions", [])))
-               for r in committed["replicates"]]
+    the seeds already recorded. The seeds' figures, timing, settings and plots are kept.
+
+    Each seed's own verdict is read again where the experiment says how (``seed_verdict(figures)
+    -> (verdict, reason)``), its preconditions checked again under the current declarations, so
+    a rule change reaches the per-seed verdicts too; an experiment without ``seed_verdict`` keeps
+    the recorded ones, and a warning says so."""
+    reread = getattr(experiment, "seed_verdict", None)
+    if reread is None:
+        warnings.warn(f"{experiment.NAME}: the per-seed verdicts are kept as recorded (the experiment has no "
+                      f"seed_verdict to read them again); only the overall result is recomputed", stacklevel=2)
+    results = []
+    for r in committed["replicates"]:
+        figures = copy.deepcopy(r["figures"])
+        verdict, reason = reread(figures) if reread is not None else (r["verdict"], r["reason"])
+        results.append(ExperimentResult(r["name"], r["claim"], verdict, reason, figures, r["setting"], list(r["plots"]),
+                                        timing=dict(r["timing"]),
+                                        preconditions=[] if reread is not None else list(r.get("preconditions", []))))
     seeds = [r.setting["seed"] for r in results]
     overall = conclude(experiment, results, Setting(quick=bool(committed["setting"].get("quick")), seed=seeds[0]))
     overall.setting = {**committed["setting"], "seeds": seeds}
