@@ -116,3 +116,17 @@ def test_an_inconclusive_verdict_whose_parts_are_all_decided_names_no_power():
     by_power = result(names[1], "inconclusive", [0.1, 0.3, -0.05])
     block = docs.table({names[0]: split, names[1]: by_power})
     assert "2 inconclusive (0 by a failed precondition, 1 by parts that disagree, 1 by power)" in block
+
+
+def test_a_claim_not_testable_on_this_hardware_is_kept_out_of_the_counts(tmp_path, monkeypatch):
+    from objreg.experiments import rtd_efficiency
+
+    results = {"rtd-efficiency": result("rtd-efficiency", "inconclusive", [-1.0, 0.5, 1.0]),
+               "inverse-frequency": result("inverse-frequency", "confirmed", [1.0, 2.0, 3.0])}
+    block = docs.table(results)
+    assert "1 confirmed, 0 refuted, 0 inconclusive" in block
+    assert f"`rtd-efficiency` not counted, not testable on this hardware: {rtd_efficiency.NOT_TESTABLE_HERE}" in block
+    row = next(line for line in block.splitlines() if line.startswith("| `rtd-efficiency`"))
+    assert row.split(" | ")[2].endswith("— not counted: not testable on this hardware")
+    monkeypatch.delattr(rtd_efficiency, "NOT_TESTABLE_HERE")
+    assert "1 confirmed, 0 refuted, 1 inconclusive" in docs.table(results)

@@ -53,6 +53,12 @@ def is_software_check(name: str) -> bool:
     return getattr(module(name), "KIND", "claim") == "software check"
 
 
+def not_testable_here(name: str) -> str | None:
+    """Why experiment ``name`` cannot be tested on the machines this project runs on
+    (``NOT_TESTABLE_HERE``), or None: such a claim is kept out of the summary's counts."""
+    return getattr(module(name), "NOT_TESTABLE_HERE", None)
+
+
 def failed_preconditions(result: dict[str, Any]) -> list[dict[str, Any]]:
     return [check for check in result.get("preconditions", []) if not check["passed"]]
 
@@ -144,6 +150,8 @@ def _row(name: str, r: dict[str, Any]) -> str:
     quick = " (quick setting)" if r["setting"].get("quick") else ""
     reason = why(r)
     verdict = f"**{r['verdict']}**{quick}" + (f" ({reason})" if reason else "")
+    if not_testable_here(name):
+        verdict += " — not counted: not testable on this hardware"
     return (f"| `{name}` | {short_source(r['source'])} | {verdict} | {_decisive(r)} | {_power_cell(r)} "
             f"| {_preconditions_cell(r)} | {per_seed} | {time} |")
 
@@ -157,7 +165,8 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     ones say so), then the software checks, then what decided each verdict."""
     claims = [name for name in EXPERIMENTS if not is_software_check(name)]
     checks = [name for name in EXPERIMENTS if is_software_check(name)]
-    decided = {name: r for name, r in results.items() if name in claims}
+    untestable = {name: not_testable_here(name) for name in claims if not_testable_here(name)}
+    decided = {name: r for name, r in results.items() if name in claims and name not in untestable}
     counts = {v: sum(r["verdict"] == v for r in decided.values()) for v in ("confirmed", "refuted", "inconclusive")}
     by_precondition = sum(r["verdict"] == "inconclusive" and bool(failed_preconditions(r)) for r in decided.values())
     by_split = sum(not failed_preconditions(r) and bool(decided_split(r)) for r in decided.values())
@@ -167,7 +176,9 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         f"refuted, {counts['inconclusive']} inconclusive ({by_precondition} by a failed precondition, "
         + (f"{by_split} by parts that disagree, " if by_split else "")
         + f"{counts['inconclusive'] - by_precondition - by_split} by power)"
-        + (f"; {len(missing)} not run in the full setting yet ({', '.join(missing)})." if missing else "."),
+        + (f"; {len(missing)} not run in the full setting yet ({', '.join(missing)})" if missing else "")
+        + "".join(f"; `{name}` not counted, not testable on this hardware: {reason}" for name, reason in untestable.items())
+        + ".",
         "",
         HEADER,
         "|---|---|---|---|---|---|---|---|",
