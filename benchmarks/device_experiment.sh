@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One experiment's full setting in one call of the device machine (a GPU), within its per-call
+# limit: `objreg experiment run NAME --seeds N --device cuda --out $OUT/NAME`, stopped at LIMIT
+# seconds (default 540) so that the call returns what finished: each seed's result.json is written
+# to $OUT/NAME/seed-S/ as it ends (`python -m objreg.experiments.docs pool NAME FILE` adds them to
+# the committed result), the overall result.json when every seed is done, and the log to
+# $OUT/NAME.log.
+#
+#   OUT=/tmp/gpu bash benchmarks/device_experiment.sh tapt 10           # on the GPU machine, repository root
+#   OUT=/tmp/gpu bash benchmarks/device_experiment.sh tapt 1 --quick    # the quick setting on the CPU: checks it here
+set -u
+: "${OUT:?set OUT to the output folder}"
+NAME=${1:?name the experiment}
+SEEDS=${2:-3}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+if [ "${3:-}" = "--quick" ]; then
+    ARGS=(--quick --device cpu)
+else
+    ARGS=(--device cuda)
+fi
+LIMIT=${LIMIT:-540}
+echo "== $NAME: $SEEDS seeds ${ARGS[*]} (limit ${LIMIT}s) $(date -u +%T)" >"$OUT/$NAME.log"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader >>"$OUT/$NAME.log" 2>&1 || true
+start=$SECONDS
+timeout "$LIMIT" "$PY" -m objreg experiment run "$NAME" --seeds "$SEEDS" "${ARGS[@]}" --out "$OUT/$NAME" \
+    >>"$OUT/$NAME.log" 2>&1
+status=$?
+echo "== $NAME: exit $status, $((SECONDS - start)) s" >>"$OUT/$NAME.log"
+exit $status
