@@ -234,3 +234,20 @@ def sentiment_tsv(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("sentiment") / "sentiment.tsv"
     path.write_text("\n".join(rows) + "\n")
     return path
+
+
+_WORDS = """apple river stone cloud music garden silver window forest candle bridge winter harbor lantern meadow
+pepper copper violet thunder marble desert island rocket feather castle jungle planet shadow valley orange engine
+blanket dragon mirror pocket ribbon saddle temple tunnel wagon""".split()
+
+
+@pytest.fixture(scope="session")
+def distinct_sentences() -> Callable[[int], list[str]]:
+    """``distinct_sentences(n)``: n sentences of 10 words drawn at random (seeded) from 40, so that
+    no two share a run of 8 words (objreg.toolkit.overlap's window): rows that share no text."""
+    def make(count: int) -> list[str]:
+        g = torch.Generator().manual_seed(0)
+        return [" ".join(_WORDS[j] for j in torch.randperm(len(_WORDS), generator=g)[:10].tolist())
+                for _ in range(count)]
+
+    return make

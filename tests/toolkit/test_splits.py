@@ -57,3 +57,16 @@ def test_nothing_is_overwritten(tmp_path):
     with pytest.raises(objreg.DataError, match="exists already"):
         split_classification_file(path, tmp_path / "out", seed=1)
     assert (tmp_path / "out" / "train.tsv").read_text() == before
+
+
+def test_rows_that_share_text_stay_on_one_side(tmp_path, distinct_sentences):
+    path = tmp_path / "pairs.tsv"
+    texts = distinct_sentences(12)
+    rows = [f"{texts[i // 3]}\thypothesis number {i} .\t{i % 2}" for i in range(36)]  # each premise thrice
+    path.write_text("sentence1\tsentence2\tlabel\n" + "\n".join(rows) + "\n")
+    for seed in range(5):
+        files = split_classification_file(path, tmp_path / f"out{seed}", held_out=0.3, seed=seed)
+        held_premises = {line.split("\t")[0] for line in files.heldout.read_text().splitlines()[1:]}
+        train_premises = {line.split("\t")[0] for line in files.train.read_text().splitlines()[1:]}
+        assert held_premises and train_premises and not held_premises & train_premises
+        assert files.heldout_rows % 3 == 0 and files.heldout_rows >= 0.3 * 36

@@ -3,14 +3,17 @@ corpus: what task-adaptive pre-training needs (pre-train on the training rows' t
 them, score on the held-out rows, whose text is never pre-trained on).
 
 Classification files only (GLUE-style TSV with a header, or JSONL: one record a line, read by
-:func:`objreg.toolkit.taskfiles.read_classification`). Each output file keeps the input's lines
-byte for byte (a TSV's header first); the order of the rows comes from the ``data_split`` stream
-of the seed.
+:func:`objreg.toolkit.taskfiles.read_classification`). Rows that share text (an RTE premise paired
+with several hypotheses, a repeated sentence: :func:`objreg.toolkit.overlap.text_groups` on their
+lower-cased words) go to the same side, so no held-out row's text is in the training text. Groups
+are taken in an order from the ``data_split`` stream of the seed until the held-out side has its
+share of the rows. Each output file keeps the input's lines byte for byte (a TSV's header first).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,8 +21,11 @@ import torch
 
 from objreg.core.errors import DataError, InvalidParameterError
 from objreg.toolkit.atomic import atomic_file
+from objreg.toolkit.overlap import text_groups
 from objreg.toolkit.randomness import stream
 from objreg.toolkit.taskfiles import is_jsonl, read_classification
+
+_WORD = re.compile(r"\w+")
 
 
 @dataclass(frozen=True)
@@ -53,19 +59,30 @@ def split_classification_file(path: str | Path, out_dir: str | Path, held_out: f
         raise InvalidParameterError(f"{path}: {len(records)} rows cannot be split with {held_out:g} held out "
                                     f"(each side needs a row)")
     suffix = path.suffix or ".tsv"
-    files = SplitFiles(out / f"train{suffix}", out / f"heldout{suffix}", out / "train.txt", len(records) - held, held)
-    for file in (files.train, files.heldout, files.text):
+    train_file, heldout_file, text_file = out / f"train{suffix}", out / f"heldout{suffix}", out / "train.txt"
+    for file in (train_file, heldout_file, text_file):
         if file.exists() or file.is_symlink():
             raise DataError(f"{file} exists already: choose another directory (objreg overwrites no split)")
-    order = torch.randperm(len(records), generator=stream(seed, "data_split")).tolist()
-    parts = {files.heldout: sorted(order[:held]), files.train: sorted(order[held:])}
+    members: dict[int, list[int]] = {}
+    for row, group in enumerate(text_groups([_WORD.findall(f"{r.text} {r.pair or ''}".lower()) for r in records])):
+        members.setdefault(group, []).append(row)
+    held_rows: list[int] = []
+    for group in torch.randperm(len(members), generator=stream(seed, "data_split")).tolist():
+        if len(held_rows) >= held:
+            break
+        held_rows += members[group]
+    if len(held_rows) == len(records):
+        raise InvalidParameterError(f"{path}: its rows share text so widely that no split keeps the held-out rows' "
+                                    f"text out of the training rows")
+    chosen = set(held_rows)
+    parts = {heldout_file: sorted(chosen), train_file: [i for i in range(len(records)) if i not in chosen]}
     header = [] if is_jsonl(path, "classification data file", "") else [lines[0]]
     out.mkdir(parents=True, exist_ok=True)
     for file, chosen in parts.items():
         with atomic_file(file, "w") as f:
             f.writelines([*header, *(lines[records[i].line - 1] for i in chosen)])
-    documents = ["\n".join(t for t in (records[i].text, records[i].pair) if t) for i in parts[files.train]]
-    with atomic_file(files.text, "w") as f:
+    documents = ["\n".join(t for t in (records[i].text, records[i].pair) if t) for i in parts[train_file]]
+    with atomic_file(text_file, "w") as f:
         f.write("\n\n".join(documents) + "\n")
-    return files
+    return SplitFiles(train_file, heldout_file, text_file, len(parts[train_file]), len(parts[heldout_file]))
 

@@ -12,8 +12,11 @@ import torch
 from scipy import optimize, stats
 
 import objreg
-from objreg.analysis.run.finetune import Schedule, finetune
+from objreg.analysis.run.finetune import Schedule, finetune, grouped_folds
 from objreg.analysis.run.prepare import build_model
+from objreg.analysis.run.unseen import row_tokens
+from objreg.toolkit.overlap import text_groups
+from objreg.toolkit.randomness import stream_seed
 
 SMALL = {"schedule": Schedule(epochs=2, lr=1e-3, batch_size=8), "seq_len": 32}
 
@@ -36,6 +39,20 @@ def test_each_seed_holds_out_every_row_once(report):
         assert rows == list(range(60))
     folds = {(p["seed"], p["fold"]) for p in report.predictions}
     assert len(folds) == 6
+
+
+def test_no_fold_trains_on_text_it_is_scored_on(tiny_bert, tmp_path, registry, distinct_sentences):
+    # Each premise with three hypotheses (RTE's shape): rows sharing a premise share its 8-token windows.
+    texts = distinct_sentences(8)
+    rows = [f"{texts[i // 3]}\tthis is hypothesis {i} .\t{i % 2}" for i in range(24)]
+    path = tmp_path / "pairs.tsv"
+    path.write_text("sentence1\tsentence2\tlabel\n" + "\n".join(rows) + "\n")
+    report = finetune(str(tiny_bert), "classification", str(path), folds=4, registry=registry,
+                      schedule=Schedule(epochs=1, batch_size=8), seq_len=48)
+    for fold in range(4):
+        held = {p["row"] // 3 for p in report.predictions if p["fold"] == fold}
+        assert report.units[fold]["heldout_rows"] == 3 * len(held)  # whole premises held out
+    assert sorted(p["row"] for p in report.predictions) == list(range(24))
 
 
 def test_the_interval_is_a_t_interval_over_the_seeds_pooled_rows(report):
@@ -70,8 +87,8 @@ def test_the_probe_is_a_float64_logistic_regression_on_the_frozen_features(tiny_
         task.losses(net, data.batch)
     features = captured[0].numpy()  # the pooled states the linear part reads, [60, 32]
     labels = data.batch.extras["label"].numpy()
-    order = torch.randperm(60, generator=torch.Generator().manual_seed(objreg.toolkit.randomness.stream_seed(0, "finetune_split")))
-    for fold, held in enumerate(order.chunk(2)):
+    groups = text_groups(row_tokens(data.batch, tokenizer.vocab))
+    for fold, (held, _) in enumerate(grouped_folds(groups, 2, stream_seed(0, "finetune_split"))):
         test = np.zeros(60, dtype=bool)
         test[held.numpy()] = True
         x, y = features[~test], labels[~test]
@@ -106,7 +123,7 @@ def test_held_out_file(tiny_bert, sentiment_tsv, tmp_path, registry):
 
 
 @pytest.mark.parametrize("given, message", [
-    ({"folds": 61}, r"folds \(--folds\) must lie in \[2, 60\]"),
+    ({"folds": 61}, r"folds \(--folds\) must lie in \[2, \d+\] \(the groups of rows"),
     ({"folds": 1}, r"folds \(--folds\) must be an integer >= 2"),
     ({"seeds": 0}, r"seeds \(--seeds\) must be an integer >= 1"),
     ({"schedule": "lr"}, None),

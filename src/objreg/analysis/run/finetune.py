@@ -2,8 +2,8 @@
 the field measures it: fine-tune backbone and task head on training rows, read the task's metric
 on held-out rows.
 
-For every seed and every fold (``folds``-fold cross-validation over the data, or one split: train
-on ``downstream_data``, evaluate on ``eval_data``), a fresh copy of the model gets the task's heads
+For every seed and every fold (``folds``-fold cross-validation over the data, rows that share text
+kept in one fold; or one split: train on ``downstream_data``, evaluate on ``eval_data``), a fresh copy of the model gets the task's heads
 (drawn from the seed) and is trained end to end (:class:`Schedule`: AdamW, a constant learning
 rate, batch order from the seed's ``finetune`` stream), then scored on the held-out rows by the
 task's metric (``objreg_task_metrics``: accuracy for classification, exact match and F1 for
@@ -34,12 +34,13 @@ from objreg.analysis.math.stats import mean_ci95
 from objreg.analysis.parallel.devices import resolve_device
 from objreg.analysis.run.prepare import build_model
 from objreg.analysis.run.trained import resolve
-from objreg.analysis.run.unseen import check_unseen, corpus_sentences
+from objreg.analysis.run.unseen import check_unseen, corpus_sentences, row_tokens
 from objreg.core.errors import DataError, InvalidParameterError
 from objreg.core.handles import Task
 from objreg.core.registry import Registry
 from objreg.core.types import CorruptedBatch
 from objreg.toolkit.cache import cache_dir
+from objreg.toolkit.overlap import text_groups
 from objreg.toolkit.randomness import stream, stream_seed
 from objreg.toolkit.tokenizer import TokenizedCorpus
 
@@ -85,6 +86,15 @@ def cross_validation_folds(n: int, folds: int, seed: int) -> Iterator[tuple[torc
         train = torch.ones(n, dtype=torch.bool)
         train[fold] = False
         yield fold, train
+
+
+def grouped_folds(groups: Sequence[int], folds: int, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """:func:`cross_validation_folds` over groups of rows (``groups``: a group id per row, from 0):
+    every row of a group is held out in the same fold, so no fold trains on text it is scored on."""
+    group_of = torch.tensor(list(groups), dtype=torch.long)
+    for held_groups, _ in cross_validation_folds(int(group_of.max()) + 1, folds, seed):
+        held = torch.isin(group_of, held_groups)
+        yield held.nonzero().squeeze(1), ~held
 
 
 def train_rows(parameters: Sequence[nn.Parameter], loss_of: Callable[[torch.Tensor], torch.Tensor],
@@ -190,9 +200,10 @@ def finetune(
         raise DataError(f"{eval_data} and {downstream_data} give the task different heads ({evaluation.heads} and "
                         f"{data.heads}): the evaluation rows need the training rows' label set")
     rows = data.batch.batch_size
-    if evaluation is None and not 2 <= folds <= rows:
-        raise InvalidParameterError(f"fine-tune folds (--folds) must lie in [2, {rows}] (the rows of "
-                                    f"{downstream_data}), got {folds}")
+    groups = text_groups(row_tokens(data.batch, tokenizer.vocab)) if evaluation is None else []
+    if evaluation is None and not 2 <= folds <= max(groups) + 1:
+        raise InvalidParameterError(f"fine-tune folds (--folds) must lie in [2, {max(groups) + 1}] (the groups of "
+                                    f"rows of {downstream_data} that share no text), got {folds}")
     if source.run is not None:
         status("checking that no evaluation row was pre-trained on")
         corpus = registry.load_corpus(source.run["corpus"], cache)
@@ -201,7 +212,7 @@ def finetune(
         shown = f"--eval-data {eval_data}" if evaluation is not None else f"--downstream-data {downstream_data}"
         check_unseen(held_out, tokenizer.vocab, corpus_sentences(pretrained), shown, source.run["corpus"])
     run_device = resolve_device(device)
-    splits = list(_splits(rows, folds, seeds, seed, evaluation is not None))
+    splits = list(_splits(rows, groups, folds, seeds, seed, evaluation is not None))
     total = sum(schedule.steps(int(train.sum())) for _, _, _, train in splits)
     units, predictions = [], []
     kinds = registry.head_kinds()
@@ -280,14 +291,14 @@ def _tokenizer_corpus(registry: Registry, model: str, cache: Path):
     return registry.load_corpus("default", cache)
 
 
-def _splits(rows: int, folds: int, seeds: int, seed: int, one_split: bool
+def _splits(rows: int, groups: Sequence[int], folds: int, seeds: int, seed: int, one_split: bool
             ) -> Iterator[tuple[int, int, torch.Tensor, torch.Tensor]]:
     """(seed, fold, held-out row indices, training-row mask) of every unit."""
     for unit_seed in range(seed, seed + seeds):
         if one_split:
             yield unit_seed, 0, torch.arange(0), torch.ones(rows, dtype=torch.bool)
             continue
-        for fold, (held, train) in enumerate(cross_validation_folds(rows, folds, stream_seed(unit_seed, "finetune_split"))):
+        for fold, (held, train) in enumerate(grouped_folds(groups, folds, stream_seed(unit_seed, "finetune_split"))):
             yield unit_seed, fold, held, train
 
 
