@@ -17,6 +17,8 @@
 ``surprisal``      a model's surprisal of each token (the entropy masking policy)
 ``taskfiles``      reading downstream task files (SQuAD, GLUE TSV, JSONL, CoNLL), even spacing, round robin
 ``atomic``         files written atomically (a temporary file renamed into place)
+``overlap``        text shared between rows: the n-gram containment test and groups of rows that share text
+``splits``         a task file split into training and held-out rows, the training text as a corpus
 ================= ===========================================================================================
 
 Import the module you need: ``from objreg.toolkit import selection``.
