@@ -50,7 +50,7 @@ def _shared(command: click.Command) -> click.Command:
 @click.option("--seq-len", type=int, default=128, show_default=True, help="Longest row in tokens.")
 @click.option("--param", "params", multiple=True, metavar="TASK.NAME=VALUE", help="A task parameter, e.g. qa.doc_stride=64 (default: the task's own).")
 @click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), metavar="DIR",
-              help="Write finetune.json and predictions.jsonl (per held-out row and fold) here.")
+              help="Write finetune.json and predictions.jsonl (per held-out row and fold) here (default: write nothing).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout and nothing else.")
 @click.pass_context
 def finetune(ctx: click.Context, model: str, eval_data: str | None, folds: int, seeds: int, epochs: int, lr: float,
