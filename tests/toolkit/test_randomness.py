@@ -35,6 +35,8 @@ NEW_NUMBERS = {
     "screen_random_order": 20,  # analysis.run.screen (the random-order baseline, drawn after every run)
     "entropy_heldout_corruption": 30,  # entropy_masking: held-out masks drawn by the entropy twin's policy
     "finetune": 40,  # experiments.sst2_finetune: the SST-2 fine-tune's head init and batch order
+    "finetune_split": 41,  # analysis.run.finetune: the cross-validation folds (objreg finetune)
+    "data_split": 42,  # toolkit.splits: the rows a split holds out (objreg split)
     "collapse_views": 45,  # consistency_collapse: the split point of each training row (beside data only)
 }
 
