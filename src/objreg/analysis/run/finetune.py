@@ -3,8 +3,8 @@ the field measures it: fine-tune backbone and task head on training rows, read t
 on held-out rows.
 
 For every seed and every fold (``folds``-fold cross-validation over the data, rows that share text
-kept in one fold; or one split: train on ``downstream_data``, evaluate on ``eval_data``), a fresh copy of the model gets the task's heads
-(drawn from the seed) and is trained end to end (:class:`Schedule`: AdamW, a constant learning
+kept in one fold; or one split: train on ``downstream_data``, evaluate on ``eval_data``), a fresh
+copy of the model gets the task's heads (drawn from the seed) and is trained end to end (:class:`Schedule`: AdamW, a constant learning
 rate, batch order from the seed's ``finetune`` stream), then scored on the held-out rows by the
 task's metric (``objreg_task_metrics``: accuracy for classification, exact match and F1 for
 ``qa``). Beside it, on the same splits, the **linear probe** of ``objreg analyze``: the task head's
@@ -122,8 +122,9 @@ class FineTuneReport:
     Attributes:
         model: What was fine-tuned (a model name or directory; a run's ``model/``).
         downstream: The task; ``metrics`` its metric names, the headline first.
-        summary: Per metric (and ``loss``), for the fine-tune and the probe: ``mean``, ``ci95``,
-            ``per_seed`` and ``interval_over`` (``seeds``, ``folds`` or ``rows``).
+        summary: Per metric (and the held-out ``loss``; the probe's ``d_star``), for the fine-tune
+            and the probe: ``mean``, ``ci95``, ``interval_over`` (``seeds``, ``folds`` or ``rows``)
+            and ``values``, what the interval is over.
         units: One entry per (seed, fold): rows trained on and held out, the fine-tune's
             metrics and loss, the training loss at its first and last step, the probe's.
         predictions: Per held-out row and unit: ``seed``, ``fold``, ``row`` (index in the
