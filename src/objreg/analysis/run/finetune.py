@@ -124,7 +124,7 @@ class FineTuneReport:
         downstream: The task; ``metrics`` its metric names, the headline first.
         summary: Per metric (and the held-out ``loss``; the probe's ``d_star``), for the fine-tune
             and the probe: ``mean``, ``ci95``, ``interval_over`` (``seeds``, ``folds`` or ``rows``)
-            and ``values``, what the interval is over.
+            and ``values``, what the interval is over (empty over rows: they are the predictions).
         units: One entry per (seed, fold): rows trained on and held out, the fine-tune's
             metrics and loss, the training loss at its first and last step, the probe's.
         predictions: Per held-out row and unit: ``seed``, ``fold``, ``row`` (index in the
@@ -355,8 +355,8 @@ def _summary(units: list[dict[str, Any]], metrics: list[str], folded: bool,
             return _interval(per_seed(read), "seeds")
         if folded:
             return {**_interval([read(u) for u in units], "folds"), "mean": per_seed(read)[0]}
-        if row_key is not None:
-            return _interval([p[row_key] for p in predictions], "rows")
+        if row_key is not None:  # the rows' own values are the predictions
+            return {**_interval([p[row_key] for p in predictions], "rows"), "values": []}
         value = read(units[0])
         return {"mean": value, "ci95": [value, value], "interval_over": "none", "values": [value]}
 
