@@ -22,6 +22,7 @@ says: a frozen head's loss, or ``D*`` of a re-fitted head (its exact gradient, t
 from __future__ import annotations
 
 import math
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -33,7 +34,7 @@ from torch import nn
 
 from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import Params, flat_dot, flat_norm, named_shared
-from objreg.analysis.math.riding import RidingDots
+from objreg.analysis.math.riding import RidingDots, unseen_message
 from objreg.analysis.math.stats import mean_ci95
 from objreg.analysis.probe.arguments import Quiet, build_downstream, head_names, reached_by, user_group
 from objreg.analysis.records import InRunRecord, RidingAlignment, Staleness
@@ -108,6 +109,8 @@ class InRunAlignment:
         self._handle: Any = None
         self._on_record: Callable[[InRunRecord], None] | None = None
         self._step = 0
+        self._traced: set[str] = set()  # objectives whose dependence on the measured set was checked
+        self._warned_unmeasured = False
 
     # -- by hand ---------------------------------------------------------------------------------
 
@@ -220,7 +223,8 @@ class InRunAlignment:
         if self.direction is None or self.age >= self.refresh_every:
             self.refresh()
         directions = [self.direction] + ([self._stale] if self._stale is not None else [])
-        self._riding = RidingDots(self.model, directions, per_example=self.per_example).__enter__()
+        self._riding = RidingDots(self.model, directions, per_example=self.per_example,
+                                  traced=self._traced).__enter__()
 
     def _shut(self) -> None:
         riding, self._riding = self._riding, None
@@ -232,7 +236,10 @@ class InRunAlignment:
         riding = self._riding
         unreached = [s.name for s in riding.segments if s.cotangent is None]
         dots = riding.by_objective()
+        unmeasured = riding.unmeasured()
+        unseen = riding.unseen()
         reached = set(riding.reached)
+        traced = {s.name for s in riding.segments if s.depends is not None}
         self._shut()
         if not dots:
             raise ProbeStateError(f"step {self._step}: no objective's losses were named; call "
@@ -240,6 +247,10 @@ class InRunAlignment:
         if unreached:
             raise ProbeStateError(f"step {self._step}: the losses of {', '.join(map(repr, unreached))} were named "
                                   f"but no backward pass reached them before the step closed")
+        if unseen:
+            names = sorted({n for missing in unseen.values() for n in missing})
+            raise InvalidParameterError(f"step {self._step}: {unseen_message(list(unseen), names)}")
+        self._traced |= traced
         if self._narrow and reached:
             self._narrow = False
             self.shared = tuple(n for n in self.shared if n in reached)
@@ -250,14 +261,25 @@ class InRunAlignment:
             "step": self._step,
             "downstream_grad_age": self.age,
             "downstream_grad_norm": self._direction_norm,
-            "alignment": {name: _alignment(columns[0]) for name, columns in dots.items()},
+            "alignment": {name: _alignment(columns[0], unmeasured[name]) for name, columns in dots.items()},
             "staleness": None,
         }
         if self._stale is not None and self._staleness is not None:
             staleness: Staleness = {**self._staleness, "dot_change": {  # type: ignore[typeddict-item]
-                name: _relative(columns[1], columns[0]) for name, columns in dots.items()}}
+                name: _relative(columns[1][~unmeasured[name]], columns[0][~unmeasured[name]])
+                for name, columns in dots.items()}}
             record["staleness"] = staleness
         self._stale, self._staleness = None, None
+        flagged = {name: len(a["unmeasured_rows"]) for name, a in record["alignment"].items() if a["unmeasured_rows"]}
+        if flagged and not self._warned_unmeasured:
+            self._warned_unmeasured = True
+            warnings.warn(
+                f"step {self._step}: the loop's loss gave no weight to "
+                + ", ".join(f"{n} rows of {k!r}" for k, n in flagged.items())
+                + " (an objective weighted 0, rows masked out of the loss): their gradient never reached the "
+                  "backward, so their dots are unknown; the record lists them in alignment.<k>.unmeasured_rows, "
+                  "their dots are null and the means are over the other rows (warned once)",
+                UserWarning, stacklevel=4)
         self.records.append(record)
         self._step += 1
         self.age += 1
@@ -282,11 +304,19 @@ class InRunAlignment:
         return tuple(n for n in trainable if n in set(shared))
 
 
-def _alignment(dots: torch.Tensor) -> RidingAlignment:
+def _alignment(dots: torch.Tensor, unmeasured: torch.Tensor) -> RidingAlignment:
+    """The record of one objective's dots; rows the loss gave no weight are listed, not averaged
+    (their dot is unknown: null in ``dots``; with no other row, the statistics are null too)."""
     values = dots.cpu().numpy()
-    mean, low, high = mean_ci95(values)
+    skipped = unmeasured.numpy()
+    kept = values[~skipped]
+    rows = [None if skip else float(v) for v, skip in zip(values, skipped)]
+    missing = [int(i) for i in np.flatnonzero(skipped)]
+    if kept.size == 0:
+        return {"dot": None, "ci95": None, "conflict_fraction": None, "dots": rows, "unmeasured_rows": missing}
+    mean, low, high = mean_ci95(kept)
     return {"dot": float(mean), "ci95": [float(low), float(high)],
-            "conflict_fraction": float(np.mean(values < 0)), "dots": [float(v) for v in values]}
+            "conflict_fraction": float(np.mean(kept < 0)), "dots": rows, "unmeasured_rows": missing}
 
 
 def _relative(then: torch.Tensor, now: torch.Tensor) -> float:
