@@ -206,12 +206,21 @@ def test_the_attention_alone_named_in_shared_gives_its_own_share(body):
     check(model, alignment, seen)
 
 
-def test_a_sequence_first_encoder_layer_is_refused_in_one_line():
-    # Its linear layers see [T, B, ...]: not the batch's rows (T = 5 here, B = 6).
+@pytest.mark.parametrize("shared", [None, ["body.layer.linear1.weight"], ["embed.weight", "body.layer.norm2.bias"]],
+                         ids=["default set", "a linear layer", "a norm"])
+def test_a_sequence_first_encoder_layer_is_refused_before_training(shared):
+    # Its linear layers see [T, B, ...]: not the batch's rows (silently so were T = B).
     model = build(lambda: Sequence(batch_first=False))
-    alignment = InRunAlignment(model, task_loss, eval_batches=EVAL, refresh_every=1)
-    with pytest.raises(InvalidParameterError, match="ran on 5 rows but the losses of 'a' have 6"):
-        run(model, alignment, 1)
+    with pytest.raises(InvalidParameterError, match=r"sequence-first \(batch_first=False\).*body\.layer\."):
+        InRunAlignment(model, task_loss, eval_batches=EVAL, refresh_every=1, shared=shared)
+
+
+def test_the_attention_of_a_sequence_first_encoder_layer_alone_is_the_float64_loop():
+    model = build(lambda: Sequence(batch_first=False))
+    attention = [n for n in dict(model.named_parameters()) if ".self_attn." in n]
+    alignment = InRunAlignment(model, task_loss, eval_batches=EVAL, refresh_every=1, shared=attention)
+    seen = run(model, alignment, 2)
+    check(model, alignment, seen)
 
 
 def test_dropout_replays_leave_the_training_trajectory_as_it_was():

@@ -99,6 +99,7 @@ class InRunAlignment:
         # (a frozen downstream head's parameters, say, have D's gradient but no objective's).
         self._narrow = shared is None
         self.downstream.shared = self.shared
+        _refuse_sequence_first(model, self.shared)
         self.records: list[InRunRecord] = []
         self.direction: Params | None = None  # ∇D in use
         self._direction_norm = 0.0  # its norm, taken once per refresh (a pass over every parameter)
@@ -302,6 +303,21 @@ class InRunAlignment:
             raise InvalidParameterError(f"shared names {len(unknown)} parameters the model has no trainable parameter "
                                         f"called: {', '.join(map(repr, unknown[:5]))}")
         return tuple(n for n in trainable if n in set(shared))
+
+
+def _refuse_sequence_first(model: nn.Module, shared: Sequence[str]) -> None:
+    """A sequence-first ``nn.Transformer*Layer``'s linear layers and norms see ``[T, B, ...]``: their
+    rows are positions, not examples (silently so where ``T = B``). Its attention alone is fine."""
+    for path, module in model.named_modules():
+        if isinstance(module, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)) and not module.self_attn.batch_first:
+            prefix = f"{path}." if path else ""
+            inside = [n for n in shared if n.startswith(prefix) and not n.startswith(f"{prefix}self_attn.")
+                      and not n.startswith(f"{prefix}multihead_attn.")]
+            if inside:
+                raise InvalidParameterError(
+                    f"{type(module).__name__} {path or '(the model)'} is sequence-first (batch_first=False): its "
+                    f"layers see [T, B, ...], not one row per example, so the dots would mix examples; build it "
+                    f"with batch_first=True, or leave {inside[0]!r} and the layer's other parameters out of shared=")
 
 
 def _alignment(dots: torch.Tensor, unmeasured: torch.Tensor) -> RidingAlignment:
