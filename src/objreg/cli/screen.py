@@ -18,6 +18,7 @@ from rich import box
 from rich.console import Console
 
 import objreg
+from objreg.analysis.run.naming import command_line
 from objreg.cli import render, threads
 from objreg.cli.analyze import analyze as _analyze
 from objreg.cli.progress import TRAINING, RunDisplay
@@ -83,7 +84,7 @@ def screen(ctx: click.Context, candidates: str, budget: str | None, probe_every:
 
     if display is not None:
         display.event(f"computing with {chosen.describe()}; --threads N to change")
-    with display or nullcontext(), threads.using(chosen):
+    with display or nullcontext(), threads.using(chosen), command_line():
         report = objreg.screen(candidates, downstream, budget=budget, probe_every=probe_every, registry=registry,
                                on_status=on_status, on_step=on_step, on_plan=on_plan, **settings)
     data = report.to_dict()
@@ -129,5 +130,6 @@ def _render(report: dict[str, Any], console: Console) -> None:
     render.show(console, baselines)
     for e in report["candidates"]:
         if not e["runnable"]:
-            render.prose(console, f"not run: {e['candidate']}: {e['reason']}", first="- ", indent="  ")
+            what = "not run" if e["probes"] == 0 and e.get("diverged_at") is None else "not ranked"
+            render.prose(console, f"{what}: {e['candidate']}: {e['reason']}", first="- ", indent="  ")
     render.prose(console, report["validity"])

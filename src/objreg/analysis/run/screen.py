@@ -59,8 +59,11 @@ from objreg.toolkit.randomness import stream
 #: Steps per candidate when no budget is given (docs/performance.md: 8 candidates on the default
 #: model in a few minutes on two CPU cores).
 DEFAULT_BUDGET = 8
-#: The most steps a time budget may run (it stops at its time first unless steps are very cheap).
+#: The most steps a budget may give, and a time budget may run (it stops at its time first unless
+#: steps are very cheap).
 MAX_STEPS = 10_000
+#: The longest time budget per candidate: a day.
+MAX_SECONDS = 86_400
 #: What the screen sets itself, so a caller may not.
 OWN_SETTINGS = ("pretrain", "weights", "schedule", "steps", "probe_every", "downstream_head", "spectrum",
                 "attribution_top", "head_warmup_steps")
@@ -106,6 +109,9 @@ def parse_budget(budget: int | str | Budget) -> Budget:
     if isinstance(budget, int):
         if budget < 2:
             raise InvalidParameterError(f"budget must be at least 2 steps (an interval needs two probes), got {budget}")
+        if budget > MAX_STEPS:
+            raise InvalidParameterError(f"budget must be at most {MAX_STEPS} steps per candidate (a screen is a short "
+                                        f"run; analyze trains longer), got {budget}")
         return Budget(steps=budget)
     text = str(budget).strip()
     try:
@@ -113,6 +119,9 @@ def parse_budget(budget: int | str | Budget) -> Budget:
             seconds = float(text[:-1])
             if not math.isfinite(seconds) or seconds <= 0:
                 raise ValueError
+            if seconds > MAX_SECONDS:
+                raise InvalidParameterError(f"budget must be at most {MAX_SECONDS}s per candidate (a screen is a short "
+                                            f"run; analyze trains longer), got {budget!r}")
             return Budget(seconds=seconds)
         return parse_budget(int(text))
     except ValueError:
@@ -193,6 +202,7 @@ class ScreenEntry(TypedDict):
     loss_decrease: float | None
     random_rank: int | None
     seconds: float
+    diverged_at: int | None  # the step at which the run diverged (then not ranked; ``reason`` says how)
 
 
 @dataclass
@@ -224,9 +234,9 @@ def rank_with_ties(entries: Sequence[ScreenEntry]) -> None:
     score is not a number (``D*`` undefined at some probe: the backbone diverged) is not ranked:
     it is listed with that reason, as an unrunnable candidate is."""
     for entry in entries:
-        if entry["runnable"] and not math.isfinite(entry["score"]["mean"]):
+        if entry["runnable"] and not all(math.isfinite(entry["score"][k]) for k in ("mean", "low", "high")):
             entry["runnable"], entry["rank"], entry["tied"] = False, None, False
-            entry["reason"] = "its D* became undefined during the run (the backbone diverged): try a lower lr"
+            entry["reason"] = "diverged: its D* became undefined during the run (the backbone diverged): try a lower lr"
     order = sorted((e for e in entries if e["runnable"]), key=lambda e: -e["score"]["mean"])
     leader: ScreenEntry | None = None
     for position, entry in enumerate(order, start=1):
@@ -342,15 +352,22 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
     tokens: list[int] = []
     started = time.monotonic()
     initial = None
+    previous = None  # D* at the previous probe
+    diverged: tuple[int, str] | None = None
     step = 0
     while step < steps:
-        if budget.seconds is not None and step >= 2 and time.monotonic() - started >= budget.seconds:
+        # A time budget runs on to its second probe at least: a rank needs an interval.
+        if budget.seconds is not None and len(scores) >= 2 and time.monotonic() - started >= budget.seconds:
             break
         probed = step % probe_every == 0
         _, batches = trainer.next_batches()
         weights = candidate.weights
         step_losses, gradients = trainer.accumulate_gradients(step, batches, weights, keep=True)
-        losses.append(sum(weights[n] * v for n, v in step_losses.items()))
+        loss = sum(weights[n] * v for n, v in step_losses.items())
+        if not math.isfinite(loss):
+            diverged = (step, f"its training loss is {loss}")
+            break
+        losses.append(loss)
         combined = {p: sum(weights[n] * gradients[n][p] for n in gradients) for p in shared}
         count = sum(int((~b.is_padding).sum()) for b in batches.values())
         tokens.append(count)
@@ -358,22 +375,41 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
             before = {n: p.detach().clone() for n, p in shared.items()}
             with Quiet(model), derivable_attention():
                 value = downstream.loss(model)
+                if not math.isfinite(value):
+                    diverged = (step, f"its D* is {value}")
+                    break
                 gradient, _ = downstream.curvature(model, before).gradient_and_products([])
             if not start:
                 start.update(downstream.state_dict())
             initial = value if initial is None else initial
+            if previous is not None and initial > 0 and abs(value - previous) > initial:
+                diverged = (step, f"D* went from {previous:.4g} to {value:.4g} in {probe_every} step(s), a change "
+                                  f"larger than D* at the start ({initial:.4g})")
+                break
+            previous = value
             norms.append(float(flat_norm(combined)))
         trainer.optimizer.step()
+        if not all(bool(torch.isfinite(p).all()) for p in shared.values()):
+            diverged = (step, "its weights became infinite or NaN")
+            break
         if probed:
             delta = {n: p.detach() - before[n] for n, p in shared.items()}
             score = -float(flat_dot(gradient, delta))
+            # A step whose first-order prediction moves D* by more than D* itself at the start is far
+            # outside the regime where a first-order term predicts anything.
+            if not math.isfinite(score) or (initial > 0 and abs(score) > initial):
+                diverged = (step, f"its step's predicted change of D* ({-score:+.4g}) is larger than D* at the start "
+                                  f"({initial:.4g}): far outside the first-order regime")
+                break
             scores.append(score)
             per_token.append(1000.0 * score / max(count, 1))
         step += 1
         on_step(step)
+    spent = time.monotonic() - started
+    if diverged is not None:  # nothing after it means anything; D* may not even be defined
+        return {"steps": step, "probes": len(scores), "diverged": diverged, "initial": initial, "seconds": spent}
     with Quiet(model):
         final = downstream.loss(model)
-    spent = time.monotonic() - started
     outcome = None
     if outcome_steps is not None:  # the validity experiment's outcome: the same run, continued unprobed
         for later in range(step, outcome_steps):
@@ -384,7 +420,7 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
             outcome = downstream.loss(model)
     half = len(losses) // 2
     return {
-        "steps": step, "probes": len(scores), "scores": scores, "per_token": per_token,
+        "steps": step, "probes": len(scores), "scores": scores, "per_token": per_token, "diverged": None,
         "tokens_per_step": sum(tokens) / len(tokens), "initial": initial, "final": final,
         "grad_norm": sum(norms) / len(norms),
         "loss_decrease": sum(losses[:half]) / half - sum(losses[half:]) / (len(losses) - half),
@@ -440,6 +476,11 @@ def screen(
     if isinstance(probe_every, bool) or not isinstance(probe_every, int) or probe_every < 1:
         raise InvalidParameterError(f"probe_every must be a positive integer, got {probe_every!r}")
     budget = parse_budget(DEFAULT_BUDGET if budget is None else budget)
+    if budget.steps is not None and budget.steps <= probe_every:
+        raise InvalidParameterError(
+            f"a budget of {budget.steps} steps probed every {probe_every} step(s) gives one probe per candidate; a "
+            f"rank needs at least two (an interval): probe more often than every {budget.steps} steps, or give a "
+            f"budget of more than {probe_every} steps")
     if outcome_steps is not None and (budget.steps is None or outcome_steps < budget.steps):
         raise InvalidParameterError(f"outcome_steps must be at least the budget's steps, got {outcome_steps!r}")
     registry = registry or Registry.load()
@@ -462,7 +503,7 @@ def screen(
             "reason": reasons[candidate.label], "rank": None, "tied": False, "score": None,
             "score_per_1k_tokens": None, "steps": 0, "probes": 0, "tokens_per_step": None,
             "initial_downstream_loss": None, "final_downstream_loss": None, "actual_improvement": None,
-            "grad_norm": None, "loss_decrease": None, "random_rank": None, "seconds": 0.0,
+            "grad_norm": None, "loss_decrease": None, "random_rank": None, "seconds": 0.0, "diverged_at": None,
         }
         entries.append(entry)
         if not entry["runnable"]:
@@ -475,6 +516,12 @@ def screen(
 
         run = _score_run(registry, candidate, base, loaded, budget, probe_every, device, report_step, start,
                          outcome_steps)
+        if run["diverged"] is not None:
+            at, how = run["diverged"]
+            entry.update({"runnable": False, "reason": f"diverged at step {at}: {how}", "diverged_at": at,
+                          "steps": run["steps"], "probes": run["probes"], "initial_downstream_loss": run["initial"],
+                          "seconds": run["seconds"]})
+            continue
         entry.update({
             "score": _interval(run["scores"]), "score_per_1k_tokens": _interval(run["per_token"]),
             "steps": run["steps"], "probes": run["probes"], "tokens_per_step": run["tokens_per_step"],
