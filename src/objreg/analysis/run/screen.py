@@ -124,6 +124,8 @@ def parse_budget(budget: int | str | Budget) -> Budget:
                                             f"run; analyze trains longer), got {budget!r}")
             return Budget(seconds=seconds)
         return parse_budget(int(text))
+    except InvalidParameterError:  # a ValueError too, but already the message to give
+        raise
     except ValueError:
         raise InvalidParameterError(
             f"budget must be a number of steps (at least 2, e.g. 12) or of seconds per candidate (e.g. 90s), "
