@@ -529,6 +529,7 @@ class RefitDownstream(Downstream):
     last_fit_error: float = field(init=False, default=0.0, repr=False)
     last_slope: torch.Tensor | None = field(init=False, default=None, repr=False)
     _fitted_at: Params | None = field(init=False, default=None, repr=False)
+    _fit_fingerprint: str | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -552,15 +553,29 @@ class RefitDownstream(Downstream):
         return {n: torch.zeros_like(params[n]) for n in self.head}
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the next solve starts (the last solution and its Hessian), for a checkpoint."""
+        """Where the next solve starts (the last solution and its Hessian), for a checkpoint, and
+        the fit set it was solved on (a fingerprint)."""
         return {"start": None if self.start is None else {n: t.clone() for n, t in self.start.items()},
-                "hint": None if self.hint is None else self.hint.clone()}
+                "hint": None if self.hint is None else self.hint.clone(), "fit": self.fit_fingerprint()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def fit_fingerprint(self) -> str:
+        """A SHA-256 of the fit set's examples (taken once)."""
+        if self._fit_fingerprint is None:
+            from objreg.analysis.probe.state import fingerprint
+
+            self._fit_fingerprint = fingerprint(self.fit_set.chunks)
+        return self._fit_fingerprint
+
+    def check_state(self, state: Any, model: nn.Module | None = None) -> None:
+        """Refuse a :meth:`state_dict` that is malformed or of another head or fit set
+        (``InvalidParameterError`` naming the key); ``model``: the head's shapes are checked too."""
+        from objreg.analysis.probe.state import check_head_state
+
+        check_head_state(state, self.head, model, key="downstream", fit=self.fit_fingerprint())
+
+    def load_state_dict(self, state: dict[str, Any], model: nn.Module | None = None) -> None:
+        self.check_state(state, model)
         start = state["start"]
-        if start is not None and set(start) != set(self.head):
-            raise InvalidParameterError(f"the state's downstream head has parameters {sorted(start)}, this one "
-                                        f"{sorted(self.head)}")
         self.start = None if start is None else {n: t.clone() for n, t in start.items()}
         self.hint = None if state["hint"] is None else state["hint"].clone()
 

@@ -41,7 +41,7 @@ from objreg.analysis.math.costs import moments_warning
 from objreg.analysis.math.curvature import HVP_METHODS
 from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import ObjectiveFunction, Params, named_shared, requiring_grad
-from objreg.analysis.math.optimizers import adam_settings, advance, players, stepped
+from objreg.analysis.math.optimizers import _group_of, adam_settings, advance, players, stepped
 from objreg.analysis.math.per_sample import METHODS as PER_SAMPLE_METHODS
 from objreg.analysis.math.refit import RefitDownstream
 from objreg.analysis.math.shapley import CoalitionMoments
@@ -63,6 +63,7 @@ from objreg.analysis.probe.arguments import (
 from objreg.analysis.probe.attention import check_attention, derivable_attention
 from objreg.analysis.probe.engine import Pending, Probe
 from objreg.analysis.probe.report import AlignmentReport, summarise
+from objreg.analysis.probe.state import check_state, optimizer_settings, parameter_layout
 from objreg.analysis.probe.split_check import (
     gradient_cause,
     mismatch_message,
@@ -80,7 +81,7 @@ LossFn = Callable[[nn.Module, Any], torch.Tensor]
 #: Called by an attached probe with each record it finishes.
 RecordCallback = Callable[[StepRecord], None]
 #: Bumped when :meth:`TransferProbe.state_dict` changes shape (older states are refused).
-STATE_FORMAT = 1
+STATE_FORMAT = 2
 
 
 @dataclass
@@ -194,6 +195,7 @@ class TransferProbe:
                             decode=decode, shared=names, local_batches=not whole_batches,
                             counterfactual_radius=counterfactual_radius)
         self._narrow = shared is None  # the default: narrowed to what some objective reaches, on first use
+        self._shared_given = None if shared is None else tuple(names)  # a state must measure the same
         settings = adam_settings(optimizer, self.shared_parameters)  # an unsupported optimizer fails here
         self.coalitions = None
         # Under Adam a probe made after the optimizer's first step needs the state_dict of the
@@ -441,6 +443,8 @@ class TransferProbe:
             "format": STATE_FORMAT,
             "objectives": list(engine.objectives),
             "shared": list(engine.shared),
+            "parameters": parameter_layout(self.shared_parameters),
+            "optimizer": self._optimizer_settings(),
             "records": list(self.records),
             "next_step": self._next_step,
             "steps_seen": self._steps_seen,
@@ -463,29 +467,15 @@ class TransferProbe:
                 model lacks, or another optimizer kind (Adam's moments with SGD or back).
             ProbeStateError: a step's measurement is in flight.
         """
-        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
-            found = state.get("format") if isinstance(state, Mapping) else type(state).__name__
-            raise InvalidParameterError(f"not a TransferProbe state_dict of format {STATE_FORMAT} (got {found!r})")
         if self._observed is not None or self._attached_measurement is not None:
             raise ProbeStateError("load_state_dict() between observe() and optimizer.step(): load it before the step")
-        objectives = list(self.engine.objectives)
-        if list(state["objectives"]) != objectives:
-            raise InvalidParameterError(f"the state is of a probe of objectives {list(state['objectives'])}, this one "
-                                        f"probes {objectives}")
-        trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
-        missing = [n for n in state["shared"] if n not in trainable]
-        if missing or not state["shared"]:
-            raise InvalidParameterError(f"the state measures {len(missing)} parameters this model has no trainable "
-                                        f"parameter called: {', '.join(map(repr, missing[:5]))}")
-        if (state["coalitions"] is None) != (self.coalitions is None):
-            kind = "Adam" if state["coalitions"] is not None else "SGD"
-            raise InvalidParameterError(f"the state is of a probe under {kind}; this probe's optimizer is "
-                                        f"{type(self.optimizer).__name__}")
         refit = isinstance(self.downstream, RefitDownstream)
-        if refit != (state["downstream"] is not None):
-            kinds = ("frozen", "re-fitted") if refit else ("re-fitted", "frozen")
-            raise InvalidParameterError(f"the state is of a probe with a {kinds[0]} downstream head; this probe's is "
-                                        f"{kinds[1]}")
+        # Everything checked before anything changes (objreg.analysis.probe.state).
+        check_state(state, fmt=STATE_FORMAT, objectives=list(self.engine.objectives), model=self.model,
+                    shared_given=self._shared_given, optimizer=self._optimizer_settings(),
+                    adam=self.coalitions is not None, refit_head=self.downstream.head if refit else None)
+        if refit:
+            self.downstream.check_state(state["downstream"], self.model)
         if self.coalitions is not None:
             try:
                 self.coalitions.load_state_dict(state["coalitions"])
@@ -521,6 +511,9 @@ class TransferProbe:
                                summary=summary)
 
     # -- internals -------------------------------------------------------------------------------
+
+    def _optimizer_settings(self) -> dict[str, Any]:
+        return optimizer_settings(self.optimizer, _group_of(self.optimizer, self.shared_parameters))
 
     def _remember_shared(self) -> None:
         self._shared_ids = {n: id(p) for n, p in self.shared_parameters.items()}
