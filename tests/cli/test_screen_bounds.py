@@ -51,3 +51,10 @@ def test_an_enormous_learning_rate_lists_every_candidate_not_ranked_with_its_ste
     report = json.loads(run("--candidates", "mlm", "--lr", "1e6", "--budget", "3", *SMALL, "--json").stdout)
     (entry,) = report["candidates"]
     assert entry["diverged_at"] == 0 and entry["rank"] is None
+
+
+@pytest.mark.parametrize("absent", ["--resume", "frozen", "--checkpoint-every", "--head-warmup-steps"])
+def test_the_help_offers_only_what_the_screen_has(run, absent):
+    result = run("--help")
+    assert result.exit_code == 0 and "--candidates" in result.stdout
+    assert absent not in result.stdout

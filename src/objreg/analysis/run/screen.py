@@ -218,6 +218,7 @@ class ScreenReport:
     candidates: list[ScreenEntry]
     validity: str
     seconds: float
+    stopped: bool = False  # stopped by the caller (Ctrl-C): later candidates listed as not run
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -447,6 +448,7 @@ def screen(
     on_step: Callable[[str, int, int | None], None] | None = None,
     on_plan: Callable[[int, int | None], None] | None = None,
     outcome_steps: int | None = None,
+    stop: Callable[[], bool] | None = None,
     **settings: Any,
 ) -> ScreenReport:
     """Screen ``candidates`` for ``downstream`` (module docstring).
@@ -463,6 +465,9 @@ def screen(
             each (None under a time budget).
         outcome_steps: For the validity experiment: after the budget, train each candidate on,
             unprobed, to this many steps in all, and report ``D*`` there (``outcome_downstream_loss``).
+        stop: Asked before each candidate: True stops the screen there (the report then holds the
+            candidates that finished, the others listed as not run, ``stopped`` True). A
+            ``KeyboardInterrupt`` inside a candidate's run carries that report as ``screen_report``.
         **settings: analyze's settings of the model, corpus, data and device
             (:class:`~objreg.analysis.run.config.AnalysisConfig` fields but those the screen sets).
 
@@ -496,50 +501,91 @@ def screen(
         raise InvalidParameterError("no candidate can run here: " + "; ".join(f"{k}: {v}" for k, v in reasons.items()))
     if on_plan is not None:
         on_plan(sum(r is None for r in reasons.values()), budget.steps)
-    entries: list[ScreenEntry] = []
+    entries = [_entry(candidate, reasons[candidate.label]) for candidate in parsed]
     start: dict[str, Any] = {}
-    for candidate in parsed:
-        entry: ScreenEntry = {
-            "candidate": candidate.label, "objectives": list(candidate.objectives),
-            "params": {k: dict(v) for k, v in candidate.params.items()}, "runnable": reasons[candidate.label] is None,
-            "reason": reasons[candidate.label], "rank": None, "tied": False, "score": None,
-            "score_per_1k_tokens": None, "steps": 0, "probes": 0, "tokens_per_step": None,
-            "initial_downstream_loss": None, "final_downstream_loss": None, "actual_improvement": None,
-            "grad_norm": None, "loss_decrease": None, "random_rank": None, "seconds": 0.0, "diverged_at": None,
-        }
-        entries.append(entry)
-        if not entry["runnable"]:
-            continue
-        status(f"screening {candidate.label}")
+    stopped = False
 
-        def report_step(done: int, label: str = candidate.label) -> None:
-            if on_step is not None:
-                on_step(label, done, budget.steps)
+    def report() -> ScreenReport:
+        """The report of the candidates that finished (the others listed with their reason)."""
+        ordered = sorted(entries, key=lambda e: (not e["runnable"], e["rank"] or 0,
+                                                 -e["score"]["mean"] if e["score"] else 0.0))
+        config_dict = {k: v for k, v in base.to_dict().items() if k not in OWN_SETTINGS}
+        config_dict.update(device=str(device), probe_every=probe_every)
+        return ScreenReport(base.downstream, str(budget), config_dict, ordered, validity_line(base, budget),
+                            time.monotonic() - started, stopped)
 
-        run = _score_run(registry, candidate, base, loaded, budget, probe_every, device, report_step, start,
-                         outcome_steps)
-        if run["diverged"] is not None:
-            at, how = run["diverged"]
-            entry.update({"runnable": False, "reason": f"diverged at step {at}: {how}", "diverged_at": at,
-                          "steps": run["steps"], "probes": run["probes"], "initial_downstream_loss": run["initial"],
-                          "seconds": run["seconds"]})
-            continue
-        entry.update({
-            "score": _interval(run["scores"]), "score_per_1k_tokens": _interval(run["per_token"]),
-            "steps": run["steps"], "probes": run["probes"], "tokens_per_step": run["tokens_per_step"],
-            "initial_downstream_loss": run["initial"], "final_downstream_loss": run["final"],
-            "actual_improvement": run["initial"] - run["final"], "grad_norm": run["grad_norm"],
-            "loss_decrease": run["loss_decrease"], "seconds": run["seconds"],
-        })
-        if outcome_steps is not None:
-            entry["outcome_downstream_loss"] = run["outcome"]  # type: ignore[typeddict-unknown-key]
-    runnable = [e for e in entries if e["runnable"]]
-    order = torch.randperm(len(runnable), generator=stream(base.seed, "screen_random_order")).tolist()
-    for entry, position in zip(runnable, order):
-        entry["random_rank"] = position + 1
-    rank_with_ties(entries)
-    entries.sort(key=lambda e: (not e["runnable"], e["rank"] or 0, -e["score"]["mean"] if e["score"] else 0.0))
-    config_dict = {k: v for k, v in base.to_dict().items() if k not in OWN_SETTINGS}
-    config_dict.update(device=str(device), probe_every=probe_every)
-    return ScreenReport(base.downstream, str(budget), config_dict, entries, validity_line(base, budget),
-                        time.monotonic() - started)
+    def rank() -> None:
+        runnable = [e for e in entries if e["runnable"]]
+        order = torch.randperm(len(runnable), generator=stream(base.seed, "screen_random_order")).tolist()
+        for entry, position in zip(runnable, order):
+            entry["random_rank"] = position + 1
+        rank_with_ties(entries)
+
+    current: ScreenEntry | None = None
+    try:
+        for candidate, entry in zip(parsed, entries):
+            if not entry["runnable"]:
+                continue
+            if stop is not None and stop():
+                stopped = True
+                entry.update({"runnable": False, "reason": STOPPED_BEFORE})
+                continue
+            current = entry
+            status(f"screening {candidate.label}")
+
+            def report_step(done: int, label: str = candidate.label) -> None:
+                if on_step is not None:
+                    on_step(label, done, budget.steps)
+
+            run = _score_run(registry, candidate, base, loaded, budget, probe_every, device, report_step, start,
+                             outcome_steps)
+            _fill(entry, run)
+            current = None
+        rank()
+        return report()
+    except KeyboardInterrupt as interrupt:
+        # Stopped at once: the candidates that finished are kept, handed over on the exception.
+        stopped = True
+        for entry in entries:
+            if entry is current:
+                entry.update({"runnable": False, "reason": STOPPED_DURING})
+            elif entry["runnable"] and entry["score"] is None:
+                entry.update({"runnable": False, "reason": STOPPED_BEFORE})
+        rank()
+        interrupt.screen_report = report()  # type: ignore[attr-defined]
+        raise
+
+
+#: Why a candidate was not run when the screen was stopped (Ctrl-C, SIGTERM).
+STOPPED_BEFORE = "stopped before its turn"
+STOPPED_DURING = "stopped while it trained (its run was abandoned)"
+
+
+def _entry(candidate: Candidate, reason: str | None) -> ScreenEntry:
+    return {
+        "candidate": candidate.label, "objectives": list(candidate.objectives),
+        "params": {k: dict(v) for k, v in candidate.params.items()}, "runnable": reason is None,
+        "reason": reason, "rank": None, "tied": False, "score": None,
+        "score_per_1k_tokens": None, "steps": 0, "probes": 0, "tokens_per_step": None,
+        "initial_downstream_loss": None, "final_downstream_loss": None, "actual_improvement": None,
+        "grad_norm": None, "loss_decrease": None, "random_rank": None, "seconds": 0.0, "diverged_at": None,
+    }
+
+
+def _fill(entry: ScreenEntry, run: dict[str, Any]) -> None:
+    """``entry`` with what its run gave (a diverged run: where, and not ranked)."""
+    if run["diverged"] is not None:
+        at, how = run["diverged"]
+        entry.update({"runnable": False, "reason": f"diverged at step {at}: {how}", "diverged_at": at,
+                      "steps": run["steps"], "probes": run["probes"], "initial_downstream_loss": run["initial"],
+                      "seconds": run["seconds"]})
+        return
+    entry.update({
+        "score": _interval(run["scores"]), "score_per_1k_tokens": _interval(run["per_token"]),
+        "steps": run["steps"], "probes": run["probes"], "tokens_per_step": run["tokens_per_step"],
+        "initial_downstream_loss": run["initial"], "final_downstream_loss": run["final"],
+        "actual_improvement": run["initial"] - run["final"], "grad_norm": run["grad_norm"],
+        "loss_decrease": run["loss_decrease"], "seconds": run["seconds"],
+    })
+    if run["outcome"] is not None:
+        entry["outcome_downstream_loss"] = run["outcome"]  # type: ignore[typeddict-unknown-key]
