@@ -41,7 +41,7 @@ from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import CallableLoss, ObjectiveFunction, Params, named_shared
 from objreg.analysis.parallel.group import Group
 from objreg.analysis.records import DownstreamFit
-from objreg.core.errors import InvalidParameterError
+from objreg.core.errors import InvalidParameterError, NonFiniteLossError
 from objreg.core.handles import Task
 from objreg.core.types import ModelOutputs
 
@@ -585,13 +585,14 @@ class RefitDownstream(Downstream):
         the evaluation set's loss at it, in :attr:`evaluation_dtype`."""
         evaluated = self.evaluation_model(model)
         try:
-            fit = fit_head(HeadProblem(evaluated, self.task, self.fit_set.local_chunks, self.head),
+            fit = fit_head(HeadProblem(evaluated, self.task, self.chunks_for(evaluated, self.fit_set.local_chunks),
+                                       self.head),
                            self._head_start(evaluated), self.fit_set.size, self.l2, self.group, self.start is None,
                            self.hint)
         except NonFiniteFit:  # D* is undefined where the backbone diverged: NaN, as D would be
             self.last_fit, self.last_fit_error, self._fitted_at = None, float("nan"), None
             return float("nan")
-        evaluation = HeadProblem(evaluated, self.task, self.local_chunks, self.head)
+        evaluation = HeadProblem(evaluated, self.task, self.chunks_for(evaluated, self.local_chunks), self.head)
         sums = [call(fit.head).sum() for call in evaluation.calls]
         value = self.mean(sums, evaluated)
         # D*'s error from stopping the solve short: ∂_h D_E · A⁻¹ ∇_h F (to first order).
@@ -608,6 +609,11 @@ class RefitDownstream(Downstream):
         if fitted is None or fitted.keys() != shared.keys() or not all(torch.equal(fitted[n], shared[n])
                                                                        for n in shared):
             self.loss(model)
+        if self.last_fit is None:  # the fit was not finite: D* and its derivatives are undefined here
+            raise NonFiniteLossError(
+                "D* is undefined here: the re-fitted head's fit on fit_batches is not finite (a NaN or infinite "
+                "feature of the backbone on the fit set: the backbone diverged, or the fit set's inputs are not "
+                "finite)")
         joint = [*shared, *self.head]
         fit = [FeatureChunk(model, self.task, c, self.fit_set.size) if isinstance(self.task, Task) else
                ObjectiveFunction(model, self.task, c, shared=joint) for c in self.fit_set.local_chunks]

@@ -100,6 +100,7 @@ class Observed:
 
     batches: Mapping[str, Any]
     options: dict[str, Any] = field(default_factory=dict)
+    finite: bool = True  # whether the gradients were finite (else the optimizer may skip the step)
 
 
 class TransferProbe:
@@ -215,6 +216,7 @@ class TransferProbe:
         self._on_record: RecordCallback | None = None
         self._steps_seen = 0
         self._observed: Observed | None = None
+        self._warned_skip = False
         self._attached_measurement: Measurement | None = None
         # Every optimizer step counted (whoever calls it), so a finish that is not one step after
         # its measure is seen; the shared parameters as measured, so changes to them are refused.
@@ -390,11 +392,23 @@ class TransferProbe:
         if not self._hooks:
             raise ProbeStateError("observe() feeds an attached probe: call attach() first (or use measure/finish)")
         if self._observed is not None:
-            raise ProbeStateError("observe() was called twice before optimizer.step(): hand over each step's "
-                                  "batches once (gradient accumulation over several micro-batches is not supported)")
+            if self._observed.finite:
+                raise ProbeStateError("observe() was called twice before optimizer.step(), and the gradients of the "
+                                      "first were finite (no skipped step): hand over each step's batches once "
+                                      "(gradient accumulation over several micro-batches is not supported)")
+            # The optimizer never stepped on the last batches: their gradients were not finite, a step
+            # a GradScaler skips. The probe skips it too.
+            if not self._warned_skip:
+                self._warned_skip = True
+                warnings.warn(f"optimizer step {self._steps_seen} was skipped (its gradients were not finite, as a "
+                              f"GradScaler skips such a step): the probe skips it too (warned once)",
+                              UserWarning, stacklevel=2)
+            self._observed = None
         check_batches("batches", batches, self.engine.objectives)
         options = {"weights": weights, "gradients": gradients, "losses": losses, "tokens": tokens}
-        self._observed = Observed(batches, {k: v for k, v in options.items() if v is not None})
+        grads = [p.grad for p in self.shared_parameters.values() if p.grad is not None]
+        finite = not grads or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
+        self._observed = Observed(batches, {k: v for k, v in options.items() if v is not None}, finite)
 
     def _due(self, step: int) -> bool:
         return step % self._every == 0 or (self.engine.steps > 0 and step == self.engine.steps - 1)
