@@ -138,3 +138,29 @@ def test_an_interval_that_is_not_a_number_is_not_ranked(score):
 def test_the_largest_budgets_are_accepted():
     assert parse_budget(MAX_STEPS).steps == MAX_STEPS
     assert parse_budget(f"{screen_module.MAX_SECONDS}s").seconds == screen_module.MAX_SECONDS
+
+
+@pytest.mark.parametrize("candidates, message", [
+    ("mlm+sop,sop+mlm", "candidates 'mlm\\+sop' and 'sop\\+mlm' are the same"),
+    ("mlm,mlm:mask_prob=0.15", "candidates 'mlm' and 'mlm:mask_prob=0.15' are the same"),
+    ("mlm:mask_prob=.4,mlm:mask_prob=0.4", "candidates 'mlm:mask_prob=.4' and 'mlm:mask_prob=0.4' are the same"),
+    ("mlm:mask_prob=0.4,mlm:mask_prob=4e-1", "are the same"),
+    ("mlm+sop:mask_prob=0.4,sop+mlm", "unknown parameter"),  # sop has no mask_prob: the plugin says so first
+    ("sop+mlm:mask_prob=0.4,mlm:mask_prob=0.40+sop", "candidates 'sop\\+mlm:mask_prob=0.4' and "
+                                                     "'mlm:mask_prob=0.40\\+sop' are the same"),
+    ("mlm:mask_prob=0.4:mask_prob=0.5", "gives mlm's parameter 'mask_prob' twice"),
+    ("mlm:mask_prob=0.4:mask_prob=0.4", "gives mlm's parameter 'mask_prob' twice"),
+    (["mlm", 3], "every candidate must be a string .*got 3 \\(int\\)"),
+    (("mlm", None), "every candidate must be a string .*got None \\(NoneType\\)"),
+    (["mlm", b"sop"], "every candidate must be a string"),
+    (5, "candidates must be a comma-separated string or a list of strings, got int"),
+])
+def test_candidates_that_are_the_same_after_parsing_or_not_strings_are_refused(registry, candidates, message):
+    with pytest.raises(objreg.ObjregError, match=message) as error:
+        screen_module.parse_candidates(candidates, registry)
+    assert "\n" not in str(error.value)
+
+
+def test_different_candidates_of_one_objective_are_kept(registry):
+    parsed = screen_module.parse_candidates("mlm,mlm:mask_prob=0.4,mlm+sop,sop", registry)
+    assert [c.label for c in parsed] == ["mlm", "mlm:mask_prob=0.4", "mlm+sop", "sop"]

@@ -143,14 +143,27 @@ def parse_candidates(candidates: str | Sequence[str], registry: Registry) -> lis
         InvalidParameterError: no candidate, a malformed entry, an unknown objective or parameter,
             a bad parameter value, an objective repeated within a mixture, or a candidate repeated.
     """
-    entries = candidates.split(",") if isinstance(candidates, str) else list(candidates)
-    entries = [e.strip() for e in entries if isinstance(e, str) and e.strip()]
+    if isinstance(candidates, str):
+        entries = candidates.split(",")
+    elif isinstance(candidates, Sequence):
+        entries = list(candidates)
+        wrong = [e for e in entries if not isinstance(e, str)]
+        if wrong:
+            wrong = wrong[0]
+            raise InvalidParameterError(f"every candidate must be a string like 'mlm', 'mlm:mask_prob=0.4' or "
+                                        f"'mlm+sop'; got {wrong!r} ({type(wrong).__name__})")
+    else:
+        raise InvalidParameterError(f"candidates must be a comma-separated string or a list of strings, got "
+                                    f"{type(candidates).__name__}")
+    entries = [e.strip() for e in entries if e.strip()]
     if not entries:
         raise InvalidParameterError("no candidate given: name at least one, e.g. --candidates mlm,clm,sop")
     parsed: list[Candidate] = []
+    seen: dict[frozenset, str] = {}  # what each candidate trains on, after its plugins' parsing → its label
     for entry in entries:
         objectives: list[str] = []
         params: dict[str, dict[str, str]] = {}
+        resolved: dict[str, str] = {}
         for part in entry.split("+"):
             name, *assignments = [p.strip() for p in part.split(":")]
             if not name:
@@ -164,14 +177,23 @@ def parse_candidates(candidates: str | Sequence[str], registry: Registry) -> lis
                 if not sep or not key.strip() or not value.strip():
                     raise InvalidParameterError(f"malformed parameter {assignment!r} in candidate {entry!r}: "
                                                 f"expected NAME=VALUE, e.g. mlm:mask_prob=0.4")
+                if key.strip() in given:
+                    raise InvalidParameterError(f"candidate {entry!r} gives {name}'s parameter {key.strip()!r} twice")
                 given[key.strip()] = value.strip()
-            registry.get(name, **given)  # unknown names, unknown parameters and bad values, in the plugin's words
+            # Unknown names, unknown parameters and bad values, in the plugin's words; its parsed
+            # parameters (defaults filled in) tell two spellings of one candidate apart.
+            resolved[name] = repr(sorted(registry.get(name, **given).params.items()))
             objectives.append(name)
             if given:
                 params[name] = given
         label = "+".join(o + "".join(f":{k}={v}" for k, v in params.get(o, {}).items()) for o in objectives)
         if any(c.label == label for c in parsed):
             raise InvalidParameterError(f"candidate {label!r} is given twice")
+        same = frozenset(resolved.items())  # a mixture's order and a parameter's spelling aside
+        if same in seen:
+            raise InvalidParameterError(f"candidates {seen[same]!r} and {label!r} are the same objective(s) with the "
+                                        f"same parameters (defaults included): screen each once")
+        seen[same] = label
         parsed.append(Candidate(label, tuple(objectives), params))
     return parsed
 
