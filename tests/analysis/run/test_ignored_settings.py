@@ -37,4 +37,4 @@ def test_the_command_line_refuses_them_naming_its_flags(args, message):
 
 def test_checkpoint_every_with_a_run_directory_is_taken(tmp_path):
     report = objreg.analyze(["mlm"], "qa", out_dir=tmp_path / "run", checkpoint_every=2, **SMALL)
-    assert len(report.steps) == 2 and (tmp_path / "run" / "checkpoint.pt").is_file()
+    assert len(report.steps) == 2 and (tmp_path / "run" / "report.json").is_file()
