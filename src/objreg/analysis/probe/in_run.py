@@ -111,6 +111,8 @@ class InRunAlignment:
         self._on_record: Callable[[InRunRecord], None] | None = None
         self._step = 0
         self._traced: set[str] = set()  # objectives whose dependence on the measured set was checked
+        self._live: dict[str, Any] = {}  # the hooks in place, for the finaliser below
+        weakref.finalize(self, _shut_hooks, self._live)
         self._warned_unmeasured = False
 
     # -- by hand ---------------------------------------------------------------------------------
@@ -195,6 +197,9 @@ class InRunAlignment:
             raise InvalidParameterError(f"on_record must be callable, got {type(on_record).__name__}")
         if self._handle is not None or self._riding is not None:
             raise ProbeStateError("the alignment is already attached (or inside a step() block)")
+        counting = self._live.pop("counting", None)
+        if counting is not None:
+            counting.remove()
         self._on_record = on_record
         self._open()
         this = weakref.ref(self)
@@ -205,6 +210,8 @@ class InRunAlignment:
                 alive._after_step()
 
         self._handle = optimizer.register_step_post_hook(after_step)
+        self._live["handle"] = self._handle
+        self._optimizer = optimizer
         return self
 
     def detach(self) -> None:
@@ -212,6 +219,17 @@ class InRunAlignment:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+            # Steps taken while detached are counted, so records after a new attach() carry the
+            # optimizer's step numbers.
+            this = weakref.ref(self)
+
+            def count(*_: Any) -> None:
+                alive = this()
+                if alive is not None:
+                    alive._step += 1
+
+            self._live["counting"] = self._optimizer.register_step_post_hook(count)
+        self._live.pop("handle", None)
         self._shut()
 
     def _after_step(self) -> None:
@@ -226,9 +244,12 @@ class InRunAlignment:
         directions = [self.direction] + ([self._stale] if self._stale is not None else [])
         self._riding = RidingDots(self.model, directions, per_example=self.per_example,
                                   traced=self._traced).__enter__()
+        # The riding hooks sit on the model's modules: they go when the alignment is dropped.
+        self._live["riding"] = self._riding
 
     def _shut(self) -> None:
         riding, self._riding = self._riding, None
+        self._live.pop("riding", None)
         if riding is not None:
             riding.clear()
             riding.__exit__(None, None, None)
@@ -303,6 +324,19 @@ class InRunAlignment:
             raise InvalidParameterError(f"shared names {len(unknown)} parameters the model has no trainable parameter "
                                         f"called: {', '.join(map(repr, unknown[:5]))}")
         return tuple(n for n in trainable if n in set(shared))
+
+
+def _shut_hooks(live: dict[str, Any]) -> None:
+    """Remove what an alignment that was dropped still had in place (its riding hooks, its
+    optimizer hook)."""
+    riding = live.pop("riding", None)
+    if riding is not None:
+        riding.clear()
+        riding.__exit__(None, None, None)
+    for key in ("handle", "counting"):
+        handle = live.pop(key, None)
+        if handle is not None:
+            handle.remove()
 
 
 def _refuse_sequence_first(model: nn.Module, shared: Sequence[str]) -> None:

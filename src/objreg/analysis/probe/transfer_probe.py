@@ -103,6 +103,31 @@ class Observed:
     finite: bool = True  # whether the gradients were finite (else the optimizer may skip the step)
 
 
+def _hooks_of(probe: Any, optimizer: torch.optim.Optimizer, pre: Callable[..., None] | None = None,
+              post: Callable[..., None] | None = None) -> list[Any]:
+    """The optimizer's step hooks calling ``probe``'s methods ``pre`` and ``post`` through a weak
+    reference: the hooks do not keep a probe alive that its user dropped, and they are removed
+    when it is collected."""
+    this = weakref.ref(probe)
+
+    def calling(method: Callable[..., None]) -> Callable[..., None]:
+        def hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            alive = this()
+            if alive is not None:
+                method(alive, optimizer, args, kwargs)
+        return hook
+
+    handles = ([optimizer.register_step_pre_hook(calling(pre))] if pre is not None else []) + \
+        ([optimizer.register_step_post_hook(calling(post))] if post is not None else [])
+    weakref.finalize(probe, _remove_all, list(handles))
+    return handles
+
+
+def _remove_all(handles: list[Any]) -> None:
+    for handle in handles:
+        handle.remove()
+
+
 class TransferProbe:
     """Probes a training step: how each objective's gradient meets the downstream loss ``D``, to
     first and second order, and what the step the optimizer takes does to ``D``.
@@ -217,6 +242,7 @@ class TransferProbe:
         self._steps_seen = 0
         self._observed: Observed | None = None
         self._warned_skip = False
+        self._counting: list[Any] = []  # the step counter's hook while detached
         self._attached_measurement: Measurement | None = None
         # Every optimizer step counted (whoever calls it), so a finish that is not one step after
         # its measure is seen; the shared parameters as measured, so changes to them are refused.
@@ -369,15 +395,24 @@ class TransferProbe:
         if self._hooks:
             raise ProbeStateError("the probe is already attached; detach() it first")
         self._every, self._on_record = every, on_record
-        self._hooks = [self.optimizer.register_step_pre_hook(self._before_step),
-                       self.optimizer.register_step_post_hook(self._after_step)]
+        for handle in self._counting:
+            handle.remove()
+        self._counting = []
+        self._hooks = _hooks_of(self, self.optimizer, pre=TransferProbe._before_step, post=TransferProbe._after_step)
         return self
 
     def detach(self) -> None:
-        """Remove the optimizer's hooks (a step's batches handed over but not stepped are dropped)."""
+        """Remove the optimizer's hooks (a step's batches handed over but not stepped are dropped).
+        The probe goes on counting the optimizer's steps, so records after a new :meth:`attach`
+        carry the optimizer's step numbers."""
         for handle in self._hooks:
             handle.remove()
+        if self._hooks:
+            self._counting = _hooks_of(self, self.optimizer, post=TransferProbe._count_step)
         self._hooks, self._observed, self._attached_measurement = [], None, None
+
+    def _count_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._steps_seen += 1
 
     def observe(self, batches: Mapping[str, Any], *, weights: Mapping[str, float] | None = None,
                 gradients: Mapping[str, Params] | None = None, losses: Mapping[str, float] | None = None,
@@ -395,7 +430,9 @@ class TransferProbe:
             if self._observed.finite:
                 raise ProbeStateError("observe() was called twice before optimizer.step(), and the gradients of the "
                                       "first were finite (no skipped step): hand over each step's batches once "
-                                      "(gradient accumulation over several micro-batches is not supported)")
+                                      "(gradient accumulation over several micro-batches is not supported), and "
+                                      "step the optimizer the probe is attached to (not another optimizer than the "
+                                      "one the probe is attached to, made since)")
             # The optimizer never stepped on the last batches: their gradients were not finite, a step
             # a GradScaler skips. The probe skips it too.
             if not self._warned_skip:
