@@ -208,3 +208,41 @@ def test_a_step_a_grad_scaler_skips_is_skipped_by_the_probe_too(skipped):
 def test_two_observations_of_finite_gradients_are_still_refused():
     with pytest.raises(ProbeStateError, match="the gradients of the first were finite"):
         _scaled_loop(3, set(), accumulate_at=1)
+
+
+def _diverging_step(how):
+    """One measured SGD step on the stand-in after which D is not finite, for one cause."""
+    from probe_stand_ins import EVAL, LOSSES, WEIGHTS, make, step_batches
+    from probe_stand_ins import task_loss as stand_in_task
+
+    model, opt = make("sgd", lr=1.0 if how != "lr" else 1e300)
+    probe = objreg.TransferProbe(model, LOSSES, stand_in_task, opt, eval_batches=EVAL, weights=WEIGHTS)
+    batches = step_batches(torch.Generator().manual_seed(1))
+    opt.zero_grad()
+    sum(w * LOSSES[k](model, batches[k]).mean() for k, w in WEIGHTS.items()).backward()
+    measured = probe.measure(batches)
+    if how == "nan gradient":
+        model.body.weight.grad[0, 1] = float("nan")  # what a log(0) in the backward leaves
+    elif how == "inf gradient":
+        model.body.weight.grad[0, 0], model.body.weight.grad[0, 1] = float("inf"), -float("inf")  # inf − inf ahead
+    elif how == "nan weight":  # a weight broken by the loop itself, its gradient finite
+        opt.step()
+        with torch.no_grad():
+            model.body.bias[0] = float("nan")
+        return probe, measured, True
+    opt.step()
+    return probe, measured, False
+
+
+@pytest.mark.parametrize("how, cause", [
+    ("nan gradient", "gradient of 'body.weight' was not finite .* the learning rate is not the cause"),
+    ("inf gradient", "gradient of 'body.weight' was not finite .* the learning rate is not the cause"),
+    ("lr", "the weights are finite, so the loss returns NaN or inf there .*, or the step diverged; try a smaller "
+           "learning rate"),
+    ("nan weight", "made 'body.bias' infinite or NaN from a finite gradient"),
+])
+def test_a_step_that_breaks_d_names_its_cause(how, cause):
+    probe, measured, _ = _diverging_step(how)
+    with pytest.raises(NonFiniteLossError, match="is not finite after step 0 .*" + cause) as error:
+        probe.finish(measured)
+    assert "\n" not in str(error.value)
