@@ -39,6 +39,7 @@ from torch.func import functional_call, jvp
 from objreg.analysis.math.curvature import Curvature
 from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import CallableLoss, ObjectiveFunction, Params, named_shared
+from objreg.analysis.math.state_checks import check_head_state, fingerprint
 from objreg.analysis.parallel.group import Group
 from objreg.analysis.records import DownstreamFit
 from objreg.core.errors import InvalidParameterError, NonFiniteLossError
@@ -561,16 +562,12 @@ class RefitDownstream(Downstream):
     def fit_fingerprint(self) -> str:
         """A SHA-256 of the fit set's examples (taken once)."""
         if self._fit_fingerprint is None:
-            from objreg.analysis.probe.state import fingerprint
-
             self._fit_fingerprint = fingerprint(self.fit_set.chunks)
         return self._fit_fingerprint
 
     def check_state(self, state: Any, model: nn.Module | None = None) -> None:
         """Refuse a :meth:`state_dict` that is malformed or of another head or fit set
         (``InvalidParameterError`` naming the key); ``model``: the head's shapes are checked too."""
-        from objreg.analysis.probe.state import check_head_state
-
         check_head_state(state, self.head, model, key="downstream", fit=self.fit_fingerprint())
 
     def load_state_dict(self, state: dict[str, Any], model: nn.Module | None = None) -> None:

@@ -34,8 +34,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from objreg.analysis.math.state_checks import fingerprint
 from objreg.analysis.math.taylor import pair_key
-from objreg.analysis.probe.state import fingerprint
 from objreg.analysis.records import ShardedRecord
 from objreg.core.errors import InvalidParameterError, ProbeStateError
 
