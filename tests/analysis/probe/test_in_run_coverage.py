@@ -104,7 +104,8 @@ LOSSES = {"a": a_loss, "b": b_loss}
 
 
 def sample(generator, n=BATCH):
-    return {"ids": torch.randint(VOCAB, (n, LENGTH), generator=generator), "y": torch.randint(60, (n,), generator=generator)}
+    return {"ids": torch.randint(VOCAB, (n, LENGTH), generator=generator),
+            "y": torch.randint(60, (n,), generator=generator)}
 
 
 BODIES = {

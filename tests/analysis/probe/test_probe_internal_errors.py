@@ -40,7 +40,8 @@ def task_loss(model, batch):
 
 def sample(seed, n, classes=3, dtype=torch.float32):
     generator = torch.Generator().manual_seed(seed)
-    return {"x": torch.randn(n, 4, generator=generator).to(dtype), "y": torch.randint(classes, (n,), generator=generator)}
+    return {"x": torch.randn(n, 4, generator=generator).to(dtype),
+            "y": torch.randint(classes, (n,), generator=generator)}
 
 
 def build(dtype=torch.float32):

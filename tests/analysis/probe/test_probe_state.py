@@ -96,9 +96,11 @@ TAMPERED = {
     "a moment of another shape": (None, "exp_avg shape", "'coalitions' exp_avg of coalition"),
     "a negative second moment": (None, "exp_avg_sq negative", "no Adam moment has"),
     "a NaN moment": (None, "exp_avg nan", "no Adam moment has"),
-    "a head start of other classes": (("downstream", "start", "task_head.weight"), torch.zeros(5, 6, dtype=torch.float64),
+    "a head start of other classes": (("downstream", "start", "task_head.weight"),
+                                      torch.zeros(5, 6, dtype=torch.float64),
                                       "'downstream.start' holds 'task_head.weight' of shape \\[5, 6\\]"),
-    "a head start with NaN": (("downstream", "start", "task_head.bias"), torch.full((3,), float("nan"), dtype=torch.float64),
+    "a head start with NaN": (("downstream", "start", "task_head.bias"),
+                              torch.full((3,), float("nan"), dtype=torch.float64),
                               "'downstream.start' holds 'task_head.bias' with infinite or NaN"),
     "a head start of other parameters": (("downstream", "start"), {"task_head.weight": torch.zeros(3, 6)},
                                          "'downstream.start' has the head parameters"),
@@ -167,7 +169,8 @@ def test_a_state_that_fits_goes_on_as_the_uninterrupted_probe():
     model, opt = make()
     first = probe_of(model, opt)
     steps(model, opt, first, 2)
-    state, model_state, opt_state = first.state_dict(), copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
+    state = first.state_dict()
+    model_state, opt_state = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
     model, opt = make()
     model.load_state_dict(model_state)
     opt.load_state_dict(opt_state)

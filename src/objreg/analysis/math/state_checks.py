@@ -49,8 +49,8 @@ def check_head_state(state: Any, head: Sequence[str], model: nn.Module | None, k
     if hint is not None:
         size = sum(start[n].numel() for n in head) if isinstance(start, Mapping) else None
         if start is None or not isinstance(hint, torch.Tensor) or hint.dim() != 2 or list(hint.shape) != [size, size]:
-            raise refuse(f"{key}.hint", f"must be the last solve's Hessian, a [{size}, {size}] matrix beside its start; "
-                                        f"got {shape_of(hint)}")
+            raise refuse(f"{key}.hint", f"must be the last solve's Hessian, a [{size}, {size}] matrix beside its "
+                                        f"start; got {shape_of(hint)}")
         if not bool(torch.isfinite(hint).all()):
             raise refuse(f"{key}.hint", "holds infinite or NaN values")
     if not isinstance(state["fit"], str):

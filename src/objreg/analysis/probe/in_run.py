@@ -343,7 +343,8 @@ def _refuse_sequence_first(model: nn.Module, shared: Sequence[str]) -> None:
     """A sequence-first ``nn.Transformer*Layer``'s linear layers and norms see ``[T, B, ...]``: their
     rows are positions, not examples (silently so where ``T = B``). Its attention alone is fine."""
     for path, module in model.named_modules():
-        if isinstance(module, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)) and not module.self_attn.batch_first:
+        layer = isinstance(module, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer))
+        if layer and not module.self_attn.batch_first:
             prefix = f"{path}." if path else ""
             inside = [n for n in shared if n.startswith(prefix) and not n.startswith(f"{prefix}self_attn.")
                       and not n.startswith(f"{prefix}multihead_attn.")]

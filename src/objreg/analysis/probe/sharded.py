@@ -20,8 +20,8 @@ FSDP2's backward averages the processes' gradients, so a row's gradient needs ev
 that row: every process passes the **same** batches (the whole batch), and the rows are not
 divided. Sharding here saves memory, not time. Each ``measure`` checks it: a fingerprint of the
 batches and the evaluation batch, compared over processes in one small ``all_reduce``, refuses
-rank-local rows (what a ``DistributedSampler`` gives) before any gradient is taken. Adam's split (coalition moments, elementwise, so
-shard-friendly) is not built yet: the probe takes plain SGD.
+rank-local rows (what a ``DistributedSampler`` gives) before any gradient is taken. Adam's split
+(coalition moments, elementwise, so shard-friendly) is not built yet: the probe takes plain SGD.
 """
 
 from __future__ import annotations

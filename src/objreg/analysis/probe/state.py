@@ -52,8 +52,9 @@ def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def check_state(state: Any, *, fmt: int, objectives: Sequence[str], model: nn.Module, shared_given: tuple[str, ...] | None,
-                optimizer: dict[str, Any], adam: bool, refit_head: Sequence[str] | None) -> None:
+def check_state(state: Any, *, fmt: int, objectives: Sequence[str], model: nn.Module,
+                shared_given: tuple[str, ...] | None, optimizer: dict[str, Any], adam: bool,
+                refit_head: Sequence[str] | None) -> None:
     """Refuse ``state`` (module docstring) unless it is whole, well-formed and of this probe.
 
     Args:

@@ -598,13 +598,14 @@ class TransferProbe:
         """``D`` after a step: non-finite where the step diverged (or the loss returns NaN there)."""
         if not math.isfinite(value):
             shared = self.shared_parameters
-            gradient = next((n for n, p in shared.items() if p.grad is not None and not bool(torch.isfinite(p.grad).all())),
-                            None)
+            gradient = next((n for n, p in shared.items()
+                             if p.grad is not None and not bool(torch.isfinite(p.grad).all())), None)
             weight = next((n for n, p in shared.items() if not bool(torch.isfinite(p).all())), None)
             if gradient is not None:  # the step wrote the gradient's NaN into the weights: no step size would help
                 cause = (f"the step's gradient of {gradient!r} was not finite (a NaN or inf in the backward: a log of "
                          f"0, a division by zero, an overflow), so the step made the weights NaN or infinite; find "
-                         f"where the backward breaks (torch.autograd.detect_anomaly), the learning rate is not the cause")
+                         f"where the backward breaks (torch.autograd.detect_anomaly), the learning rate is not the "
+                         f"cause")
             elif weight is not None:
                 cause = (f"the step made {weight!r} infinite or NaN from a finite gradient: the step diverged; try a "
                          f"smaller learning rate (--lr) or float64 (--dtype float64)")
