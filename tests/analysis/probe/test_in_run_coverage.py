@@ -353,3 +353,43 @@ def test_hugging_face_models_are_the_float64_loops(kind):
     seen = run(model, alignment, 2)
     assert len(alignment.shared) > 10
     check(model, alignment, seen)
+
+
+class TiedByHand(nn.Module):
+    """An LM head tied to the embedding by hand: ``embed.weight`` is used in the embedding's
+    forward (seen) and again by ``F.linear`` outside it (not seen)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, WIDTH)
+        self.body = nn.Linear(WIDTH, WIDTH)
+        self.task = nn.Linear(WIDTH, 3)
+        self.b_head = nn.Linear(WIDTH, 2)
+
+    def hidden(self, ids):
+        return torch.tanh(self.body(self.embed(ids))).mean(1)
+
+
+def tied_a_loss(model, batch):
+    return F.cross_entropy(F.linear(model.hidden(batch["ids"]), model.embed.weight), batch["y"] % VOCAB,
+                           reduction="none")
+
+
+@pytest.mark.parametrize("shared", [None, ["embed.weight"], ["embed.weight", "body.weight"]],
+                         ids=["default set", "the tied weight", "with another"])
+def test_a_weight_used_both_inside_and_outside_its_module_is_refused(shared, monkeypatch):
+    monkeypatch.setitem(LOSSES, "a", tied_a_loss)
+    torch.manual_seed(0)
+    model = TiedByHand().double()
+    alignment = InRunAlignment(model, task_loss, eval_batches=EVAL, refresh_every=1, shared=shared)
+    with pytest.raises(InvalidParameterError, match=r"the losses of 'a' depend on .*cannot see: 'embed\.weight'"):
+        run(model, alignment, 1)
+
+
+def test_the_tied_model_without_its_tied_weight_is_the_float64_loop(monkeypatch):
+    monkeypatch.setitem(LOSSES, "a", tied_a_loss)
+    torch.manual_seed(0)
+    model = TiedByHand().double()
+    alignment = InRunAlignment(model, task_loss, eval_batches=EVAL, refresh_every=1, shared=["body.weight", "body.bias"])
+    seen = run(model, alignment, 2)
+    check(model, alignment, seen)

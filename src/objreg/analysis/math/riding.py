@@ -85,6 +85,8 @@ class _Segment:
     depends: set[str] | None = None
     #: The measured parameters its calls' contractions covered.
     reached: set[str] = field(default_factory=set)
+    #: The measured parameters its losses use outside every call of a module owning them.
+    outside: set[str] = field(default_factory=set)
 
 
 class RidingDots(GhostDots):
@@ -102,7 +104,7 @@ class RidingDots(GhostDots):
     absorb_attention = True
 
     def __init__(self, model: nn.Module, directions: Sequence[Params], per_example: bool = False,
-                 traced: Collection[str] = ()):
+                 traced: Collection[str] = (), spans: bool = False):
         if not directions:
             raise InvalidParameterError("RidingDots needs at least one direction")
         super().__init__(model, directions[0], batch_size=0, more=list(directions[1:]))
@@ -119,6 +121,11 @@ class RidingDots(GhostDots):
         #: :meth:`mark`, to tell which measured parameters they depend on (:meth:`unseen`).
         self.traced = set(traced)
         self.called: set[str] = set()  # the measured parameters whose modules' calls were recorded
+        #: With ``spans``, each owner's call as the autograd sequence numbers of the nodes it
+        #: created, and the parameters it owns: a use of a parameter by a node outside every span
+        #: of its owners is a use the hooks cannot see (:meth:`unseen`).
+        self.spans: list[tuple[int, int, frozenset[str]]] | None = [] if spans else None
+        self._span_starts: dict[int, list[int]] = {}
         self._rng: dict[int, tuple] = {}  # a generic module's call → the generators' state at its start
 
     def _attach(self, module: nn.Module, own: dict[str, str]) -> None:
@@ -139,6 +146,25 @@ class RidingDots(GhostDots):
     def _save_rng(self, module: nn.Module, args: tuple) -> None:
         if self._recorded():
             self._rng[id(module)] = _rng_state(args)
+
+    def __enter__(self) -> RidingDots:
+        super().__enter__()
+        if self.spans is not None:
+            for module, own in self.owners:
+                names = frozenset(own.values())
+                self._handles.append(module.register_forward_pre_hook(self._span_start))
+                self._handles.append(module.register_forward_hook(
+                    lambda m, args, output, names=names: self._span_end(m, names)))
+        return self
+
+    def _span_start(self, module: nn.Module, args: tuple) -> None:
+        if self._recorded():
+            self._span_starts.setdefault(id(module), []).append(_sequence_now())
+
+    def _span_end(self, module: nn.Module, names: frozenset[str]) -> None:
+        starts = self._span_starts.get(id(module))
+        if self._recorded() and starts:
+            self.spans.append((starts.pop(), _sequence_now(), names))
 
     def __exit__(self, *exc: object) -> None:
         for module in self._patched:
@@ -164,7 +190,7 @@ class RidingDots(GhostDots):
         calls, self.pending = self.pending, []
         if not calls:
             # Measured parameters it uses whose modules never ran: used outside those modules.
-            unseen = _depends_on(losses, self._measured()) - self.called
+            unseen = _depends_on(losses, self._measured())[0] - self.called
             if unseen:
                 raise InvalidParameterError(unseen_message([name], sorted(unseen)))
             raise InvalidParameterError(
@@ -178,7 +204,7 @@ class RidingDots(GhostDots):
                 f"the dots ride a forward whose every module maps the batch's rows (batch first)")
         segment = _Segment(name, rows, [[] for _ in self.directions], calls=len(calls))
         if name not in self.traced:
-            segment.depends = _depends_on(losses, self._measured())
+            segment.depends, segment.outside = _depends_on(losses, self._measured(), self.spans)
         for call in calls:
             call.segment = segment
             if call.slot is not None:
@@ -206,7 +232,7 @@ class RidingDots(GhostDots):
         out: dict[str, list[str]] = {}
         for segment in self.segments:
             if segment.depends is not None and segment.cotangent is not None:
-                missing = segment.depends - segment.reached
+                missing = (segment.depends - segment.reached) | segment.outside
                 if missing:
                     out.setdefault(segment.name, [])
                     out[segment.name] += [n for n in sorted(missing) if n not in out[segment.name]]
@@ -402,9 +428,17 @@ def _replaying_rng(state: tuple | None) -> Iterator[None]:
         yield
 
 
-def _depends_on(losses: torch.Tensor, measured: dict[int, str]) -> set[str]:
-    """The measured parameters (``id`` → name) among the leaves of ``losses``' autograd graph."""
+def _sequence_now() -> int:
+    """The autograd sequence number the next node created here gets (read off a node made for it)."""
+    return torch.zeros((), requires_grad=True).mul(1).grad_fn._sequence_nr()
+
+
+def _depends_on(losses: torch.Tensor, measured: dict[int, str],
+                spans: list[tuple[int, int, frozenset[str]]] | None = None) -> tuple[set[str], set[str]]:
+    """The measured parameters (``id`` → name) among the leaves of ``losses``' autograd graph, and
+    (with ``spans``) those of them a node created outside every span of their owners uses."""
     found: set[str] = set()
+    outside: set[str] = set()
     seen: set[Any] = set()
     stack = [losses.grad_fn]
     while stack:
@@ -415,8 +449,14 @@ def _depends_on(losses: torch.Tensor, measured: dict[int, str]) -> set[str]:
         variable = getattr(node, "variable", None)  # an AccumulateGrad node: a leaf
         if variable is not None and id(variable) in measured:
             found.add(measured[id(variable)])
-        stack.extend(next_node for next_node, _ in node.next_functions)
-    return found
+        for next_node, _ in node.next_functions:
+            leaf = getattr(next_node, "variable", None)
+            if spans is not None and leaf is not None and id(leaf) in measured:
+                name, number = measured[id(leaf)], node._sequence_nr()
+                if not any(start < number < end and name in names for start, end, names in spans):
+                    outside.add(name)
+            stack.append(next_node)
+    return found, outside
 
 
 def _live_rows_dot(x: torch.Tensor, g: torch.Tensor, d: Params) -> torch.Tensor | None:

@@ -242,8 +242,10 @@ class InRunAlignment:
         if self.direction is None or self.age >= self.refresh_every:
             self.refresh()
         directions = [self.direction] + ([self._stale] if self._stale is not None else [])
+        # The first step also records where each owner's calls sit in the autograd graph, to find
+        # a parameter used outside them (a tied weight multiplied by hand, say).
         self._riding = RidingDots(self.model, directions, per_example=self.per_example,
-                                  traced=self._traced).__enter__()
+                                  traced=self._traced, spans=not self._traced).__enter__()
         # The riding hooks sit on the model's modules: they go when the alignment is dropped.
         self._live["riding"] = self._riding
 
