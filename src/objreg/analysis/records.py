@@ -146,10 +146,13 @@ class StepRecord(TypedDict):
 class RidingAlignment(TypedDict):
     """One objective's per-example dots with ``∇D`` at a step of :class:`~objreg.InRunAlignment`."""
 
-    dot: float  # mean over the step's rows of ⟨∇ℓ_i, ∇D⟩ = ⟨g_k, ∇D⟩, with ∇D as old as downstream_grad_age
-    ci95: list[float]  # Student-t interval of that mean over the rows
-    conflict_fraction: float  # share of rows with ⟨∇ℓ_i, ∇D⟩ < 0
-    dots: list[float]  # every row's ⟨∇ℓ_i, ∇D⟩, in the order the loop computed them
+    dot: float | None  # mean over the step's rows of ⟨∇ℓ_i, ∇D⟩ = ⟨g_k, ∇D⟩, with ∇D as old as downstream_grad_age
+    ci95: list[float] | None  # Student-t interval of that mean over the rows
+    conflict_fraction: float | None  # share of rows with ⟨∇ℓ_i, ∇D⟩ < 0
+    dots: list[float | None]  # every row's ⟨∇ℓ_i, ∇D⟩, in the order the loop computed them
+    # Rows the loop's loss gave no weight (∂L/∂ℓ_i = 0): their dot is unknown (null in dots), left
+    # out of dot, ci95 and conflict_fraction (all null when no row is left).
+    unmeasured_rows: list[int]
 
 
 class Staleness(TypedDict):

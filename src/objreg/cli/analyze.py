@@ -131,7 +131,8 @@ def _parse_params(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
               help="Continue the interrupted run written with --out DIR from its last finished step, with the "
                    "settings in DIR/config.json (no other run option with it); ends as an uninterrupted run would "
                    "(default: start a new run).")
-@click.option("--threads", "thread_count", type=click.IntRange(min=1), default=None, metavar="N",
+@click.option("--threads", "thread_count", type=click.IntRange(min=1, max=threads.MAX_THREADS), default=None,
+              metavar="N",
               help="CPU threads torch computes with (default: auto: the CPUs this process may use less the "
                    "one-minute load average, at least 1; or OMP_NUM_THREADS where it is set). Also beside --resume.")
 @click.option("--json", "as_json", is_flag=True,

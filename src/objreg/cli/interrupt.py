@@ -42,10 +42,12 @@ class Interrupts:
     Args:
         notify: Told, in a sentence, that the run will stop after the step in flight.
         installed: Install the handlers (False under torchrun, or off the main thread).
+        unit: What the first signal lets finish (``objreg screen``: a candidate's run).
     """
 
-    def __init__(self, notify: Callable[[str], None], installed: bool = True):
+    def __init__(self, notify: Callable[[str], None], installed: bool = True, unit: str = "step"):
         self.notify = notify
+        self.unit = unit
         self.installed = installed and threading.current_thread() is threading.main_thread()
         self.training = False
         self.requested: int | None = None
@@ -66,8 +68,8 @@ class Interrupts:
         if self.training and self.requested is None:
             self.requested = signum
             name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-            self.notify(f"{name}: stopping once the step in flight has finished; {name} again stops at once "
-                        f"(that step is then lost)")
+            self.notify(f"{name}: stopping once the {self.unit} in flight has finished; {name} again stops at once "
+                        f"(that {self.unit} is then lost)")
             return
         raise Stopped(signum, abandoned=self.training)
 

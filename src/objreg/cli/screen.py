@@ -8,8 +8,12 @@ stdout, or the report alone with ``--json``.
 
 from __future__ import annotations
 
+import copy
 import json
-from contextlib import nullcontext
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -18,18 +22,38 @@ from rich import box
 from rich.console import Console
 
 import objreg
+from objreg.analysis.run.naming import command_line
+from objreg.analysis.run.rundir import SCREEN_FILES, claim_for
 from objreg.cli import render, threads
 from objreg.cli.analyze import analyze as _analyze
+from objreg.cli.interrupt import SIGNALS, Interrupts, Stopped, distributed, exit_code
 from objreg.cli.progress import TRAINING, RunDisplay
+from objreg.toolkit.atomic import atomic_file
 
 #: analyze's options the screen takes as they are.
 SHARED_OPTIONS = ("downstream", "model", "corpus", "downstream_data", "device", "dtype", "seed", "optimizer", "lr",
                   "batch_size", "seq_len", "eval_size", "head_fit_size", "thread_count")
 
 
+#: analyze's options whose help speaks of what the screen does not have (--resume, a frozen head).
+OWN_HELP = {
+    "thread_count": "CPU threads torch computes with (default: auto: the CPUs this process may use less the "
+                    "one-minute load average, at least 1; or OMP_NUM_THREADS where it is set).",
+    "head_fit_size": "Examples the re-fitted downstream head is fitted on, apart from the evaluation set "
+                     "(default: 256).",
+}
+
+
 def _shared(command: click.Command) -> click.Command:
     by_name = {p.name: p for p in _analyze.params}
-    command.params[:0] = [by_name[name] for name in SHARED_OPTIONS]
+    options = []
+    for name in SHARED_OPTIONS:
+        option = by_name[name]
+        if name in OWN_HELP:  # the same option (name, type, checks) with the screen's own help
+            option = copy.copy(option)
+            option.help = OWN_HELP[name]
+        options.append(option)
+    command.params[:0] = options
     return command
 
 
@@ -42,8 +66,10 @@ def _shared(command: click.Command) -> click.Command:
               help="Training per candidate: N steps, or Ns seconds (default: 8 steps).")
 @click.option("--probe-every", type=int, default=1, show_default=True,
               help="Score every N steps (each probe re-fits the head and takes the gradient of D*).")
-@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False), metavar="DIR",
-              help="Write screen.json and the forest plot screen.png here (default: write nothing).")
+@click.option("--out", "out_dir", default=None, metavar="DIR",
+              help="Write screen.json and the forest plot screen.png here (default: write nothing). The "
+                   "directory is locked and checked before any training; an earlier screen.json there is never "
+                   "overwritten.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout and nothing else.")
 @click.pass_context
 def screen(ctx: click.Context, candidates: str, budget: str | None, probe_every: int, out_dir: str | None,
@@ -60,9 +86,13 @@ def screen(ctx: click.Context, candidates: str, budget: str | None, probe_every:
     errors = render.console(stderr=True)
     display = RunDisplay(errors, None, live=errors.is_terminal, lines=not as_json) \
         if not as_json or errors.is_terminal else None
+    notify = display.notify if display is not None else (lambda message: click.echo(message, err=True))
+    interrupts = Interrupts(notify, installed=not distributed(), unit="candidate")
     done = [0]
 
     def on_status(message: str) -> None:
+        if message.startswith("screening"):
+            interrupts.training = True  # from here a first Ctrl-C stops after the candidate in flight
         if display is None:
             return
         if message.startswith("screening"):
@@ -81,25 +111,80 @@ def screen(ctx: click.Context, candidates: str, budget: str | None, probe_every:
         if display is not None and steps is not None:
             display.total = runnable * steps
 
-    if display is not None:
-        display.event(f"computing with {chosen.describe()}; --threads N to change")
-    with display or nullcontext(), threads.using(chosen):
-        report = objreg.screen(candidates, downstream, budget=budget, probe_every=probe_every, registry=registry,
-                               on_status=on_status, on_step=on_step, on_plan=on_plan, **settings)
-    data = report.to_dict()
-    if out_dir:
-        from objreg.analysis.probe.plots import write_screen_plot  # matplotlib only when a plot is written
+    from objreg.analysis.run.screen import STOPPED_DURING  # the run's modules, loaded when a screen starts
+    from objreg.analysis.run.validation import check_directory_argument
 
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "screen.json").write_text(json.dumps(data, indent=2))
-        write_screen_plot(data, out / "screen.png")
-    if as_json:
-        click.echo(report.to_json())
+    with command_line():
+        # Before any work: an empty, impossible, linked, locked or already written --out.
+        check_directory_argument("out_dir", out_dir)
+        directory = claim_for(out_dir, SCREEN_FILES, "objreg screen") if out_dir is not None else None
+    try:
+        if display is not None:
+            display.event(f"computing with {chosen.describe()}; --threads N to change")
+        stop: Stopped | None = None
+        try:
+            with interrupts, display or nullcontext(), threads.using(chosen), command_line():
+                report = objreg.screen(candidates, downstream, budget=budget, probe_every=probe_every,
+                                       registry=registry, on_status=on_status, on_step=on_step, on_plan=on_plan,
+                                       stop=lambda: interrupts.requested is not None, **settings)
+        except Stopped as stopped_at_once:
+            stop = stopped_at_once
+            report = getattr(stopped_at_once, "screen_report", None)
+            if report is None:  # still loading: nothing ran
+                click.echo("Stopped before any candidate was trained; nothing written.", err=True)
+                ctx.exit(exit_code(stopped_at_once))
+        if stop is None and report.stopped:
+            stop = Stopped(interrupts.requested or signal.SIGINT, abandoned=False)
+        with _signals_held():  # what finished is shown and written whole, whatever signal comes now
+            _deliver(report.to_dict(), out_dir, as_json)
+        if directory is not None:
+            directory.release(finished=True, result=SCREEN_FILES[0])
+    finally:
+        if directory is not None:
+            directory.release()
+    if stop is not None:
+        finished = sum(e["steps"] > 0 and e["reason"] != STOPPED_DURING for e in report.candidates)
+        click.echo(f"Stopped with {finished} candidate(s) screened; the others are listed as not run"
+                   + (f"; written to {out_dir}/" if out_dir is not None else "") + ".", err=True)
+        ctx.exit(exit_code(stop))
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored inside (the few moments the result takes to print and write)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
         return
+    previous = {signum: signal.signal(signum, signal.SIG_IGN) for signum in SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _deliver(data: dict[str, Any], out_dir: str | None, as_json: bool) -> None:
+    """Print the ranking (or the JSON), then write the files: a failed write loses nothing shown."""
     console = render.console()
-    _render(data, console)
-    if out_dir:
+    if as_json:
+        click.echo(json.dumps(data, indent=2, allow_nan=True))
+    else:
+        _render(data, console)
+    if out_dir is None:
+        return
+    from objreg.analysis.probe.plots import write_screen_plot  # matplotlib only when a plot is written
+    from objreg.analysis.run.failures import describe
+
+    out = Path(out_dir)
+    try:
+        with atomic_file(out / SCREEN_FILES[0], "w") as f:
+            f.write(json.dumps(data, indent=2, allow_nan=True))
+        write_screen_plot(data, out / SCREEN_FILES[1])
+    except OSError as error:
+        described = describe(error, out_dir)
+        raise click.ClickException(str(described) if described is not None else f"cannot write {out_dir}: {error}") \
+            from error
+    if not as_json:
         console.print(f"Wrote {out_dir}/: screen.json, screen.png", markup=False)
 
 
@@ -129,5 +214,6 @@ def _render(report: dict[str, Any], console: Console) -> None:
     render.show(console, baselines)
     for e in report["candidates"]:
         if not e["runnable"]:
-            render.prose(console, f"not run: {e['candidate']}: {e['reason']}", first="- ", indent="  ")
+            what = "not run" if e["probes"] == 0 and e.get("diverged_at") is None else "not ranked"
+            render.prose(console, f"{what}: {e['candidate']}: {e['reason']}", first="- ", indent="  ")
     render.prose(console, report["validity"])

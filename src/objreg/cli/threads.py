@@ -55,6 +55,11 @@ class Threads:
         return f"{self.count} {plural} (auto: {self.cpus} CPU{'s' * (self.cpus != 1)}{load})"
 
 
+#: The most threads ``--threads`` takes: torch's count is a 32-bit integer, and no machine has the
+#: cores for more than a few thousand.
+MAX_THREADS = 4096
+
+
 def usable_cpus() -> int:
     """CPUs this process may run on: its affinity, capped by a cgroup's CPU quota."""
     try:

@@ -63,6 +63,14 @@ def length_order(batch: CorruptedBatch) -> torch.Tensor:
     return torch.sort((~batch.is_padding).sum(1), stable=True).indices
 
 
+def as_dtype(value: Any, dtype: torch.dtype) -> Any:
+    """``value`` (a batch of any nesting) with its floating tensors in ``dtype``."""
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda t: t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point()
+                    and t.dtype != dtype else t, value)
+
+
 @dataclass
 class Downstream:
     """The downstream evaluation set: ``D(θ)`` is the mean of the task's loss over its examples.
@@ -156,7 +164,16 @@ class Downstream:
     def functions(self, model: nn.Module) -> list[ObjectiveFunction]:
         """This process's share of ``D`` as per-chunk functions of the shared parameters (all of
         ``D`` in one process; weight each chunk by its example count over :attr:`size`)."""
-        return [ObjectiveFunction(model, self.task, chunk, shared=self.shared) for chunk in self.local_chunks]
+        return [ObjectiveFunction(model, self.task, chunk, shared=self.shared)
+                for chunk in self.chunks_for(model, self.local_chunks)]
+
+    def chunks_for(self, model: nn.Module, chunks: list[Any]) -> list[Any]:
+        """``chunks`` as the model evaluating them takes them: on the copy :meth:`evaluation_model`
+        made in another dtype, the user's floating inputs in that dtype too (float32 features
+        for a float32 model become float64 for its float64 copy; the values are the same)."""
+        if self._copy is None or model is not self._copy[1]:
+            return chunks
+        return [as_dtype(chunk, self.evaluation_dtype) for chunk in chunks]
 
     def curvature(self, model: nn.Module, shared: Params, method: str = "auto") -> Curvature:
         """Gradient and Hessian-vector products of ``D`` at ``shared``, summed over the processes."""

@@ -127,6 +127,10 @@ class GhostDots:
     depends on row i alone (never for ``ObjectiveInfo.batch_coupled``).
     """
 
+    #: Whether an ``nn.MultiheadAttention`` counts its ``out_proj`` as its own parameters (a
+    #: subclass that reads the attention's tuple output does).
+    absorb_attention = False
+
     def __init__(self, model: nn.Module, direction: Params, batch_size: int, more: Sequence[Params] = (),
                  norms: bool = False):
         self.model = model
@@ -162,6 +166,7 @@ class GhostDots:
                     if name in self.direction:
                         owner_name[id(p)] = name
                 registered.setdefault(id(p), []).append(path)
+        owners: dict[str, tuple[nn.Module, dict[str, str]]] = {}
         for path, module in modules:
             # A parameter a submodule registers too (Hugging Face's LM-head bias, tied to its
             # decoder's) is that submodule's to count: the parent's own jvp would count the
@@ -170,8 +175,19 @@ class GhostDots:
                    if p is not None and id(p) in owner_name
                    and not (len(registered[id(p)]) > 1 and _registered_below(path, registered[id(p)]))}
             if own:
-                self._attach(module, own)
-                self.owners.append((module, own))
+                owners[path] = (module, own)
+        if self.absorb_attention:
+            # nn.MultiheadAttention multiplies by out_proj's weight without calling out_proj: its
+            # projection is the attention's to count, inside the attention's own jvp.
+            for path, module in modules:
+                inner = owners.pop(f"{path}.out_proj" if path else "out_proj", None) \
+                    if isinstance(module, nn.MultiheadAttention) else None
+                if inner is not None:
+                    own = owners.get(path, (module, {}))[1]
+                    owners[path] = (module, {**own, **{f"out_proj.{k}": v for k, v in inner[1].items()}})
+        for module, own in owners.values():
+            self._attach(module, own)
+            self.owners.append((module, own))
         return self
 
     def _attach(self, module: nn.Module, own: dict[str, str]) -> None:

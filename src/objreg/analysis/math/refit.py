@@ -39,9 +39,10 @@ from torch.func import functional_call, jvp
 from objreg.analysis.math.curvature import Curvature
 from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import CallableLoss, ObjectiveFunction, Params, named_shared
+from objreg.analysis.math.state_checks import check_head_state, fingerprint
 from objreg.analysis.parallel.group import Group
 from objreg.analysis.records import DownstreamFit
-from objreg.core.errors import InvalidParameterError
+from objreg.core.errors import InvalidParameterError, NonFiniteLossError
 from objreg.core.handles import Task
 from objreg.core.types import ModelOutputs
 
@@ -529,6 +530,7 @@ class RefitDownstream(Downstream):
     last_fit_error: float = field(init=False, default=0.0, repr=False)
     last_slope: torch.Tensor | None = field(init=False, default=None, repr=False)
     _fitted_at: Params | None = field(init=False, default=None, repr=False)
+    _fit_fingerprint: str | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -552,15 +554,25 @@ class RefitDownstream(Downstream):
         return {n: torch.zeros_like(params[n]) for n in self.head}
 
     def state_dict(self) -> dict[str, Any]:
-        """Where the next solve starts (the last solution and its Hessian), for a checkpoint."""
+        """Where the next solve starts (the last solution and its Hessian), for a checkpoint, and
+        the fit set it was solved on (a fingerprint)."""
         return {"start": None if self.start is None else {n: t.clone() for n, t in self.start.items()},
-                "hint": None if self.hint is None else self.hint.clone()}
+                "hint": None if self.hint is None else self.hint.clone(), "fit": self.fit_fingerprint()}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def fit_fingerprint(self) -> str:
+        """A SHA-256 of the fit set's examples (taken once)."""
+        if self._fit_fingerprint is None:
+            self._fit_fingerprint = fingerprint(self.fit_set.chunks)
+        return self._fit_fingerprint
+
+    def check_state(self, state: Any, model: nn.Module | None = None) -> None:
+        """Refuse a :meth:`state_dict` that is malformed or of another head or fit set
+        (``InvalidParameterError`` naming the key); ``model``: the head's shapes are checked too."""
+        check_head_state(state, self.head, model, key="downstream", fit=self.fit_fingerprint())
+
+    def load_state_dict(self, state: dict[str, Any], model: nn.Module | None = None) -> None:
+        self.check_state(state, model)
         start = state["start"]
-        if start is not None and set(start) != set(self.head):
-            raise InvalidParameterError(f"the state's downstream head has parameters {sorted(start)}, this one "
-                                        f"{sorted(self.head)}")
         self.start = None if start is None else {n: t.clone() for n, t in start.items()}
         self.hint = None if state["hint"] is None else state["hint"].clone()
 
@@ -570,13 +582,14 @@ class RefitDownstream(Downstream):
         the evaluation set's loss at it, in :attr:`evaluation_dtype`."""
         evaluated = self.evaluation_model(model)
         try:
-            fit = fit_head(HeadProblem(evaluated, self.task, self.fit_set.local_chunks, self.head),
+            fit = fit_head(HeadProblem(evaluated, self.task, self.chunks_for(evaluated, self.fit_set.local_chunks),
+                                       self.head),
                            self._head_start(evaluated), self.fit_set.size, self.l2, self.group, self.start is None,
                            self.hint)
         except NonFiniteFit:  # D* is undefined where the backbone diverged: NaN, as D would be
             self.last_fit, self.last_fit_error, self._fitted_at = None, float("nan"), None
             return float("nan")
-        evaluation = HeadProblem(evaluated, self.task, self.local_chunks, self.head)
+        evaluation = HeadProblem(evaluated, self.task, self.chunks_for(evaluated, self.local_chunks), self.head)
         sums = [call(fit.head).sum() for call in evaluation.calls]
         value = self.mean(sums, evaluated)
         # D*'s error from stopping the solve short: ∂_h D_E · A⁻¹ ∇_h F (to first order).
@@ -593,6 +606,11 @@ class RefitDownstream(Downstream):
         if fitted is None or fitted.keys() != shared.keys() or not all(torch.equal(fitted[n], shared[n])
                                                                        for n in shared):
             self.loss(model)
+        if self.last_fit is None:  # the fit was not finite: D* and its derivatives are undefined here
+            raise NonFiniteLossError(
+                "D* is undefined here: the re-fitted head's fit on fit_batches is not finite (a NaN or infinite "
+                "feature of the backbone on the fit set: the backbone diverged, or the fit set's inputs are not "
+                "finite)")
         joint = [*shared, *self.head]
         fit = [FeatureChunk(model, self.task, c, self.fit_set.size) if isinstance(self.task, Task) else
                ObjectiveFunction(model, self.task, c, shared=joint) for c in self.fit_set.local_chunks]

@@ -13,8 +13,15 @@ own ``jvp`` for anything else) with two things added for a pass it does not run 
 * **the loop's weighting.** The backward is of whatever the loop makes of the losses
   (``Σ_k α_k mean(ℓ_k)``, a sum, per-example weights), so the gradient reaching a module is
   ``c_i ∂ℓ_i/∂y`` with ``c_i = ∂L/∂ℓ_i``, read off the losses by a tensor hook. Each row's dot is
-  divided by its ``c_i``: ``⟨∇ℓ_i, v⟩`` whatever the weighting (NaN where ``c_i = 0``, a row or
-  an objective the loop gave no weight).
+  divided by its ``c_i``: ``⟨∇ℓ_i, v⟩`` whatever the weighting. Where ``c_i = 0`` (a row or an
+  objective the loop gave no weight) the backward carries nothing of row ``i``: its dot is not
+  known (:meth:`RidingDots.unmeasured` names those rows).
+
+``nn.MultiheadAttention`` multiplies by its ``out_proj``'s weight without calling ``out_proj``:
+the attention counts those parameters as its own, through its own jvp. Any other parameter used
+outside the forward of the module registering it is invisible to the hooks; walking the losses'
+autograd graph once per objective (:meth:`RidingDots.unseen`) tells which, so that the caller
+refuses them by name instead of leaving their share out.
 
 Module calls never marked (another computation under the same hooks, such as a probe's own
 passes) cost nothing: their gradients are not contracted. The rows must be independent, as for
@@ -33,15 +40,17 @@ differ from an unmeasured step's by rounding.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from torch.func import functional_call, jvp
 
 from objreg.analysis.math.functional import Params
-from objreg.analysis.math.ghost import GhostDots, GhostUnsupportedError, _conv1d, _plain_embedding
+from objreg.analysis.math.ghost import GhostDots, GhostUnsupportedError, _batched_dot, _conv1d, _plain_embedding
 from objreg.analysis.math.per_example_linear import Slot, per_example_forward
 from objreg.core.errors import InvalidParameterError
 
@@ -58,6 +67,8 @@ class _Call:
     rows: int
     segment: _Segment | None = None
     slot: Slot | None = None  # a per-example linear layer's hand-over (``per_example=True``)
+    batch_dim: int = 0  # where the rows are in the output (1: a sequence-first nn.MultiheadAttention)
+    rng: tuple | None = None  # the generators' state as the call began, for its replay (its dropout)
 
 
 @dataclass
@@ -70,6 +81,12 @@ class _Segment:
     cotangent: torch.Tensor | None = None
     calls: int = 0
     hooks: list[Any] = field(default_factory=list)
+    #: The measured parameters its losses depend on (their autograd graph), where asked for.
+    depends: set[str] | None = None
+    #: The measured parameters its calls' contractions covered.
+    reached: set[str] = field(default_factory=set)
+    #: The measured parameters its losses use outside every call of a module owning them.
+    outside: set[str] = field(default_factory=set)
 
 
 class RidingDots(GhostDots):
@@ -84,7 +101,10 @@ class RidingDots(GhostDots):
             docstring); their ``forward`` is replaced inside the block.
     """
 
-    def __init__(self, model: nn.Module, directions: Sequence[Params], per_example: bool = False):
+    absorb_attention = True
+
+    def __init__(self, model: nn.Module, directions: Sequence[Params], per_example: bool = False,
+                 traced: Collection[str] = (), spans: bool = False):
         if not directions:
             raise InvalidParameterError("RidingDots needs at least one direction")
         super().__init__(model, directions[0], batch_size=0, more=list(directions[1:]))
@@ -97,6 +117,16 @@ class RidingDots(GhostDots):
         self.recording = True
         #: Names of the parameters whose modules' calls a marked objective's backward reached.
         self.reached: set[str] = set()
+        #: Objectives already checked: the others' losses have their autograd graph walked at
+        #: :meth:`mark`, to tell which measured parameters they depend on (:meth:`unseen`).
+        self.traced = set(traced)
+        self.called: set[str] = set()  # the measured parameters whose modules' calls were recorded
+        #: With ``spans``, each owner's call as the autograd sequence numbers of the nodes it
+        #: created, and the parameters it owns: a use of a parameter by a node outside every span
+        #: of its owners is a use the hooks cannot see (:meth:`unseen`).
+        self.spans: list[tuple[int, int, frozenset[str]]] | None = [] if spans else None
+        self._span_starts: dict[int, list[int]] = {}
+        self._rng: dict[int, tuple] = {}  # a generic module's call → the generators' state at its start
 
     def _attach(self, module: nn.Module, own: dict[str, str]) -> None:
         linear = type(module) is nn.Linear or _conv1d(module)
@@ -106,7 +136,35 @@ class RidingDots(GhostDots):
             module.forward = per_example_forward(module, _conv1d(module), self._opener(own))
             self._patched.append(module)
         else:
+            if not (type(module) in (nn.Linear, nn.LayerNorm) or _conv1d(module) or _plain_embedding(module)):
+                # Its contribution replays its forward (a jvp): with the generators as they were
+                # at the call, the replay draws the call's own dropout masks, and the loop's
+                # stream is left as it was.
+                self._handles.append(module.register_forward_pre_hook(self._save_rng))
             super()._attach(module, own)
+
+    def _save_rng(self, module: nn.Module, args: tuple) -> None:
+        if self._recorded():
+            self._rng[id(module)] = _rng_state(args)
+
+    def __enter__(self) -> RidingDots:
+        super().__enter__()
+        if self.spans is not None:
+            for module, own in self.owners:
+                names = frozenset(own.values())
+                self._handles.append(module.register_forward_pre_hook(self._span_start))
+                self._handles.append(module.register_forward_hook(
+                    lambda m, args, output, names=names: self._span_end(m, names)))
+        return self
+
+    def _span_start(self, module: nn.Module, args: tuple) -> None:
+        if self._recorded():
+            self._span_starts.setdefault(id(module), []).append(_sequence_now())
+
+    def _span_end(self, module: nn.Module, names: frozenset[str]) -> None:
+        starts = self._span_starts.get(id(module))
+        if self._recorded() and starts:
+            self.spans.append((starts.pop(), _sequence_now(), names))
 
     def __exit__(self, *exc: object) -> None:
         for module in self._patched:
@@ -131,6 +189,10 @@ class RidingDots(GhostDots):
                                         f"torch.no_grad(), or detached?): no backward would carry their dots")
         calls, self.pending = self.pending, []
         if not calls:
+            # Measured parameters it uses whose modules never ran: used outside those modules.
+            unseen = _depends_on(losses, self._measured())[0] - self.called
+            if unseen:
+                raise InvalidParameterError(unseen_message([name], sorted(unseen)))
             raise InvalidParameterError(
                 f"no module owning a measured parameter ran since the last objective was marked: mark the losses "
                 f"of {name!r} right after the forward pass that computed them")
@@ -141,6 +203,8 @@ class RidingDots(GhostDots):
                 f"{type(wrong.module).__name__} ran on {wrong.rows} rows but the losses of {name!r} have {rows}: "
                 f"the dots ride a forward whose every module maps the batch's rows (batch first)")
         segment = _Segment(name, rows, [[] for _ in self.directions], calls=len(calls))
+        if name not in self.traced:
+            segment.depends, segment.outside = _depends_on(losses, self._measured(), self.spans)
         for call in calls:
             call.segment = segment
             if call.slot is not None:
@@ -152,6 +216,38 @@ class RidingDots(GhostDots):
         segment.hooks.append(losses.register_hook(take))
         self.segments.append(segment)
         return losses
+
+    def _measured(self) -> dict[int, str]:
+        """``id`` of every measured parameter → its name."""
+        names: dict[int, str] = {}
+        for module, own in self.owners:
+            for local, name in own.items():
+                names[id(_attribute(module, local))] = name
+        return names
+
+    def unseen(self) -> dict[str, list[str]]:
+        """Objective → the measured parameters its losses depend on that no contraction covered
+        (used outside the forward of the module that registers them, which the hooks watch: the
+        dots would leave their share out); objectives not in ``traced``, and only those missing."""
+        out: dict[str, list[str]] = {}
+        for segment in self.segments:
+            if segment.depends is not None and segment.cotangent is not None:
+                missing = (segment.depends - segment.reached) | segment.outside
+                if missing:
+                    out.setdefault(segment.name, [])
+                    out[segment.name] += [n for n in sorted(missing) if n not in out[segment.name]]
+        return out
+
+    def unmeasured(self) -> dict[str, torch.Tensor]:
+        """Objective → ``[B]`` bool, the rows whose loss the backward gave no weight (``∂L/∂ℓ_i =
+        0``: an objective weighted 0, a row masked out of the loss). Their gradient never reached
+        the hooks, so their dots are unknown (NaN in :meth:`by_objective`)."""
+        out: dict[str, list[torch.Tensor]] = {}
+        for segment in self.segments:
+            zero = (segment.cotangent == 0) if segment.cotangent is not None else \
+                torch.zeros(segment.rows, dtype=torch.bool)
+            out.setdefault(segment.name, []).append(zero.cpu())
+        return {name: torch.cat(parts) for name, parts in out.items()}
 
     def by_objective(self) -> dict[str, list[torch.Tensor]]:
         """Objective → ``[B]`` float64 dots with each direction, rows in the order marked (an
@@ -175,7 +271,7 @@ class RidingDots(GhostDots):
         for segment in self.segments:
             for hook in segment.hooks:
                 hook.remove()
-        self.pending, self.segments = [], []
+        self.pending, self.segments, self.called = [], [], set()
 
     def _recorded(self) -> bool:
         """Whether a module call made now is the loop's own, to be recorded."""
@@ -195,6 +291,7 @@ class RidingDots(GhostDots):
                                             f"dots riding the backward need every measured module to map the batch's rows")
             slot = Slot()
             self.pending.append(_Call(module, {}, (x,), {}, own, x.shape[0], slot=slot))
+            self.called.update(own.values())
             return slot
 
         return open_slot
@@ -203,6 +300,14 @@ class RidingDots(GhostDots):
         def forward_hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             if not self._recorded():
                 return
+            batch_dim = 0
+            if isinstance(module, nn.MultiheadAttention) and isinstance(output, tuple):
+                output = output[0]  # the attention's output (its weights are not used by a loss)
+                batch_dim = 0 if module.batch_first else 1
+                if isinstance(output, torch.Tensor) and output.dim() < 3:
+                    raise GhostUnsupportedError("nn.MultiheadAttention was called on one unbatched sequence: dots "
+                                                "riding the backward need the batch's rows")
+            rng = self._rng.pop(id(module), None)
             if not isinstance(output, torch.Tensor) or not output.requires_grad:
                 return  # nothing of this call is differentiated
             if _plain_embedding(module) and args and isinstance(args[0], torch.Tensor) and args[0].dim() < 2:
@@ -213,9 +318,10 @@ class RidingDots(GhostDots):
             if output.dim() == 0:
                 raise GhostUnsupportedError(f"{type(module).__name__} returned a scalar: dots riding the backward "
                                             f"need every module owning measured parameters to map the batch's rows")
-            call = _Call(module, {local: getattr(module, local) for local in own}, args, kwargs, own,
-                         output.shape[0])
+            call = _Call(module, {local: _attribute(module, local) for local in own}, args, kwargs, own,
+                         output.shape[batch_dim], batch_dim=batch_dim, rng=rng)
             self.pending.append(call)
+            self.called.update(own.values())
             output.register_hook(lambda g: self._contract(call, g))
 
         return forward_hook
@@ -225,6 +331,7 @@ class RidingDots(GhostDots):
         if segment is None:  # not a marked objective's (a computation the caller runs under the hooks)
             return
         self.reached.update(call.own.values())
+        segment.reached.update(call.own.values())
         with torch.no_grad():
             for parts, direction in zip(segment.contributions, self.directions):
                 d = {local: direction[name] for local, name in call.own.items()}
@@ -251,6 +358,7 @@ class RidingDots(GhostDots):
                     dots.append(dot if dot is not None else flat.new_zeros(len(weight)))
             if first == 0:
                 self.reached.update(own.values())
+                segment.reached.update(own.values())
                 if len(weight) < call.rows:  # in chunks: the rows are filled in as they come
                     dots = [torch.cat([dot, dot.new_zeros(call.rows - len(weight))]) for dot in dots]
                 parts[:] = dots
@@ -271,7 +379,84 @@ class RidingDots(GhostDots):
             sparse = _live_rows_dot(args[0], g, linear)
             if sparse is not None:
                 return sparse
-        return self._dot(module, call.values, args, call.kwargs, g, d)
+        with _replaying_rng(call.rng):
+            if isinstance(module, nn.MultiheadAttention):
+                self._replaying = True
+                try:
+                    _, tangent = jvp(lambda p: functional_call(module, p, args, call.kwargs)[0], (call.values,), (d,))
+                finally:
+                    self._replaying = False
+                if call.batch_dim:
+                    tangent, g = tangent.transpose(0, call.batch_dim), g.transpose(0, call.batch_dim)
+                return _batched_dot(tangent, g)
+            return self._dot(module, call.values, args, call.kwargs, g, d)
+
+
+def unseen_message(objectives: Sequence[str], names: Sequence[str]) -> str:
+    """The refusal of parameters the riding hooks cannot see (:meth:`RidingDots.unseen`)."""
+    return (f"the losses of {', '.join(map(repr, objectives))} depend on {len(names)} measured parameter(s) used "
+            f"outside the forward of the module that registers them, which the riding hooks cannot see: "
+            f"{', '.join(map(repr, names[:8]))}; their share of the dots would be left out. Leave them out of "
+            f"shared=, or measure with TransferProbe")
+
+
+def _attribute(module: nn.Module, dotted: str) -> torch.Tensor:
+    """``module``'s tensor at ``dotted`` (``out_proj.weight``): a parameter, or the tensor a
+    ``functional_call`` put in its place."""
+    for part in dotted.split("."):
+        module = getattr(module, part)
+    return module  # type: ignore[return-value]
+
+
+def _rng_state(args: tuple) -> tuple:
+    """The CPU generator's state, and that of the CUDA device the call runs on (if any)."""
+    device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
+    return torch.get_rng_state(), device, torch.cuda.get_rng_state(device) if device is not None else None
+
+
+@contextmanager
+def _replaying_rng(state: tuple | None) -> Iterator[None]:
+    """Run a call's replay with the generators as they were at the call, and leave them as they are."""
+    if state is None:
+        yield
+        return
+    cpu, device, cuda = state
+    with torch.random.fork_rng(devices=[device] if device is not None else []):
+        torch.set_rng_state(cpu)
+        if device is not None:
+            torch.cuda.set_rng_state(cuda, device)
+        yield
+
+
+def _sequence_now() -> int:
+    """The autograd sequence number the next node created here gets (read off a node made for it)."""
+    return torch.zeros((), requires_grad=True).mul(1).grad_fn._sequence_nr()
+
+
+def _depends_on(losses: torch.Tensor, measured: dict[int, str],
+                spans: list[tuple[int, int, frozenset[str]]] | None = None) -> tuple[set[str], set[str]]:
+    """The measured parameters (``id`` → name) among the leaves of ``losses``' autograd graph, and
+    (with ``spans``) those of them a node created outside every span of their owners uses."""
+    found: set[str] = set()
+    outside: set[str] = set()
+    seen: set[Any] = set()
+    stack = [losses.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        variable = getattr(node, "variable", None)  # an AccumulateGrad node: a leaf
+        if variable is not None and id(variable) in measured:
+            found.add(measured[id(variable)])
+        for next_node, _ in node.next_functions:
+            leaf = getattr(next_node, "variable", None)
+            if spans is not None and leaf is not None and id(leaf) in measured:
+                name, number = measured[id(leaf)], node._sequence_nr()
+                if not any(start < number < end and name in names for start, end, names in spans):
+                    outside.add(name)
+            stack.append(next_node)
+    return found, outside
 
 
 def _live_rows_dot(x: torch.Tensor, g: torch.Tensor, d: Params) -> torch.Tensor | None:

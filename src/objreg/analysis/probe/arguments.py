@@ -158,10 +158,29 @@ def build_downstream(model: nn.Module, downstream: Any, eval_batches: Any, group
                                     f"got {type(downstream).__name__}")
     loss = CallableLoss("downstream", downstream, role="downstream loss")
     batches = _batch_list("eval_batches", eval_batches, model)
+    _runs_on(loss, "eval_batches", batches, model)
     if names:
-        fit = Downstream.of_batches(loss, _batch_list("fit_batches", fit_batches, model), **options)
+        fits = _batch_list("fit_batches", fit_batches, model)
+        _runs_on(loss, "fit_batches", fits, model)
+        fit = Downstream.of_batches(loss, fits, **options)
         return RefitDownstream.of_batches(loss, batches, head=names, fit_set=fit, **options)
     return Downstream.of_batches(loss, batches, **options)
+
+
+def _runs_on(loss: CallableLoss, what: str, batches: list[Any], model: nn.Module) -> None:
+    """The user's downstream loss runs on every batch of a fixed set (once, before any work): an
+    exception it raises there (a label outside the head's classes, a wrong key) becomes one line
+    naming the batch, instead of surfacing from deep inside a probe or a head's fit."""
+    for i, batch in enumerate(batches):
+        try:
+            with Quiet(model), torch.no_grad():
+                loss.losses(model, batch, None)
+        except (IndexError, KeyError, ValueError, TypeError, RuntimeError) as error:
+            if isinstance(error, InvalidParameterError) or "out of memory" in str(error):
+                raise
+            first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+            raise InvalidParameterError(f"{loss.label} fails on {what}[{i}]: {type(error).__name__}: {first} (a label "
+                                        f"outside the head's classes, or a batch of another form?)") from None
 
 
 def _batch_list(what: str, given: Any, model: nn.Module) -> list[Any]:
@@ -171,6 +190,12 @@ def _batch_list(what: str, given: Any, model: nn.Module) -> list[Any]:
         raise InvalidParameterError(f"{what} is empty: D needs at least one example")
     for i, batch in enumerate(batches):
         check_batch(f"{what}[{i}]", batch, model_device(model))
+        # The fixed sets are read at every probe: a NaN in them makes D (or the head's fit) no
+        # number however the model trains.
+        if any(isinstance(leaf, torch.Tensor) and leaf.is_floating_point() and not bool(torch.isfinite(leaf).all())
+               for leaf in tree_flatten(batch)[0]):
+            raise InvalidParameterError(f"{what}[{i}] holds a NaN or infinite value: D would be undefined at every "
+                                        f"probe; clean the set")
     return batches
 
 

@@ -22,6 +22,7 @@ says: a frozen head's loss, or ``D*`` of a re-fitted head (its exact gradient, t
 from __future__ import annotations
 
 import math
+import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -33,7 +34,7 @@ from torch import nn
 
 from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import Params, flat_dot, flat_norm, named_shared
-from objreg.analysis.math.riding import RidingDots
+from objreg.analysis.math.riding import RidingDots, unseen_message
 from objreg.analysis.math.stats import mean_ci95
 from objreg.analysis.probe.arguments import Quiet, build_downstream, head_names, reached_by, user_group
 from objreg.analysis.records import InRunRecord, RidingAlignment, Staleness
@@ -98,6 +99,7 @@ class InRunAlignment:
         # (a frozen downstream head's parameters, say, have D's gradient but no objective's).
         self._narrow = shared is None
         self.downstream.shared = self.shared
+        _refuse_sequence_first(model, self.shared)
         self.records: list[InRunRecord] = []
         self.direction: Params | None = None  # ∇D in use
         self._direction_norm = 0.0  # its norm, taken once per refresh (a pass over every parameter)
@@ -108,6 +110,10 @@ class InRunAlignment:
         self._handle: Any = None
         self._on_record: Callable[[InRunRecord], None] | None = None
         self._step = 0
+        self._traced: set[str] = set()  # objectives whose dependence on the measured set was checked
+        self._live: dict[str, Any] = {}  # the hooks in place, for the finaliser below
+        weakref.finalize(self, _shut_hooks, self._live)
+        self._warned_unmeasured = False
 
     # -- by hand ---------------------------------------------------------------------------------
 
@@ -191,6 +197,9 @@ class InRunAlignment:
             raise InvalidParameterError(f"on_record must be callable, got {type(on_record).__name__}")
         if self._handle is not None or self._riding is not None:
             raise ProbeStateError("the alignment is already attached (or inside a step() block)")
+        counting = self._live.pop("counting", None)
+        if counting is not None:
+            counting.remove()
         self._on_record = on_record
         self._open()
         this = weakref.ref(self)
@@ -201,6 +210,8 @@ class InRunAlignment:
                 alive._after_step()
 
         self._handle = optimizer.register_step_post_hook(after_step)
+        self._live["handle"] = self._handle
+        self._optimizer = optimizer
         return self
 
     def detach(self) -> None:
@@ -208,6 +219,17 @@ class InRunAlignment:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+            # Steps taken while detached are counted, so records after a new attach() carry the
+            # optimizer's step numbers.
+            this = weakref.ref(self)
+
+            def count(*_: Any) -> None:
+                alive = this()
+                if alive is not None:
+                    alive._step += 1
+
+            self._live["counting"] = self._optimizer.register_step_post_hook(count)
+        self._live.pop("handle", None)
         self._shut()
 
     def _after_step(self) -> None:
@@ -220,10 +242,16 @@ class InRunAlignment:
         if self.direction is None or self.age >= self.refresh_every:
             self.refresh()
         directions = [self.direction] + ([self._stale] if self._stale is not None else [])
-        self._riding = RidingDots(self.model, directions, per_example=self.per_example).__enter__()
+        # The first step also records where each owner's calls sit in the autograd graph, to find
+        # a parameter used outside them (a tied weight multiplied by hand, say).
+        self._riding = RidingDots(self.model, directions, per_example=self.per_example,
+                                  traced=self._traced, spans=not self._traced).__enter__()
+        # The riding hooks sit on the model's modules: they go when the alignment is dropped.
+        self._live["riding"] = self._riding
 
     def _shut(self) -> None:
         riding, self._riding = self._riding, None
+        self._live.pop("riding", None)
         if riding is not None:
             riding.clear()
             riding.__exit__(None, None, None)
@@ -232,7 +260,10 @@ class InRunAlignment:
         riding = self._riding
         unreached = [s.name for s in riding.segments if s.cotangent is None]
         dots = riding.by_objective()
+        unmeasured = riding.unmeasured()
+        unseen = riding.unseen()
         reached = set(riding.reached)
+        traced = {s.name for s in riding.segments if s.depends is not None}
         self._shut()
         if not dots:
             raise ProbeStateError(f"step {self._step}: no objective's losses were named; call "
@@ -240,6 +271,10 @@ class InRunAlignment:
         if unreached:
             raise ProbeStateError(f"step {self._step}: the losses of {', '.join(map(repr, unreached))} were named "
                                   f"but no backward pass reached them before the step closed")
+        if unseen:
+            names = sorted({n for missing in unseen.values() for n in missing})
+            raise InvalidParameterError(f"step {self._step}: {unseen_message(list(unseen), names)}")
+        self._traced |= traced
         if self._narrow and reached:
             self._narrow = False
             self.shared = tuple(n for n in self.shared if n in reached)
@@ -250,14 +285,25 @@ class InRunAlignment:
             "step": self._step,
             "downstream_grad_age": self.age,
             "downstream_grad_norm": self._direction_norm,
-            "alignment": {name: _alignment(columns[0]) for name, columns in dots.items()},
+            "alignment": {name: _alignment(columns[0], unmeasured[name]) for name, columns in dots.items()},
             "staleness": None,
         }
         if self._stale is not None and self._staleness is not None:
             staleness: Staleness = {**self._staleness, "dot_change": {  # type: ignore[typeddict-item]
-                name: _relative(columns[1], columns[0]) for name, columns in dots.items()}}
+                name: _relative(columns[1][~unmeasured[name]], columns[0][~unmeasured[name]])
+                for name, columns in dots.items()}}
             record["staleness"] = staleness
         self._stale, self._staleness = None, None
+        flagged = {name: len(a["unmeasured_rows"]) for name, a in record["alignment"].items() if a["unmeasured_rows"]}
+        if flagged and not self._warned_unmeasured:
+            self._warned_unmeasured = True
+            warnings.warn(
+                f"step {self._step}: the loop's loss gave no weight to "
+                + ", ".join(f"{n} rows of {k!r}" for k, n in flagged.items())
+                + " (an objective weighted 0, rows masked out of the loss): their gradient never reached the "
+                  "backward, so their dots are unknown; the record lists them in alignment.<k>.unmeasured_rows, "
+                  "their dots are null and the means are over the other rows (warned once)",
+                UserWarning, stacklevel=4)
         self.records.append(record)
         self._step += 1
         self.age += 1
@@ -282,11 +328,48 @@ class InRunAlignment:
         return tuple(n for n in trainable if n in set(shared))
 
 
-def _alignment(dots: torch.Tensor) -> RidingAlignment:
+def _shut_hooks(live: dict[str, Any]) -> None:
+    """Remove what an alignment that was dropped still had in place (its riding hooks, its
+    optimizer hook)."""
+    riding = live.pop("riding", None)
+    if riding is not None:
+        riding.clear()
+        riding.__exit__(None, None, None)
+    for key in ("handle", "counting"):
+        handle = live.pop(key, None)
+        if handle is not None:
+            handle.remove()
+
+
+def _refuse_sequence_first(model: nn.Module, shared: Sequence[str]) -> None:
+    """A sequence-first ``nn.Transformer*Layer``'s linear layers and norms see ``[T, B, ...]``: their
+    rows are positions, not examples (silently so where ``T = B``). Its attention alone is fine."""
+    for path, module in model.named_modules():
+        layer = isinstance(module, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer))
+        if layer and not module.self_attn.batch_first:
+            prefix = f"{path}." if path else ""
+            inside = [n for n in shared if n.startswith(prefix) and not n.startswith(f"{prefix}self_attn.")
+                      and not n.startswith(f"{prefix}multihead_attn.")]
+            if inside:
+                raise InvalidParameterError(
+                    f"{type(module).__name__} {path or '(the model)'} is sequence-first (batch_first=False): its "
+                    f"layers see [T, B, ...], not one row per example, so the dots would mix examples; build it "
+                    f"with batch_first=True, or leave {inside[0]!r} and the layer's other parameters out of shared=")
+
+
+def _alignment(dots: torch.Tensor, unmeasured: torch.Tensor) -> RidingAlignment:
+    """The record of one objective's dots; rows the loss gave no weight are listed, not averaged
+    (their dot is unknown: null in ``dots``; with no other row, the statistics are null too)."""
     values = dots.cpu().numpy()
-    mean, low, high = mean_ci95(values)
+    skipped = unmeasured.numpy()
+    kept = values[~skipped]
+    rows = [None if skip else float(v) for v, skip in zip(values, skipped)]
+    missing = [int(i) for i in np.flatnonzero(skipped)]
+    if kept.size == 0:
+        return {"dot": None, "ci95": None, "conflict_fraction": None, "dots": rows, "unmeasured_rows": missing}
+    mean, low, high = mean_ci95(kept)
     return {"dot": float(mean), "ci95": [float(low), float(high)],
-            "conflict_fraction": float(np.mean(values < 0)), "dots": [float(v) for v in values]}
+            "conflict_fraction": float(np.mean(kept < 0)), "dots": rows, "unmeasured_rows": missing}
 
 
 def _relative(then: torch.Tensor, now: torch.Tensor) -> float:

@@ -18,8 +18,10 @@ the gradient. So :class:`ShardedProbe` builds everything from gradient shards:
 
 FSDP2's backward averages the processes' gradients, so a row's gradient needs every process on
 that row: every process passes the **same** batches (the whole batch), and the rows are not
-divided. Sharding here saves memory, not time. Adam's split (coalition moments, elementwise, so
-shard-friendly) is not built yet: the probe takes plain SGD.
+divided. Sharding here saves memory, not time. Each ``measure`` checks it: a fingerprint of the
+batches and the evaluation batch, compared over processes in one small ``all_reduce``, refuses
+rank-local rows (what a ``DistributedSampler`` gives) before any gradient is taken. Adam's split
+(coalition moments, elementwise, so shard-friendly) is not built yet: the probe takes plain SGD.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from objreg.analysis.math.state_checks import fingerprint
 from objreg.analysis.math.taylor import pair_key
 from objreg.analysis.records import ShardedRecord
 from objreg.core.errors import InvalidParameterError, ProbeStateError
@@ -106,6 +109,21 @@ class ShardedProbe:
         local = torch.stack([sum((x * y).sum() for x, y in zip(a, b)) for a, b in pairs])
         return self._sum(local).tolist()
 
+    def _check_same_batches(self, batches: Mapping[str, Any]) -> None:
+        """Refuse batches that differ between processes (module docstring); every process gets
+        the same answer, so all raise together rather than hang in the next collective."""
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return
+        digest = fingerprint([[batches[k] for k in sorted(batches)], self.eval_batch])
+        value = int(digest[:15], 16)  # 60 bits: an int64 on every backend
+        both = torch.tensor([value, -value], dtype=torch.int64, device=_local(self.parameters[0]).device)
+        dist.all_reduce(both, op=dist.ReduceOp.MAX)  # the largest and minus the smallest fingerprint
+        if int(both[0]) != -int(both[1]):
+            raise InvalidParameterError(
+                "ShardedProbe needs every process to pass the same whole batches and eval_batch; these processes "
+                "passed different ones (rank-local rows, as a DistributedSampler gives?): FSDP2 averages the "
+                "processes' gradients, so each row's gradient needs every process on that row")
+
     def _set(self, shards: Sequence[torch.Tensor]) -> None:
         with torch.no_grad():
             for p, s in zip(self.parameters, shards):
@@ -156,6 +174,7 @@ class ShardedProbe:
             raise InvalidParameterError(f"batches must name exactly the objectives {sorted(self.objectives)}, "
                                         f"got {sorted(batches)}")
         weights = dict(weights) if weights is not None else dict(self.weights)
+        self._check_same_batches(batches)
         self._reshard()
         before = self._shards()
         d_loss, d_grad = self._downstream()

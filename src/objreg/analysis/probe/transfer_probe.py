@@ -41,7 +41,7 @@ from objreg.analysis.math.costs import moments_warning
 from objreg.analysis.math.curvature import HVP_METHODS
 from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import ObjectiveFunction, Params, named_shared, requiring_grad
-from objreg.analysis.math.optimizers import adam_settings, advance, players, stepped
+from objreg.analysis.math.optimizers import _group_of, adam_settings, advance, players, stepped
 from objreg.analysis.math.per_sample import METHODS as PER_SAMPLE_METHODS
 from objreg.analysis.math.refit import RefitDownstream
 from objreg.analysis.math.shapley import CoalitionMoments
@@ -63,6 +63,7 @@ from objreg.analysis.probe.arguments import (
 from objreg.analysis.probe.attention import check_attention, derivable_attention
 from objreg.analysis.probe.engine import Pending, Probe
 from objreg.analysis.probe.report import AlignmentReport, summarise
+from objreg.analysis.probe.state import check_state, optimizer_settings, parameter_layout
 from objreg.analysis.probe.split_check import (
     gradient_cause,
     mismatch_message,
@@ -80,7 +81,7 @@ LossFn = Callable[[nn.Module, Any], torch.Tensor]
 #: Called by an attached probe with each record it finishes.
 RecordCallback = Callable[[StepRecord], None]
 #: Bumped when :meth:`TransferProbe.state_dict` changes shape (older states are refused).
-STATE_FORMAT = 1
+STATE_FORMAT = 2
 
 
 @dataclass
@@ -99,6 +100,32 @@ class Observed:
 
     batches: Mapping[str, Any]
     options: dict[str, Any] = field(default_factory=dict)
+    finite: bool = True  # whether the gradients were finite (else the optimizer may skip the step)
+
+
+def _hooks_of(probe: Any, optimizer: torch.optim.Optimizer, pre: Callable[..., None] | None = None,
+              post: Callable[..., None] | None = None) -> list[Any]:
+    """The optimizer's step hooks calling ``probe``'s methods ``pre`` and ``post`` through a weak
+    reference: the hooks do not keep a probe alive that its user dropped, and they are removed
+    when it is collected."""
+    this = weakref.ref(probe)
+
+    def calling(method: Callable[..., None]) -> Callable[..., None]:
+        def hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+            alive = this()
+            if alive is not None:
+                method(alive, optimizer, args, kwargs)
+        return hook
+
+    handles = ([optimizer.register_step_pre_hook(calling(pre))] if pre is not None else []) + \
+        ([optimizer.register_step_post_hook(calling(post))] if post is not None else [])
+    weakref.finalize(probe, _remove_all, list(handles))
+    return handles
+
+
+def _remove_all(handles: list[Any]) -> None:
+    for handle in handles:
+        handle.remove()
 
 
 class TransferProbe:
@@ -194,6 +221,7 @@ class TransferProbe:
                             decode=decode, shared=names, local_batches=not whole_batches,
                             counterfactual_radius=counterfactual_radius)
         self._narrow = shared is None  # the default: narrowed to what some objective reaches, on first use
+        self._shared_given = None if shared is None else tuple(names)  # a state must measure the same
         settings = adam_settings(optimizer, self.shared_parameters)  # an unsupported optimizer fails here
         self.coalitions = None
         # Under Adam a probe made after the optimizer's first step needs the state_dict of the
@@ -213,6 +241,8 @@ class TransferProbe:
         self._on_record: RecordCallback | None = None
         self._steps_seen = 0
         self._observed: Observed | None = None
+        self._warned_skip = False
+        self._counting: list[Any] = []  # the step counter's hook while detached
         self._attached_measurement: Measurement | None = None
         # Every optimizer step counted (whoever calls it), so a finish that is not one step after
         # its measure is seen; the shared parameters as measured, so changes to them are refused.
@@ -365,15 +395,24 @@ class TransferProbe:
         if self._hooks:
             raise ProbeStateError("the probe is already attached; detach() it first")
         self._every, self._on_record = every, on_record
-        self._hooks = [self.optimizer.register_step_pre_hook(self._before_step),
-                       self.optimizer.register_step_post_hook(self._after_step)]
+        for handle in self._counting:
+            handle.remove()
+        self._counting = []
+        self._hooks = _hooks_of(self, self.optimizer, pre=TransferProbe._before_step, post=TransferProbe._after_step)
         return self
 
     def detach(self) -> None:
-        """Remove the optimizer's hooks (a step's batches handed over but not stepped are dropped)."""
+        """Remove the optimizer's hooks (a step's batches handed over but not stepped are dropped).
+        The probe goes on counting the optimizer's steps, so records after a new :meth:`attach`
+        carry the optimizer's step numbers."""
         for handle in self._hooks:
             handle.remove()
+        if self._hooks:
+            self._counting = _hooks_of(self, self.optimizer, post=TransferProbe._count_step)
         self._hooks, self._observed, self._attached_measurement = [], None, None
+
+    def _count_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._steps_seen += 1
 
     def observe(self, batches: Mapping[str, Any], *, weights: Mapping[str, float] | None = None,
                 gradients: Mapping[str, Params] | None = None, losses: Mapping[str, float] | None = None,
@@ -388,11 +427,25 @@ class TransferProbe:
         if not self._hooks:
             raise ProbeStateError("observe() feeds an attached probe: call attach() first (or use measure/finish)")
         if self._observed is not None:
-            raise ProbeStateError("observe() was called twice before optimizer.step(): hand over each step's "
-                                  "batches once (gradient accumulation over several micro-batches is not supported)")
+            if self._observed.finite:
+                raise ProbeStateError("observe() was called twice before optimizer.step(), and the gradients of the "
+                                      "first were finite (no skipped step): hand over each step's batches once "
+                                      "(gradient accumulation over several micro-batches is not supported), and "
+                                      "step the optimizer the probe is attached to (not another optimizer than the "
+                                      "one the probe is attached to, made since)")
+            # The optimizer never stepped on the last batches: their gradients were not finite, a step
+            # a GradScaler skips. The probe skips it too.
+            if not self._warned_skip:
+                self._warned_skip = True
+                warnings.warn(f"optimizer step {self._steps_seen} was skipped (its gradients were not finite, as a "
+                              f"GradScaler skips such a step): the probe skips it too (warned once)",
+                              UserWarning, stacklevel=2)
+            self._observed = None
         check_batches("batches", batches, self.engine.objectives)
         options = {"weights": weights, "gradients": gradients, "losses": losses, "tokens": tokens}
-        self._observed = Observed(batches, {k: v for k, v in options.items() if v is not None})
+        grads = [p.grad for p in self.shared_parameters.values() if p.grad is not None]
+        finite = not grads or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all())
+        self._observed = Observed(batches, {k: v for k, v in options.items() if v is not None}, finite)
 
     def _due(self, step: int) -> bool:
         return step % self._every == 0 or (self.engine.steps > 0 and step == self.engine.steps - 1)
@@ -441,6 +494,8 @@ class TransferProbe:
             "format": STATE_FORMAT,
             "objectives": list(engine.objectives),
             "shared": list(engine.shared),
+            "parameters": parameter_layout(self.shared_parameters),
+            "optimizer": self._optimizer_settings(),
             "records": list(self.records),
             "next_step": self._next_step,
             "steps_seen": self._steps_seen,
@@ -463,29 +518,15 @@ class TransferProbe:
                 model lacks, or another optimizer kind (Adam's moments with SGD or back).
             ProbeStateError: a step's measurement is in flight.
         """
-        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
-            found = state.get("format") if isinstance(state, Mapping) else type(state).__name__
-            raise InvalidParameterError(f"not a TransferProbe state_dict of format {STATE_FORMAT} (got {found!r})")
         if self._observed is not None or self._attached_measurement is not None:
             raise ProbeStateError("load_state_dict() between observe() and optimizer.step(): load it before the step")
-        objectives = list(self.engine.objectives)
-        if list(state["objectives"]) != objectives:
-            raise InvalidParameterError(f"the state is of a probe of objectives {list(state['objectives'])}, this one "
-                                        f"probes {objectives}")
-        trainable = {n for n, p in self.model.named_parameters() if p.requires_grad}
-        missing = [n for n in state["shared"] if n not in trainable]
-        if missing or not state["shared"]:
-            raise InvalidParameterError(f"the state measures {len(missing)} parameters this model has no trainable "
-                                        f"parameter called: {', '.join(map(repr, missing[:5]))}")
-        if (state["coalitions"] is None) != (self.coalitions is None):
-            kind = "Adam" if state["coalitions"] is not None else "SGD"
-            raise InvalidParameterError(f"the state is of a probe under {kind}; this probe's optimizer is "
-                                        f"{type(self.optimizer).__name__}")
         refit = isinstance(self.downstream, RefitDownstream)
-        if refit != (state["downstream"] is not None):
-            kinds = ("frozen", "re-fitted") if refit else ("re-fitted", "frozen")
-            raise InvalidParameterError(f"the state is of a probe with a {kinds[0]} downstream head; this probe's is "
-                                        f"{kinds[1]}")
+        # Everything checked before anything changes (objreg.analysis.probe.state).
+        check_state(state, fmt=STATE_FORMAT, objectives=list(self.engine.objectives), model=self.model,
+                    shared_given=self._shared_given, optimizer=self._optimizer_settings(),
+                    adam=self.coalitions is not None, refit_head=self.downstream.head if refit else None)
+        if refit:
+            self.downstream.check_state(state["downstream"], self.model)
         if self.coalitions is not None:
             try:
                 self.coalitions.load_state_dict(state["coalitions"])
@@ -522,6 +563,9 @@ class TransferProbe:
 
     # -- internals -------------------------------------------------------------------------------
 
+    def _optimizer_settings(self) -> dict[str, Any]:
+        return optimizer_settings(self.optimizer, _group_of(self.optimizer, self.shared_parameters))
+
     def _remember_shared(self) -> None:
         self._shared_ids = {n: id(p) for n, p in self.shared_parameters.items()}
 
@@ -553,10 +597,24 @@ class TransferProbe:
     def _check_diverged(self, value: float, step: int) -> None:
         """``D`` after a step: non-finite where the step diverged (or the loss returns NaN there)."""
         if not math.isfinite(value):
+            shared = self.shared_parameters
+            gradient = next((n for n, p in shared.items()
+                             if p.grad is not None and not bool(torch.isfinite(p.grad).all())), None)
+            weight = next((n for n, p in shared.items() if not bool(torch.isfinite(p).all())), None)
+            if gradient is not None:  # the step wrote the gradient's NaN into the weights: no step size would help
+                cause = (f"the step's gradient of {gradient!r} was not finite (a NaN or inf in the backward: a log of "
+                         f"0, a division by zero, an overflow), so the step made the weights NaN or infinite; find "
+                         f"where the backward breaks (torch.autograd.detect_anomaly), the learning rate is not the "
+                         f"cause")
+            elif weight is not None:
+                cause = (f"the step made {weight!r} infinite or NaN from a finite gradient: the step diverged; try a "
+                         f"smaller learning rate (--lr) or float64 (--dtype float64)")
+            else:
+                cause = ("the weights are finite, so the loss returns NaN or inf there (a log of 0?), or the step "
+                         "diverged; try a smaller learning rate (--lr) or float64 (--dtype float64)")
             raise NonFiniteLossError(
                 f"{loss_label('downstream', self.downstream.task)} is not finite after step {step} (D = {value}): "
-                f"the step diverged, or the loss returns NaN or inf there; try a smaller learning rate (--lr) or "
-                f"float64 (--dtype float64)")
+                f"{cause}")
 
     def _weights_of(self, weights: Mapping[str, float] | None) -> dict[str, float]:
         return self.weights if weights is None else checked_weights(weights, list(self.engine.objectives))

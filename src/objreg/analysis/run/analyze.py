@@ -44,6 +44,7 @@ from objreg.analysis.run.rundir import claim
 from objreg.analysis.run.schedules import adaptive_rule
 from objreg.analysis.run.trained import can_save, save_backbone
 from objreg.analysis.run.validation import check_call, check_providers, fields_of
+from objreg.core.errors import InvalidParameterError
 from objreg.core.registry import Registry
 from objreg.toolkit.cache import cache_dir
 
@@ -111,6 +112,9 @@ def analyze(
     check_call(pretrain=pretrain, downstream=downstream, registry=registry, out_dir=out_dir, resume=resume,
                checkpoint_every=checkpoint_every, on_step=on_step, on_status=on_status, cache=cache, writer=writer, settings=settings,
                fields=fields_of(AnalysisConfig))
+    if resume is None and out_dir is None and checkpoint_every != 1:
+        raise InvalidParameterError("--checkpoint-every is for a run with --out DIR, where its checkpoints go (none "
+                                    "is written without it): give --out DIR too, or no --checkpoint-every")
     if resume is not None:
         given = [*(["pretrain"] if pretrain is not None else []), *(["downstream"] if downstream is not None else []),
                  *(["out_dir"] if out_dir is not None else []), *settings]

@@ -113,10 +113,17 @@ class _Hashing(_Counter):
         super().__init__()
         self.target = target
         self.digest = hashlib.sha256()
+        #: The error the file's write raised (torch's writer reports it as its own RuntimeError,
+        #: without the errno that says "no space left" or "file too large").
+        self.failed: OSError | None = None
 
     def write(self, data: Any) -> int:
         self.digest.update(data)
-        self.target.write(data)
+        try:
+            self.target.write(data)
+        except OSError as error:
+            self.failed = error
+            raise
         return super().write(data)
 
 
@@ -134,7 +141,12 @@ def write_sealed_stream(path: Path, save: Callable[[IO[bytes]], None]) -> int:
     with atomic_file(Path(path)) as f:
         f.write(b"\0" * room)
         sink = _Hashing(f)
-        save(sink)
+        try:
+            save(sink)
+        except Exception as error:
+            if sink.failed is not None and sink.failed is not error:
+                raise sink.failed from error  # the file's own error (a full disk), not the writer's wrapping
+            raise
         if sink.length != counter.length:
             raise RuntimeError(f"the payload of {path} changed between its two serialisations "
                                f"({counter.length:,} and {sink.length:,} bytes)")

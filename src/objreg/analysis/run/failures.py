@@ -48,6 +48,9 @@ def _resource(error: BaseException, out_dir: str | os.PathLike[str] | None) -> R
         if error.errno in (errno.ENOSPC, errno.EDQUOT):
             return ResourceError(f"no space left on the device writing {where}: free some space or choose another "
                                  f"--out{resume}")
+        if error.errno == errno.EFBIG:
+            return ResourceError(f"file too large writing {where}: a limit on file size stops it (ulimit -f); raise "
+                                 f"the limit or choose another --out{resume}")
         if error.errno == errno.ENOMEM:
             return ResourceError(f"out of memory: {MEMORY_HINT}")
         if error.errno == errno.EROFS:

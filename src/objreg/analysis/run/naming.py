@@ -50,7 +50,8 @@ def keywords() -> set[str]:
     """The keyword arguments of ``objreg.analyze``: every ``AnalysisConfig`` field, and its own."""
     from objreg.analysis.run.config import AnalysisConfig
 
-    return {f.name for f in dataclasses.fields(AnalysisConfig)} | {"out_dir", "resume", "pretrain", "downstream"}
+    return {f.name for f in dataclasses.fields(AnalysisConfig)} | {"out_dir", "resume", "pretrain", "downstream",
+                                                                  "checkpoint_every"}
 
 
 def as_keywords(message: str) -> str:

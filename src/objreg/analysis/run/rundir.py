@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import tempfile
 from pathlib import Path
 
 from objreg.core.errors import DataError, InvalidParameterError
@@ -50,11 +51,11 @@ class RunDirectory:
         self.path = path
         self._lock = lock
 
-    def release(self, finished: bool = False) -> None:
-        """Drop the lock; ``finished`` (the run wrote ``report.json``): remove the lock file first."""
+    def release(self, finished: bool = False, result: str = "report.json") -> None:
+        """Drop the lock; ``finished`` (the run wrote its ``result``): remove the lock file first."""
         if self._lock is None:
             return
-        if finished and (self.path / "report.json").is_file():
+        if finished and (self.path / result).is_file():
             with contextlib.suppress(OSError):
                 (self.path / LOCK_FILE).unlink()
         os.close(self._lock)  # closing the descriptor drops the flock
@@ -89,6 +90,42 @@ def claim(path: str | os.PathLike[str], *, resume: bool, option: str = "--out") 
         if not resume:
             _check_fresh(directory, option)
         remove_stale_temporaries(directory, RUN_FILES)
+    except BaseException:
+        run_dir.release()
+        raise
+    return run_dir
+
+
+#: The files ``objreg screen --out`` writes (its result first).
+SCREEN_FILES = ("screen.json", "screen.png")
+
+
+def claim_for(path: str | os.PathLike[str], files: tuple[str, ...], what: str, option: str = "--out") -> RunDirectory:
+    """Create (if needed) and lock ``path`` for a command that writes ``files`` there (its result
+    first), before it does any work: refused where one of them is a link, where a result is
+    already there (never overwritten), or where nothing can be written (checked by writing).
+
+    Raises:
+        InvalidParameterError: it is not a directory, in use, holds a link or an earlier result.
+        DataError: it cannot be created, locked or written.
+    """
+    directory = Path(path)
+    shown = str(directory)
+    if directory.exists() and not directory.is_dir():
+        raise InvalidParameterError(f"{option} {shown!r} exists and is not a directory")
+    check_no_links(directory, (LOCK_FILE, *files), option)
+    run_dir = lock(directory, option, what)
+    try:
+        present = [name for name in files if (directory / name).exists()]
+        if present:
+            raise InvalidParameterError(f"{option} {shown!r} already holds {', '.join(present)} of an earlier "
+                                        f"{what}; choose another directory or remove them")
+        remove_stale_temporaries(directory, files)
+        try:  # a read-only or forbidden directory, now rather than after the work
+            with tempfile.TemporaryFile(dir=directory):
+                pass
+        except OSError as e:
+            raise DataError(f"cannot write in {option} {shown!r}: {e.strerror or e}") from None
     except BaseException:
         run_dir.release()
         raise

@@ -59,8 +59,11 @@ from objreg.toolkit.randomness import stream
 #: Steps per candidate when no budget is given (docs/performance.md: 8 candidates on the default
 #: model in a few minutes on two CPU cores).
 DEFAULT_BUDGET = 8
-#: The most steps a time budget may run (it stops at its time first unless steps are very cheap).
+#: The most steps a budget may give, and a time budget may run (it stops at its time first unless
+#: steps are very cheap).
 MAX_STEPS = 10_000
+#: The longest time budget per candidate: a day.
+MAX_SECONDS = 86_400
 #: What the screen sets itself, so a caller may not.
 OWN_SETTINGS = ("pretrain", "weights", "schedule", "steps", "probe_every", "downstream_head", "spectrum",
                 "attribution_top", "head_warmup_steps")
@@ -106,6 +109,9 @@ def parse_budget(budget: int | str | Budget) -> Budget:
     if isinstance(budget, int):
         if budget < 2:
             raise InvalidParameterError(f"budget must be at least 2 steps (an interval needs two probes), got {budget}")
+        if budget > MAX_STEPS:
+            raise InvalidParameterError(f"budget must be at most {MAX_STEPS} steps per candidate (a screen is a short "
+                                        f"run; analyze trains longer), got {budget}")
         return Budget(steps=budget)
     text = str(budget).strip()
     try:
@@ -113,8 +119,13 @@ def parse_budget(budget: int | str | Budget) -> Budget:
             seconds = float(text[:-1])
             if not math.isfinite(seconds) or seconds <= 0:
                 raise ValueError
+            if seconds > MAX_SECONDS:
+                raise InvalidParameterError(f"budget must be at most {MAX_SECONDS}s per candidate (a screen is a short "
+                                            f"run; analyze trains longer), got {budget!r}")
             return Budget(seconds=seconds)
         return parse_budget(int(text))
+    except InvalidParameterError:  # a ValueError too, but already the message to give
+        raise
     except ValueError:
         raise InvalidParameterError(
             f"budget must be a number of steps (at least 2, e.g. 12) or of seconds per candidate (e.g. 90s), "
@@ -132,14 +143,27 @@ def parse_candidates(candidates: str | Sequence[str], registry: Registry) -> lis
         InvalidParameterError: no candidate, a malformed entry, an unknown objective or parameter,
             a bad parameter value, an objective repeated within a mixture, or a candidate repeated.
     """
-    entries = candidates.split(",") if isinstance(candidates, str) else list(candidates)
-    entries = [e.strip() for e in entries if isinstance(e, str) and e.strip()]
+    if isinstance(candidates, str):
+        entries = candidates.split(",")
+    elif isinstance(candidates, Sequence):
+        entries = list(candidates)
+        wrong = [e for e in entries if not isinstance(e, str)]
+        if wrong:
+            wrong = wrong[0]
+            raise InvalidParameterError(f"every candidate must be a string like 'mlm', 'mlm:mask_prob=0.4' or "
+                                        f"'mlm+sop'; got {wrong!r} ({type(wrong).__name__})")
+    else:
+        raise InvalidParameterError(f"candidates must be a comma-separated string or a list of strings, got "
+                                    f"{type(candidates).__name__}")
+    entries = [e.strip() for e in entries if e.strip()]
     if not entries:
         raise InvalidParameterError("no candidate given: name at least one, e.g. --candidates mlm,clm,sop")
     parsed: list[Candidate] = []
+    seen: dict[frozenset, str] = {}  # what each candidate trains on, after its plugins' parsing → its label
     for entry in entries:
         objectives: list[str] = []
         params: dict[str, dict[str, str]] = {}
+        resolved: dict[str, str] = {}
         for part in entry.split("+"):
             name, *assignments = [p.strip() for p in part.split(":")]
             if not name:
@@ -153,14 +177,23 @@ def parse_candidates(candidates: str | Sequence[str], registry: Registry) -> lis
                 if not sep or not key.strip() or not value.strip():
                     raise InvalidParameterError(f"malformed parameter {assignment!r} in candidate {entry!r}: "
                                                 f"expected NAME=VALUE, e.g. mlm:mask_prob=0.4")
+                if key.strip() in given:
+                    raise InvalidParameterError(f"candidate {entry!r} gives {name}'s parameter {key.strip()!r} twice")
                 given[key.strip()] = value.strip()
-            registry.get(name, **given)  # unknown names, unknown parameters and bad values, in the plugin's words
+            # Unknown names, unknown parameters and bad values, in the plugin's words; its parsed
+            # parameters (defaults filled in) tell two spellings of one candidate apart.
+            resolved[name] = repr(sorted(registry.get(name, **given).params.items()))
             objectives.append(name)
             if given:
                 params[name] = given
         label = "+".join(o + "".join(f":{k}={v}" for k, v in params.get(o, {}).items()) for o in objectives)
         if any(c.label == label for c in parsed):
             raise InvalidParameterError(f"candidate {label!r} is given twice")
+        same = frozenset(resolved.items())  # a mixture's order and a parameter's spelling aside
+        if same in seen:
+            raise InvalidParameterError(f"candidates {seen[same]!r} and {label!r} are the same objective(s) with the "
+                                        f"same parameters (defaults included): screen each once")
+        seen[same] = label
         parsed.append(Candidate(label, tuple(objectives), params))
     return parsed
 
@@ -193,6 +226,7 @@ class ScreenEntry(TypedDict):
     loss_decrease: float | None
     random_rank: int | None
     seconds: float
+    diverged_at: int | None  # the step at which the run diverged (then not ranked; ``reason`` says how)
 
 
 @dataclass
@@ -206,6 +240,7 @@ class ScreenReport:
     candidates: list[ScreenEntry]
     validity: str
     seconds: float
+    stopped: bool = False  # stopped by the caller (Ctrl-C): later candidates listed as not run
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -224,9 +259,9 @@ def rank_with_ties(entries: Sequence[ScreenEntry]) -> None:
     score is not a number (``D*`` undefined at some probe: the backbone diverged) is not ranked:
     it is listed with that reason, as an unrunnable candidate is."""
     for entry in entries:
-        if entry["runnable"] and not math.isfinite(entry["score"]["mean"]):
+        if entry["runnable"] and not all(math.isfinite(entry["score"][k]) for k in ("mean", "low", "high")):
             entry["runnable"], entry["rank"], entry["tied"] = False, None, False
-            entry["reason"] = "its D* became undefined during the run (the backbone diverged): try a lower lr"
+            entry["reason"] = "diverged: its D* became undefined during the run (the backbone diverged): try a lower lr"
     order = sorted((e for e in entries if e["runnable"]), key=lambda e: -e["score"]["mean"])
     leader: ScreenEntry | None = None
     for position, entry in enumerate(order, start=1):
@@ -342,15 +377,22 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
     tokens: list[int] = []
     started = time.monotonic()
     initial = None
+    previous = None  # D* at the previous probe
+    diverged: tuple[int, str] | None = None
     step = 0
     while step < steps:
-        if budget.seconds is not None and step >= 2 and time.monotonic() - started >= budget.seconds:
+        # A time budget runs on to its second probe at least: a rank needs an interval.
+        if budget.seconds is not None and len(scores) >= 2 and time.monotonic() - started >= budget.seconds:
             break
         probed = step % probe_every == 0
         _, batches = trainer.next_batches()
         weights = candidate.weights
         step_losses, gradients = trainer.accumulate_gradients(step, batches, weights, keep=True)
-        losses.append(sum(weights[n] * v for n, v in step_losses.items()))
+        loss = sum(weights[n] * v for n, v in step_losses.items())
+        if not math.isfinite(loss):
+            diverged = (step, f"its training loss is {loss}")
+            break
+        losses.append(loss)
         combined = {p: sum(weights[n] * gradients[n][p] for n in gradients) for p in shared}
         count = sum(int((~b.is_padding).sum()) for b in batches.values())
         tokens.append(count)
@@ -358,22 +400,41 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
             before = {n: p.detach().clone() for n, p in shared.items()}
             with Quiet(model), derivable_attention():
                 value = downstream.loss(model)
+                if not math.isfinite(value):
+                    diverged = (step, f"its D* is {value}")
+                    break
                 gradient, _ = downstream.curvature(model, before).gradient_and_products([])
             if not start:
                 start.update(downstream.state_dict())
             initial = value if initial is None else initial
+            if previous is not None and initial > 0 and abs(value - previous) > initial:
+                diverged = (step, f"D* went from {previous:.4g} to {value:.4g} in {probe_every} step(s), a change "
+                                  f"larger than D* at the start ({initial:.4g})")
+                break
+            previous = value
             norms.append(float(flat_norm(combined)))
         trainer.optimizer.step()
+        if not all(bool(torch.isfinite(p).all()) for p in shared.values()):
+            diverged = (step, "its weights became infinite or NaN")
+            break
         if probed:
             delta = {n: p.detach() - before[n] for n, p in shared.items()}
             score = -float(flat_dot(gradient, delta))
+            # A step whose first-order prediction moves D* by more than D* itself at the start is far
+            # outside the regime where a first-order term predicts anything.
+            if not math.isfinite(score) or (initial > 0 and abs(score) > initial):
+                diverged = (step, f"its step's predicted change of D* ({-score:+.4g}) is larger than D* at the start "
+                                  f"({initial:.4g}): far outside the first-order regime")
+                break
             scores.append(score)
             per_token.append(1000.0 * score / max(count, 1))
         step += 1
         on_step(step)
+    spent = time.monotonic() - started
+    if diverged is not None:  # nothing after it means anything; D* may not even be defined
+        return {"steps": step, "probes": len(scores), "diverged": diverged, "initial": initial, "seconds": spent}
     with Quiet(model):
         final = downstream.loss(model)
-    spent = time.monotonic() - started
     outcome = None
     if outcome_steps is not None:  # the validity experiment's outcome: the same run, continued unprobed
         for later in range(step, outcome_steps):
@@ -384,7 +445,7 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
             outcome = downstream.loss(model)
     half = len(losses) // 2
     return {
-        "steps": step, "probes": len(scores), "scores": scores, "per_token": per_token,
+        "steps": step, "probes": len(scores), "scores": scores, "per_token": per_token, "diverged": None,
         "tokens_per_step": sum(tokens) / len(tokens), "initial": initial, "final": final,
         "grad_norm": sum(norms) / len(norms),
         "loss_decrease": sum(losses[:half]) / half - sum(losses[half:]) / (len(losses) - half),
@@ -409,6 +470,7 @@ def screen(
     on_step: Callable[[str, int, int | None], None] | None = None,
     on_plan: Callable[[int, int | None], None] | None = None,
     outcome_steps: int | None = None,
+    stop: Callable[[], bool] | None = None,
     **settings: Any,
 ) -> ScreenReport:
     """Screen ``candidates`` for ``downstream`` (module docstring).
@@ -425,6 +487,9 @@ def screen(
             each (None under a time budget).
         outcome_steps: For the validity experiment: after the budget, train each candidate on,
             unprobed, to this many steps in all, and report ``D*`` there (``outcome_downstream_loss``).
+        stop: Asked before each candidate: True stops the screen there (the report then holds the
+            candidates that finished, the others listed as not run, ``stopped`` True). A
+            ``KeyboardInterrupt`` inside a candidate's run carries that report as ``screen_report``.
         **settings: analyze's settings of the model, corpus, data and device
             (:class:`~objreg.analysis.run.config.AnalysisConfig` fields but those the screen sets).
 
@@ -440,6 +505,11 @@ def screen(
     if isinstance(probe_every, bool) or not isinstance(probe_every, int) or probe_every < 1:
         raise InvalidParameterError(f"probe_every must be a positive integer, got {probe_every!r}")
     budget = parse_budget(DEFAULT_BUDGET if budget is None else budget)
+    if budget.steps is not None and budget.steps <= probe_every:
+        raise InvalidParameterError(
+            f"a budget of {budget.steps} steps probed every {probe_every} step(s) gives one probe per candidate; a "
+            f"rank needs at least two (an interval): probe more often than every {budget.steps} steps, or give a "
+            f"budget of more than {probe_every} steps")
     if outcome_steps is not None and (budget.steps is None or outcome_steps < budget.steps):
         raise InvalidParameterError(f"outcome_steps must be at least the budget's steps, got {outcome_steps!r}")
     registry = registry or Registry.load()
@@ -453,44 +523,91 @@ def screen(
         raise InvalidParameterError("no candidate can run here: " + "; ".join(f"{k}: {v}" for k, v in reasons.items()))
     if on_plan is not None:
         on_plan(sum(r is None for r in reasons.values()), budget.steps)
-    entries: list[ScreenEntry] = []
+    entries = [_entry(candidate, reasons[candidate.label]) for candidate in parsed]
     start: dict[str, Any] = {}
-    for candidate in parsed:
-        entry: ScreenEntry = {
-            "candidate": candidate.label, "objectives": list(candidate.objectives),
-            "params": {k: dict(v) for k, v in candidate.params.items()}, "runnable": reasons[candidate.label] is None,
-            "reason": reasons[candidate.label], "rank": None, "tied": False, "score": None,
-            "score_per_1k_tokens": None, "steps": 0, "probes": 0, "tokens_per_step": None,
-            "initial_downstream_loss": None, "final_downstream_loss": None, "actual_improvement": None,
-            "grad_norm": None, "loss_decrease": None, "random_rank": None, "seconds": 0.0,
-        }
-        entries.append(entry)
-        if not entry["runnable"]:
-            continue
-        status(f"screening {candidate.label}")
+    stopped = False
 
-        def report_step(done: int, label: str = candidate.label) -> None:
-            if on_step is not None:
-                on_step(label, done, budget.steps)
+    def report() -> ScreenReport:
+        """The report of the candidates that finished (the others listed with their reason)."""
+        ordered = sorted(entries, key=lambda e: (not e["runnable"], e["rank"] or 0,
+                                                 -e["score"]["mean"] if e["score"] else 0.0))
+        config_dict = {k: v for k, v in base.to_dict().items() if k not in OWN_SETTINGS}
+        config_dict.update(device=str(device), probe_every=probe_every)
+        return ScreenReport(base.downstream, str(budget), config_dict, ordered, validity_line(base, budget),
+                            time.monotonic() - started, stopped)
 
-        run = _score_run(registry, candidate, base, loaded, budget, probe_every, device, report_step, start,
-                         outcome_steps)
-        entry.update({
-            "score": _interval(run["scores"]), "score_per_1k_tokens": _interval(run["per_token"]),
-            "steps": run["steps"], "probes": run["probes"], "tokens_per_step": run["tokens_per_step"],
-            "initial_downstream_loss": run["initial"], "final_downstream_loss": run["final"],
-            "actual_improvement": run["initial"] - run["final"], "grad_norm": run["grad_norm"],
-            "loss_decrease": run["loss_decrease"], "seconds": run["seconds"],
-        })
-        if outcome_steps is not None:
-            entry["outcome_downstream_loss"] = run["outcome"]  # type: ignore[typeddict-unknown-key]
-    runnable = [e for e in entries if e["runnable"]]
-    order = torch.randperm(len(runnable), generator=stream(base.seed, "screen_random_order")).tolist()
-    for entry, position in zip(runnable, order):
-        entry["random_rank"] = position + 1
-    rank_with_ties(entries)
-    entries.sort(key=lambda e: (not e["runnable"], e["rank"] or 0, -e["score"]["mean"] if e["score"] else 0.0))
-    config_dict = {k: v for k, v in base.to_dict().items() if k not in OWN_SETTINGS}
-    config_dict.update(device=str(device), probe_every=probe_every)
-    return ScreenReport(base.downstream, str(budget), config_dict, entries, validity_line(base, budget),
-                        time.monotonic() - started)
+    def rank() -> None:
+        runnable = [e for e in entries if e["runnable"]]
+        order = torch.randperm(len(runnable), generator=stream(base.seed, "screen_random_order")).tolist()
+        for entry, position in zip(runnable, order):
+            entry["random_rank"] = position + 1
+        rank_with_ties(entries)
+
+    current: ScreenEntry | None = None
+    try:
+        for candidate, entry in zip(parsed, entries):
+            if not entry["runnable"]:
+                continue
+            if stop is not None and stop():
+                stopped = True
+                entry.update({"runnable": False, "reason": STOPPED_BEFORE})
+                continue
+            current = entry
+            status(f"screening {candidate.label}")
+
+            def report_step(done: int, label: str = candidate.label) -> None:
+                if on_step is not None:
+                    on_step(label, done, budget.steps)
+
+            run = _score_run(registry, candidate, base, loaded, budget, probe_every, device, report_step, start,
+                             outcome_steps)
+            _fill(entry, run)
+            current = None
+        rank()
+        return report()
+    except KeyboardInterrupt as interrupt:
+        # Stopped at once: the candidates that finished are kept, handed over on the exception.
+        stopped = True
+        for entry in entries:
+            if entry is current:
+                entry.update({"runnable": False, "reason": STOPPED_DURING})
+            elif entry["runnable"] and entry["score"] is None:
+                entry.update({"runnable": False, "reason": STOPPED_BEFORE})
+        rank()
+        interrupt.screen_report = report()  # type: ignore[attr-defined]
+        raise
+
+
+#: Why a candidate was not run when the screen was stopped (Ctrl-C, SIGTERM).
+STOPPED_BEFORE = "stopped before its turn"
+STOPPED_DURING = "stopped while it trained (its run was abandoned)"
+
+
+def _entry(candidate: Candidate, reason: str | None) -> ScreenEntry:
+    return {
+        "candidate": candidate.label, "objectives": list(candidate.objectives),
+        "params": {k: dict(v) for k, v in candidate.params.items()}, "runnable": reason is None,
+        "reason": reason, "rank": None, "tied": False, "score": None,
+        "score_per_1k_tokens": None, "steps": 0, "probes": 0, "tokens_per_step": None,
+        "initial_downstream_loss": None, "final_downstream_loss": None, "actual_improvement": None,
+        "grad_norm": None, "loss_decrease": None, "random_rank": None, "seconds": 0.0, "diverged_at": None,
+    }
+
+
+def _fill(entry: ScreenEntry, run: dict[str, Any]) -> None:
+    """``entry`` with what its run gave (a diverged run: where, and not ranked)."""
+    if run["diverged"] is not None:
+        at, how = run["diverged"]
+        entry.update({"runnable": False, "reason": f"diverged at step {at}: {how}", "diverged_at": at,
+                      "steps": run["steps"], "probes": run["probes"], "initial_downstream_loss": run["initial"],
+                      "seconds": run["seconds"]})
+        return
+    entry.update({
+        "score": _interval(run["scores"]), "score_per_1k_tokens": _interval(run["per_token"]),
+        "steps": run["steps"], "probes": run["probes"], "tokens_per_step": run["tokens_per_step"],
+        "initial_downstream_loss": run["initial"], "final_downstream_loss": run["final"],
+        "actual_improvement": run["initial"] - run["final"], "grad_norm": run["grad_norm"],
+        "loss_decrease": run["loss_decrease"], "seconds": run["seconds"],
+    })
+    if run["outcome"] is not None:
+        entry["outcome_downstream_loss"] = run["outcome"]  # type: ignore[typeddict-unknown-key]

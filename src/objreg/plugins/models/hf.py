@@ -401,14 +401,34 @@ def _open_directory(directory: str, config: Mapping[str, Any]) -> tuple[Path, An
         )
     path = _check_directory(directory)
     transformers = _transformers()
+    _check_model_type(directory, path, transformers)
     try:
         hf_config = transformers.AutoConfig.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as e:
-        raise objreg.DataError(f"model directory {directory!r}: cannot read config.json: {e}") from None
+        raise objreg.DataError(f"model directory {directory!r}: cannot read config.json: "
+                               f"{' '.join(str(e).split())}") from None
     kwargs: dict[str, Any] = {"attn_implementation": "eager"}
     if hf_config.model_type in ("bert", "roberta", "xlm-roberta", "electra", "camembert"):
         kwargs["add_pooling_layer"] = False
     return path, transformers, hf_config, architecture(path), kwargs
+
+
+def _check_model_type(directory: str, path: Path, transformers: Any) -> None:
+    """config.json's ``model_type`` must be one this transformers knows (its own error is three
+    sentences of advice on upgrading and custom code, which objreg never runs)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    try:
+        model_type = json.loads((path / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return  # AutoConfig says what is wrong with the file
+    if model_type is None:
+        raise objreg.DataError(f"model directory {directory!r}: config.json names no model_type (every transformers "
+                               f"model's config.json does: save it with save_pretrained(DIR))")
+    if not isinstance(model_type, str) or model_type not in CONFIG_MAPPING_NAMES:
+        raise objreg.DataError(f"model directory {directory!r}: config.json's model_type {model_type!r} is not one "
+                               f"transformers {transformers.__version__} knows (a newer model, or a custom one whose "
+                               f"code objreg does not run)")
 
 
 def _backbone(loaded: nn.Module, kind: str, vocab: Vocabulary) -> HFBackbone:
