@@ -63,7 +63,6 @@ from objreg.analysis.probe.arguments import (
 from objreg.analysis.probe.attention import check_attention, derivable_attention
 from objreg.analysis.probe.engine import Pending, Probe
 from objreg.analysis.probe.report import AlignmentReport, summarise
-from objreg.analysis.probe.state import check_state, optimizer_settings, parameter_layout
 from objreg.analysis.probe.split_check import (
     gradient_cause,
     mismatch_message,
@@ -72,6 +71,7 @@ from objreg.analysis.probe.split_check import (
     steps_cause,
     zero_grad_cause,
 )
+from objreg.analysis.probe.state import check_state, optimizer_settings, parameter_layout
 from objreg.analysis.records import StepRecord
 from objreg.core.errors import InvalidParameterError, NonFiniteLossError, ProbeStateError
 from objreg.core.handles import Objective, Task
