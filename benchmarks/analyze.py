@@ -92,7 +92,7 @@ def parts_here(argv: list[str]) -> None:
     import importlib
     import json
 
-    from benchmarks.probe_memory import GIB, Phases
+    from benchmarks.probe_memory import Phases
     from objreg.cli import cli
 
     phases = Phases()
@@ -106,7 +106,7 @@ def parts_here(argv: list[str]) -> None:
         finally:
             total = time.process_time() - start
     print(json.dumps({"total_cpu_s": total, "cpu_s": phases.cpu,
-                      "peak_mib": {path: p["peak"] * GIB / 2**20 for path, p in phases.peaks.items()},
+                      "peak_mib": {path: p["peak"] / 2**20 for path, p in phases.peaks.items()},
                       "calls": {path: p["calls"] for path, p in phases.peaks.items()}}))
 
 
