@@ -111,6 +111,11 @@ _LAZY = {
 }
 
 
+def __dir__() -> list[str]:
+    """The public names, the lazily loaded ones included (``dir(objreg)`` lists ``TransferProbe``)."""
+    return sorted(set(globals()) | set(__all__))
+
+
 def __getattr__(name: str) -> Any:
     if name not in _LAZY:
         raise AttributeError(f"module 'objreg' has no attribute {name!r}")

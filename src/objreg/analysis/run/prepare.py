@@ -159,6 +159,8 @@ def prepare(
            {"head_warmup": {"examples": fit_batch.batch_size, "loss_before": warmup[0] if warmup else None,
                             "loss_after": warmup[-1] if warmup else None, **split}}),
         "objective_params": {n: dict(o.params) for n, o in objectives.items()},
+        "architecture": getattr(tokenizer, "architecture", "encoder"),
+        "objective_attention": {n: o.info.pattern for n, o in objectives.items()},
         "optimizer_hyperparameters": {
             k: list(v) if isinstance(v, tuple) else v
             for k, v in trainer.optimizer.param_groups[0].items()
