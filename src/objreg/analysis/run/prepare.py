@@ -46,6 +46,9 @@ from objreg.toolkit.tokenizer import TokenizedCorpus, Tokenizer
 #: fewer, larger chunks cost less overhead (docs/performance.md); each still bounds the memory
 #: of one pass through the backbone.
 FIT_CHUNK = 32
+#: ... and at most this many token positions (rows times the chunk's longest row): the fit set's
+#: long rows go in smaller chunks, so its backbone passes compute less padding.
+FIT_CHUNK_TOKENS = 1536
 
 
 def check(config: AnalysisConfig, registry: Registry) -> torch.device:
@@ -128,7 +131,8 @@ def prepare(
         downstream: Downstream = RefitDownstream(
             task, eval_batch.to(device), group=group, evaluation_dtype=evaluation_dtype, head=head,
             fit_set=Downstream(task, fit_batch.to(device), group=group, evaluation_dtype=evaluation_dtype,
-                               chunk_size=fit_chunk(fit_batch.batch_size, group.world_size)))
+                               chunk_size=fit_chunk(fit_batch.batch_size, group.world_size),
+                               chunk_tokens=FIT_CHUNK_TOKENS))
     else:
         downstream = Downstream(task, eval_batch.to(device), group=group, evaluation_dtype=evaluation_dtype)
     downstream.check(model)
