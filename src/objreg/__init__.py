@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from objreg.analysis.probe.transfer_probe import TransferProbe
     from objreg.analysis.probe.writer import RunWriter
     from objreg.analysis.run.analyze import analyze
+    from objreg.analysis.run.prepare import prepare
     from objreg.analysis.run.config import AnalysisConfig
     from objreg.analysis.run.screen import ScreenReport, screen
     from objreg.core import masks
@@ -97,6 +98,7 @@ _LAZY = {
     "Tokenizer": ("objreg.toolkit.tokenizer", "Tokenizer"),
     "split_sentences": ("objreg.toolkit.tokenizer", "split_sentences"),
     "analyze": ("objreg.analysis.run.analyze", "analyze"),
+    "prepare": ("objreg.analysis.run.prepare", "prepare"),
     "AnalysisConfig": ("objreg.analysis.run.config", "AnalysisConfig"),
     "screen": ("objreg.analysis.run.screen", "screen"),
     "ScreenReport": ("objreg.analysis.run.screen", "ScreenReport"),
@@ -179,6 +181,7 @@ __all__ = [
     "list_objectives",
     "list_tasks",
     "masks",
+    "prepare",
     "screen",
     "split_sentences",
     "tokenize",
