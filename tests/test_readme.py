@@ -217,7 +217,8 @@ def write() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
                             check=True).stdout.strip()
     for path, text in PAGES.items():
-        text = MAIN_BLOCK.sub(lambda m: m.group(1) + shown + "\n" + m.group(4), text, count=1)
+        if text is README:  # the main job's block (docs/usage.md shows other commands' lines)
+            text = MAIN_BLOCK.sub(lambda m: m.group(1) + shown + "\n" + m.group(4), text, count=1)
         for match in list(PRINTS.finditer(text)):
             done = run_example(match.group(2))
             if done.returncode != 0:
