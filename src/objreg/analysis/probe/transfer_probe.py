@@ -10,7 +10,11 @@ evaluates ``D`` again and returns the record, in the schema of ``objreg analyze`
 
 The probe leaves the training trajectory alone: it runs in ``eval()`` mode (each module's mode is
 restored), restores the global random generators, never touches ``.grad`` or the optimizer's
-state, and differentiates copies of the parameters (``torch.func.functional_call``).
+state, and differentiates copies of the parameters (``torch.func.functional_call``). The
+objectives' gradients it computes itself are taken as the loop's step ran: a forward pre-hook
+keeps the random state and the modules' modes of the loop's first training-mode forward since the
+last optimizer step, and the gradients replay them (:func:`_replayed`; dropout's masks included),
+so the split is of the step the loop took.
 
 Under Adam the split of a step needs the moments each coalition of objectives would have built
 from the first step (:mod:`objreg.analysis.math.shapley`): create the probe before the optimizer's
