@@ -6,7 +6,15 @@
 tokenizer). ``warm_s``: the median of ``--repeats`` further runs on that cache, what a user sees
 from the second run on. ``*_cpu_s``: the CPU time (user + system) the same runs used, which moves
 much less than wall time when other jobs share the machine (with one thread, wall time on an idle
-core is close to it). The command's own exit status is checked; its output is discarded.
+core is close to it). The command's own exit status is checked; its output is discarded. ``peak_rss_mib``: the largest
+resident memory of any of the runs (the children's ``ru_maxrss``).
+
+``--parts``: one more run of the same command, in a subprocess whose probe and training phases
+are wrapped (:class:`benchmarks.probe_memory.Phases`): the CPU seconds spent inside each part and
+the highest resident memory seen in it (``parts``), and what they leave to the rest
+(``training``: a step's time outside the probe's measure and finish; ``other``: loading, the
+head's first fit, imports, the report). ``--extra`` passes further arguments (``--model DIR
+--corpus FILE ...`` for a real model).
 """
 
 from __future__ import annotations
@@ -23,6 +31,29 @@ from typing import Any
 import torch
 
 from benchmarks.common import REPO, base_parser, emit, machine, rounded
+
+#: Phases of the job, (module, owner, attribute, part): the owners are looked up in the subprocess.
+PARTS = [
+    ("objreg.analysis.run.analyze", None, "prepare", "prepare"),
+    ("objreg.analysis.run.loop", "Trainer", "step", "step"),
+    ("objreg.analysis.run.loop", "Trainer", "next_batches", "batches"),
+    ("objreg.analysis.run.loop", "Trainer", "accumulate_gradients", "gradients"),
+    ("objreg.analysis.probe.transfer_probe", "TransferProbe", "measure", "measure"),
+    ("objreg.analysis.probe.transfer_probe", "TransferProbe", "finish", "finish"),
+    ("objreg.analysis.probe.engine", "Probe", "downstream_loss", "D"),
+    ("objreg.analysis.math.refit", None, "fit_head", "refit"),
+    ("objreg.analysis.probe.engine", None, "downstream_resolution", "resolution"),
+    ("objreg.analysis.math.refit", "RefitDownstream", "curvature", "curvature_setup"),
+    ("objreg.analysis.math.refit", "RefitCurvature", "gradient_and_products", "curvature"),
+    ("objreg.analysis.math.curvature", "Curvature", "gradient_and_products", "curvature"),
+    ("objreg.analysis.probe.engine", "Probe", "_per_sample", "per_sample"),
+    ("objreg.analysis.math.per_sample", None, "per_sample_sq_norms", "noise_ratio"),
+    ("objreg.analysis.probe.engine", None, "alignment_stats", "noise_ratio_and_intervals"),
+    ("objreg.analysis.math.counterfactual", "AdamCounterfactual", "step", "counterfactual_stencil"),
+    ("objreg.analysis.run.analyze", None, "build_report", "report"),
+    ("objreg.analysis.probe.writer", "RunWriter", "append_step", "writing"),
+    ("objreg.analysis.probe.writer", "RunWriter", "write_report", "writing"),
+]
 
 COMMAND = ["analyze", "--pretrain", "mlm,sop", "--downstream", "qa"]
 
@@ -52,16 +83,82 @@ def run_once(cache: str, extra: list[str], threads: int | None) -> tuple[float, 
     return elapsed, cpu
 
 
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
+def parts_here(argv: list[str]) -> None:
+    """Run ``objreg`` with ``argv`` in this process, its phases wrapped; print the parts as JSON."""
+    import importlib
+    import json
+
+    from benchmarks.probe_memory import Phases
+    from objreg.cli import cli
+
+    phases = Phases()
+    for module, owner, attribute, part in PARTS:
+        target = importlib.import_module(module)
+        phases.wrap(getattr(target, owner) if owner else target, attribute, part)
+    start = time.process_time()
+    with phases:
+        try:
+            cli.main(args=argv, prog_name="objreg", standalone_mode=False)
+        finally:
+            total = time.process_time() - start
+    print(json.dumps({"total_cpu_s": total, "cpu_s": phases.cpu,
+                      "peak_mib": {path: p["peak"] / 2**20 for path, p in phases.peaks.items()},
+                      "calls": {path: p["calls"] for path, p in phases.peaks.items()}}))
+
+
+def parts(cache: str, extra: list[str], threads: int | None) -> dict[str, Any]:
+    """CPU seconds and peak resident memory per part of one run (module docstring)."""
+    import json
+
+    env = {**os.environ, "OBJREG_CACHE_DIR": cache, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    with tempfile.TemporaryDirectory(prefix="objreg-bench-out-") as out:
+        result = subprocess.run(
+            [sys.executable, "-m", "benchmarks.analyze", "--parts-here", "--", *COMMAND, "--out", f"{out}/run", *extra],
+            cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise SystemExit(f"objreg analyze (parts) failed ({result.returncode}):\n{result.stderr[-2000:]}")
+    measured = json.loads(result.stdout.strip().splitlines()[-1])
+    cpu, peak = measured["cpu_s"], measured["peak_mib"]
+
+    def inside(prefix: str) -> float:
+        return sum(v for k, v in cpu.items() if k.startswith(prefix + "/") and k.count("/") == prefix.count("/") + 1)
+
+    top = {k: v for k, v in cpu.items() if "/" not in k}
+    table: dict[str, Any] = {}
+    # Each part's CPU seconds wherever it runs (a part nested in another counted once, in the outer one).
+    for part in dict.fromkeys(p for *_, p in PARTS):
+        seconds = sum(v for k, v in cpu.items() if k.split("/")[-1] == part and part not in k.split("/")[:-1])
+        if seconds:
+            table[part] = {"cpu_s": rounded(seconds), "peak_mib": rounded(max(v for k, v in peak.items()
+                                                                                if k.split("/")[-1] == part), 1)}
+    table["training"] = {"cpu_s": rounded(top.get("step", 0.0) - inside("step") + cpu.get("step/batches", 0.0)
+                                          + cpu.get("step/gradients", 0.0))}
+    table["other"] = {"cpu_s": rounded(measured["total_cpu_s"] - sum(top.values()))}
+    return {"total_cpu_s": rounded(measured["total_cpu_s"]), "parts": table,
+            "by_path_cpu_s": {k: rounded(v) for k, v in sorted(cpu.items())}}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--parts-here"]:
+        parts_here(argv[2:])
+        return {}
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--extra", default="", help="further arguments for objreg analyze, e.g. '--device cpu'")
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    parser.add_argument("--parts", action="store_true", help="also one run with its time and memory by part")
+    args = parser.parse_args(argv)
     extra = args.extra.split()
     repeats = args.repeats or 3
     threads = {"torch_threads_in_subprocess": args.threads or "torch default"}
     with tempfile.TemporaryDirectory(prefix="objreg-bench-cache-") as cache:
         cold = run_once(cache, extra, args.threads)
         warm = [run_once(cache, extra, args.threads) for _ in range(repeats)]
+        peak = peak_rss_mib()
+        by_part = parts(cache, extra, args.threads) if args.parts else None
     result = {
         "benchmark": "analyze",
         "machine": machine(torch.device("cpu")) | threads,
@@ -72,6 +169,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "cold_cpu_s": rounded(cold[1]),
         "warm_cpu_s": rounded(statistics.median(c for _, c in warm)),
         "target_s": 60,
+        "peak_rss_mib": rounded(peak, 1),
+        **({"parts": by_part} if by_part else {}),
     }
     emit(result, args.json, [(k, v) for k, v in result.items() if not isinstance(v, (dict, list))])
     return result

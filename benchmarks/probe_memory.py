@@ -25,6 +25,7 @@ import os
 import resource
 import sys
 import threading
+import time
 from typing import Any
 
 import objreg
@@ -46,6 +47,7 @@ class Phases:
 
     def __init__(self, interval: float = 0.002):
         self.stack: list[str] = []
+        self.cpu: dict[str, float] = {}  # CPU seconds (user + system, this process) inside each phase path
         self.peaks: dict[str, dict[str, int]] = {}
         self.interval = interval
         self._entry: list[int] = []
@@ -70,7 +72,7 @@ class Phases:
 
         @functools.wraps(original)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            rss = resident()
+            rss, cpu = resident(), time.process_time()
             with self._lock:
                 self.stack.append(name)
                 self._entry.append(rss)
@@ -82,6 +84,8 @@ class Phases:
             finally:
                 self._note(resident())
                 with self._lock:
+                    path = "/".join(self.stack)
+                    self.cpu[path] = self.cpu.get(path, 0.0) + time.process_time() - cpu
                     self.stack.pop()
                     self._entry.pop()
 

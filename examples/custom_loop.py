@@ -21,14 +21,10 @@ import argparse
 from pathlib import Path
 
 import objreg
-from objreg.analysis.run.prepare import prepare
 
-#: Small enough for seconds on a CPU.
-#: The downstream head is fitted once before training and then read as it is (``frozen``); for a
-#: head re-fitted at every probe, pass ``downstream_head=`` and ``fit_batches=`` to the probe
-#: (docs/probe.md).
-SMALL = {"batch_size": 4, "seq_len": 32, "eval_size": 16, "head_fit_size": 64, "head_warmup_steps": 10,
-         "downstream_head": "frozen"}
+#: Small enough for seconds on a CPU. The downstream head is re-fitted at every probe, as
+#: ``objreg analyze`` does by default: the probe is given the head's parameters and the fit set.
+SMALL = {"batch_size": 4, "seq_len": 32, "eval_size": 16, "head_fit_size": 64}
 
 
 def build_model_dir(path: Path) -> Path:
@@ -65,11 +61,12 @@ def main(argv: list[str] | None = None) -> objreg.AlignmentReport:
                                    device="cpu", **SMALL)
     # objreg's setup: the model (the Hugging Face encoder plus the objectives' heads and the fitted
     # downstream head), the objectives, the data streams and the optimizer.
-    setup, report_config = prepare(config, objreg.Registry.load(), objreg.cache_dir())
+    setup, report_config = objreg.prepare(config, objreg.Registry.load(), objreg.cache_dir())
     model, objectives, optimizer = setup.model, setup.objectives, setup.optimizer
     weights = {name: 1.0 for name in objectives}
-    evaluation = setup.probe.downstream
+    evaluation = setup.probe.downstream  # D: the evaluation set, and the fit set the head is re-fitted on
     probe = objreg.TransferProbe(model, objectives, evaluation.task, optimizer, eval_batches=evaluation.batch,
+                                 downstream_head=list(evaluation.head), fit_batches=evaluation.fit_set.batch,
                                  weights=weights, shared=list(setup.shared), seed=args.seed, steps=args.steps)
     writer = objreg.RunWriter(args.out)
     writer.start_steps()
@@ -93,8 +90,9 @@ def main(argv: list[str] | None = None) -> objreg.AlignmentReport:
         probe.observe(batches)  # after the backward, before the step
         optimizer.step()  # the probe measures before it and reads Δθ and D again after it
         record = probe.records[-1]
-        print(f"step {step}: loss {loss.item():.4f}, predicted {record['predicted_delta']['first_order']:+.3e}, "
-              f"actual {record['actual_delta']:+.3e}")
+        # Improvements, as the report gives them: positive where D fell.
+        print(f"step {step}: loss {loss.item():.4f}, improvement of D: predicted "
+              f"{-record['predicted_delta']['first_order']:+.3e} (first order), actual {-record['actual_delta']:+.3e}")
 
     report = probe.report("qa", report_config)
     writer.write_report(report)

@@ -141,10 +141,11 @@ def main() -> None:
     reference = one_process_run(args.steps, args.lr)
     for record, whole in zip(records, reference):
         difference, where = largest_difference(record, whole)
+        # Improvements, as the report gives them: positive where D fell.
         print(f"step {record['step']}: D {record['downstream_loss']:.6f} → {record['downstream_loss_after']:.6f}, "
-              f"predicted {record['predicted_delta']['first_order']:+.3e} "
-              f"{record['predicted_delta']['second_order']:+.3e}; against one process: largest relative "
-              f"difference {difference:.1e} ({where.lstrip('.')})")
+              f"predicted improvement {-record['predicted_delta']['first_order']:+.3e} (first order) "
+              f"{-record['predicted_delta']['second_order']:+.3e} (second order); against one process: largest "
+              f"relative difference {difference:.1e} ({where.lstrip('.')})")
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
             json.dump(records, f, indent=1)

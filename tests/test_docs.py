@@ -95,18 +95,18 @@ loads, where you set no policy). The report's header repeats the count.
 the corpus, the tokenizer and the task data, building the model, fitting the downstream head,
 writing the report), then a bar with the steps done, the elapsed time and, from the first
 finished step on, the ETA and the seconds per step; under it the latest probe's numbers: `D`
-before and after the step, the change predicted to first and to first plus second order against
-the actual change, and each objective's dot (with its 95% interval over examples), cosine and
+before and after the step, the improvement (positive: `D` fell) predicted to first and to first
+plus second order against the actual improvement, and each objective's dot (with its 95% interval over examples), cosine and
 share of conflicting examples. Where stderr is not a terminal (`nohup`, CI, `2> log`) the same
 comes as plain lines, one per stage and one per probe, each stamped with the time since the
-start (here the main job of the README at commit `ced5898`, 2026-11-27, on a 2-core CPU shared
-with other jobs):
+start (here the main job of the README at commit `53161e8`, 2026-12-06, one thread, on a 2-core
+CPU shared with other jobs at load 6 to 7):
 
 ```text
-[0:00:00] computing with 1 thread (auto: 2 CPUs, load 6.65); --threads N to change
-[0:00:06] fitting the downstream head (100 steps on 1,024 examples)
-[0:00:23] training with probes: 0/16 steps
-[0:00:27] step 1/16 4.47 s/step, ETA 0:01:07 | D 2.7569 → 2.7572: change +0.0002445, predicted -0.002478 (first order), +0.0004041 (with second order) | mlm dot +0.3693 cosine +0.004; sop dot +0.1263 cosine +0.013
+[0:00:00] computing with 1 thread (OMP_NUM_THREADS); --threads N to change
+[0:00:07] the downstream head is re-fitted at every probe, on 256 examples
+[0:00:15] training with probes: 0/6 steps
+[0:01:42] step 1/6 87.26 s/step, ETA 0:07:16 | D 2.8976 → 2.8902: improvement +0.007386, predicted +0.001915 (first order), +0.008332 (with second order) | mlm dot +0.5614 cosine +0.005; sop dot -0.1784 cosine -0.016
 ```
 
 With `--json`, stdout holds the report and stderr only warnings or an error, and where stderr is

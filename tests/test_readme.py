@@ -1,5 +1,6 @@
-"""The README stays true: its Python examples run, its commands run, CI runs its test command, and
-the output it shows is what the code prints.
+"""The README stays true: its Python examples run (with those of docs/usage.md, where its longer
+material lives), its commands run, CI runs its test command, and the output it shows is what the
+code prints.
 
 The main job's output block and the output shown after a Python example ("It prints ...") are
 written by code: ``python tests/test_readme.py --write`` runs them (one thread, the main job on an
@@ -26,6 +27,10 @@ from objreg.experiments._support import shared_data
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
+#: The README's examples beyond the main job live in docs/usage.md: they run and are written the same way.
+USAGE_PATH = ROOT / "docs" / "usage.md"
+USAGE = USAGE_PATH.read_text(encoding="utf-8")
+PAGES = {ROOT / "README.md": README, USAGE_PATH: USAGE}
 #: The environment the README's outputs are made and checked in: one thread, so one machine
 #: prints the same numbers every time.
 ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -41,7 +46,16 @@ EXAMPLE_LINE = re.compile(r"^ +[-+][\d.e+-]+  \S+ +step ")
 
 
 def blocks(language: str) -> list[str]:
-    return re.findall(rf"```{language}\n(.*?)```", README, flags=re.S)
+    """The fenced blocks of README.md, then of docs/usage.md."""
+    return [block for text in PAGES.values() for block in re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)]
+
+
+def test_the_readme_opens_with_its_two_commands_and_stays_short():
+    lines = README.splitlines()
+    first = "\n".join(lines[:30])
+    main = next(part.strip() for block in blocks("bash") for part in block.split("&&") if "objreg analyze" in part)
+    assert main in first and first.rstrip().count("pytest") >= 1, "README's two set-up commands must come first"
+    assert len(lines) <= 200, f"README.md has {len(lines)} lines; long material goes to docs/"
 
 
 def test_ci_runs_the_readme_test_command():
@@ -150,7 +164,7 @@ def test_the_output_block_is_stamped_with_a_commit():
 
 def prints_after(code: str) -> str | None:
     """The output README shows after the Python example ``code`` (None: it shows none)."""
-    return next((m.group(3) for m in PRINTS.finditer(README) if m.group(2) == code), None)
+    return next((m.group(3) for text in PAGES.values() for m in PRINTS.finditer(text) if m.group(2) == code), None)
 
 
 def run_example(code: str) -> subprocess.CompletedProcess:
@@ -195,22 +209,23 @@ def write() -> None:
     the commit and the date into README.md."""
     from conftest import run_on_terminal  # this file runs as a script here: tests/ is on sys.path
 
-    text = README
     command, _ = main_job()
     code, out, err = run_on_terminal(shlex.split(command)[1:], 80, ONE_THREAD, ROOT)
     if code != 0:
         raise SystemExit(f"{command} failed:\n{err}")
     shown = "\n".join(line.rstrip() for line in out.strip("\n").splitlines())
-    text = MAIN_BLOCK.sub(lambda m: m.group(1) + shown + "\n" + m.group(4), text, count=1)
-    for match in list(PRINTS.finditer(README)):
-        done = run_example(match.group(2))
-        if done.returncode != 0:
-            raise SystemExit(f"an example failed:\n{done.stderr}")
-        text = text.replace(match.group(0), match.group(1) + done.stdout + match.group(4))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT,
                             check=True).stdout.strip()
-    text = STAMP.sub(f"last at commit `{commit}`, {datetime.date.today().isoformat()}", text)
-    (ROOT / "README.md").write_text(text, encoding="utf-8")
+    for path, text in PAGES.items():
+        if text is README:  # the main job's block (docs/usage.md shows other commands' lines)
+            text = MAIN_BLOCK.sub(lambda m: m.group(1) + shown + "\n" + m.group(4), text, count=1)
+        for match in list(PRINTS.finditer(text)):
+            done = run_example(match.group(2))
+            if done.returncode != 0:
+                raise SystemExit(f"an example failed:\n{done.stderr}")
+            text = text.replace(match.group(0), match.group(1) + done.stdout + match.group(4))
+        text = STAMP.sub(f"last at commit `{commit}`, {datetime.date.today().isoformat()}", text)
+        path.write_text(text, encoding="utf-8")
 
 
 if __name__ == "__main__":

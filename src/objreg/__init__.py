@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from objreg.analysis.probe.transfer_probe import TransferProbe
     from objreg.analysis.probe.writer import RunWriter
     from objreg.analysis.run.analyze import analyze
+    from objreg.analysis.run.prepare import prepare
     from objreg.analysis.run.config import AnalysisConfig
     from objreg.analysis.run.finetune import FineTuneReport, finetune
     from objreg.analysis.run.finetune import Schedule as FineTuneSchedule
@@ -99,6 +100,7 @@ _LAZY = {
     "Tokenizer": ("objreg.toolkit.tokenizer", "Tokenizer"),
     "split_sentences": ("objreg.toolkit.tokenizer", "split_sentences"),
     "analyze": ("objreg.analysis.run.analyze", "analyze"),
+    "prepare": ("objreg.analysis.run.prepare", "prepare"),
     "AnalysisConfig": ("objreg.analysis.run.config", "AnalysisConfig"),
     "screen": ("objreg.analysis.run.screen", "screen"),
     "ScreenReport": ("objreg.analysis.run.screen", "ScreenReport"),
@@ -114,6 +116,11 @@ _LAZY = {
     "experiments": ("objreg.experiments", None),
     "toolkit": ("objreg.toolkit", None),
 }
+
+
+def __dir__() -> list[str]:
+    """The public names, the lazily loaded ones included (``dir(objreg)`` lists ``TransferProbe``)."""
+    return sorted(set(globals()) | set(__all__))
 
 
 def __getattr__(name: str) -> Any:
@@ -182,6 +189,7 @@ __all__ = [
     "list_objectives",
     "list_tasks",
     "masks",
+    "prepare",
     "screen",
     "split_sentences",
     "tokenize",

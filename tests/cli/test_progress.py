@@ -13,7 +13,7 @@ from rich.console import Console
 
 import objreg
 from objreg.cli import make_cli
-from objreg.cli.progress import TRAINING, RunDisplay, clock_text
+from objreg.cli.progress import TRAINING, RunDisplay, clock_text, cosine_text
 
 SMALL = ["--steps", "2", "--batch-size", "4", "--seq-len", "48", "--eval-size", "8", "--head-warmup-steps", "5",
          "--head-fit-size", "16", "--downstream-head", "frozen"]
@@ -55,6 +55,22 @@ def test_clock_text():
     assert clock_text(65.2) == "0:01:05" and clock_text(3725) == "1:02:05"
 
 
+def test_a_cosine_that_rounds_to_zero_is_no_signed_zero():
+    assert cosine_text(-0.00034) == "-3e-04" and cosine_text(0.0123) == "+0.012" and cosine_text(0.0) == "+0.000"
+
+
+def test_the_live_bar_fits_an_80_column_terminal():
+    out = io.StringIO()
+    console = Console(file=out, width=80, force_terminal=True, color_system=None)
+    clock = Clock()
+    view = RunDisplay(console, 1000, live=True, clock=clock)
+    view.status(TRAINING)
+    clock.now += 3725.0
+    view.step(0, None)
+    bar = rendered(view, console).splitlines()
+    assert len(bar) == 1 and "ETA" in bar[0] and "s/step" in bar[0], bar
+
+
 def test_live_bar_gets_an_eta_and_seconds_per_step_with_the_first_step_and_shows_the_probe():
     view, out, clock, console = display(live=True)
     view.status("loading corpus 'default'")
@@ -72,7 +88,9 @@ def test_live_bar_gets_an_eta_and_seconds_per_step_with_the_first_step_and_shows
     view.step(0, record(0))
     after = rendered(view, console)
     assert "1/20 steps" in after and "ETA 0:00:57" in after and "3.00 s/step" in after  # 19 steps × 3 s
-    for number in ("3.1416 → 3.1000", "-0.04159", "-0.05", "-0.04", "+0.5602", "+0.011", "-0.008745", "-0.001"):
+    # The probe's numbers as improvements (positive: D fell), the report's sign.
+    for number in ("3.1416 → 3.1000", "improvement +0.04159", "predicted +0.05", "+0.04 (with second order)",
+                   "+0.5602", "+0.011", "-0.008745", "-0.001"):
         assert number in after, number
     clock.now += 3.0
     view.step(1, None)  # an unprobed step keeps the latest probe's numbers
@@ -94,6 +112,7 @@ def test_plain_log_has_a_line_per_stage_and_per_probe():
     assert lines[0] == "[0:00:00] loading corpus 'default'"
     assert lines[1] == "[0:00:02] training with probes: 0/4 steps"
     assert lines[2].startswith("[0:00:07] step 1/4 5.00 s/step, ETA 0:00:15 | D 3.1416 → 3.1000")
+    assert "D 3.1416 → 3.1000: improvement +0.04159, predicted +0.05 (first order), +0.04 (with second order)" in lines[2]
     assert "mlm dot +0.5602 cosine +0.011; sop dot -0.008745 cosine -0.001" in lines[2]
     assert lines[3].startswith("[0:00:12] step 3/4 3.33 s/step, ETA 0:00:03 |")
     assert lines[4].startswith("[0:00:12] trained steps 3/4, 3.33 s/step") and lines[5] == "[0:00:12] writing the report"

@@ -47,3 +47,21 @@ def test_a_command_imports_its_own_module_and_not_the_others():
     assert "objreg.cli.show" in modules
     assert not [m for m in modules if m in ("objreg.cli.analyze", "objreg.cli.corrupt", "objreg.cli.experiment")]
     assert not [m for m in modules if m.startswith("objreg.analysis")]
+
+
+def test_help_lists_every_command_without_loading_torch_or_any_command():
+    code, modules, output = loaded("--help")
+    assert code == 0 and all(name in output for name in ("analyze", "corrupt", "experiment", "list", "screen", "show"))
+    assert not [m for m in modules if m == "torch" or m.startswith("torch.")]
+    assert not [m for m in modules if m.startswith(("objreg.analysis", "objreg.plugins", "objreg.cli.analyze"))]
+
+
+def test_the_help_list_says_what_each_command_says_of_itself():
+    import importlib
+
+    from objreg.cli import BUILTIN, SHORT_HELP
+
+    assert set(SHORT_HELP) == set(BUILTIN)
+    for name, (module, attribute) in BUILTIN.items():
+        command = getattr(importlib.import_module(module), attribute)
+        assert SHORT_HELP[name] == command.get_short_help_str(limit=10_000), name

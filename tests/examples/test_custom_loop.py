@@ -40,7 +40,7 @@ def assert_close(a, b, path="record"):
 
 @pytest.mark.e2e
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_the_custom_loop_equals_objreg_analyze(tmp_path, optimizer):
+def test_the_custom_loop_equals_objreg_analyze(tmp_path, optimizer, capsys):
     example = load_example()
     model_dir = example.build_model_dir(tmp_path / "model")
     report = example.main(["--steps", "2", "--out", str(tmp_path / "loop"), "--model", str(model_dir),
@@ -51,5 +51,13 @@ def test_the_custom_loop_equals_objreg_analyze(tmp_path, optimizer):
     assert len(written["steps"]) == 2 and {"alignment", "second_order", "predicted_delta", "actual_delta"} <= set(
         written["steps"][0])
     assert_close(report.steps, analyzed.steps)
+    assert report.config["downstream_head"] == "refit" and all("downstream_fit" in r for r in report.steps)
+    assert not any(r["update"].get("decomposition_flagged") for r in report.steps)
+    # Its lines say what the records say, as improvements (positive: D fell).
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("step ")]
+    assert len(lines) == len(report.steps)
+    for record, line in zip(report.steps, lines):
+        assert (f"improvement of D: predicted {-record['predicted_delta']['first_order']:+.3e} (first order), "
+                f"actual {-record['actual_delta']:+.3e}") in line
     assert_close(written["steps"], analyzed.to_dict()["steps"])
     assert report.config["per_sample_method"] == analyzed.config["per_sample_method"]

@@ -3,6 +3,7 @@ one-process ones (the example prints their largest relative difference)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -23,4 +24,10 @@ def test_two_processes_under_torchrun_print_the_one_process_records(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     differences = [float(x) for x in re.findall(r"largest relative difference ([0-9.e+-]+)", result.stdout)]
     assert len(differences) == 2 and max(differences) < 1e-6, result.stdout
-    assert (tmp_path / "r.json").is_file()
+    records = json.loads((tmp_path / "r.json").read_text())
+    assert not any(r.get("update", {}).get("decomposition_flagged") for r in records)
+    # The printed lines say what the records say, as improvements (positive: D fell).
+    for record, line in zip(records, [x for x in result.stdout.splitlines() if x.startswith("step ")]):
+        first = -record["predicted_delta"]["first_order"]
+        assert f"D {record['downstream_loss']:.6f} → {record['downstream_loss_after']:.6f}" in line
+        assert f"predicted improvement {first:+.3e} (first order)" in line

@@ -46,5 +46,18 @@ def test_the_trainer_example_probes_and_writes_its_report(tmp_path, capsys):
     for record in callback.records:
         parts = sum(record["update"]["first_order"].values())
         assert parts == pytest.approx(record["predicted_delta"]["first_order"], rel=1e-4, abs=1e-12)
+    # BERT's default dropout (0.1) is on in the trainer's steps: the probe replays the step's
+    # random state, so every record's split is the step the trainer took.
+    assert trainer.model.config.hidden_dropout_prob == 0.1
+    assert not any(r["update"].get("decomposition_flagged") for r in callback.records)
+    assert all(r["update"]["decomposition_residual"] < 1e-5 for r in callback.records)
     printed = capsys.readouterr().out
     assert "mlm: dot" in printed and "nsp: dot" in printed and "report.json" in printed
+    # The printed summary says what the records say: D's first and last value, and the improvement
+    # (positive: D fell) the records' changes add up to.
+    records = callback.records
+    actual = -sum(r["actual_delta"] for r in records)
+    predicted = -sum(r["predicted_delta"]["first_order"] + r["predicted_delta"]["second_order"] for r in records)
+    last = printed.strip().splitlines()[-1]
+    assert f"D {records[0]['downstream_loss']:.4f} -> {records[-1]['downstream_loss_after']:.4f}" in last
+    assert f"improvement (+: D fell): predicted {predicted:+.4g}, actual {actual:+.4g}" in last

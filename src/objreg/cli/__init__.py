@@ -35,6 +35,21 @@ BUILTIN = {
     "split": ("objreg.cli.split", "split"),
     "experiment": ("objreg.cli.experiment", "experiment"),
 }
+#: Each built-in command's first sentence, so that ``objreg --help`` lists them without importing
+#: them (and torch); ``tests/cli/test_startup.py`` checks each against its command's own help.
+SHORT_HELP = {
+    "list": "List pre-training objectives, downstream tasks, modifiers, models, corpora, tokenizers and head "
+            "kinds, with the plugin each comes from.",
+    "show": "Show an objective's or task's description, heads, parameters and references.",
+    "corrupt": "Corrupt TEXTs with objective NAME and show input, labels and attention mask.",
+    "analyze": "Train on a weighted mix of pre-training objectives and measure how each one's gradient aligns "
+               "with the downstream task's gradient, how the updates meet the downstream curvature, and how well "
+               "the first- and second-order Taylor predictions match the change that happened.",
+    "screen": "Rank pre-training objectives for a downstream task from short runs off one shared start: each "
+              "candidate's score is the predicted first-order drop of D* (the re-fitted downstream head's loss) "
+              "per step, averaged over the run with an interval; candidates whose intervals overlap are tied (=).",
+    "experiment": "Runnable experiments that check claims of the pre-training objective literature.",
+}
 
 
 class ObjregGroup(click.Group):
@@ -64,7 +79,11 @@ class ObjregGroup(click.Group):
         if _PLUGIN_COMMANDS_KEY not in root.meta:
             with _errors_as_click_exceptions():
                 scratch = click.Group()
-                plugin_manager(ctx).hook.objreg_register_commands(cli=scratch)
+                # The built-in plugins register no command: with the default plugins, only the
+                # installed ones are asked (the built-ins, and torch with them, stay unloaded).
+                pm = (objreg.get_plugin_manager(builtins=False)
+                      if self.plugin_manager_factory is objreg.get_plugin_manager else plugin_manager(ctx))
+                pm.hook.objreg_register_commands(cli=scratch)
             root.meta[_PLUGIN_COMMANDS_KEY] = {n: c for n, c in scratch.commands.items() if n not in BUILTIN}
         return root.meta[_PLUGIN_COMMANDS_KEY]
 
@@ -78,6 +97,18 @@ class ObjregGroup(click.Group):
             module, attribute = BUILTIN[cmd_name]
             return getattr(importlib.import_module(module), attribute)
         return self.plugin_commands(ctx).get(cmd_name)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The command list of ``objreg --help``: built-ins from :data:`SHORT_HELP`, unimported."""
+        plugins = self.plugin_commands(ctx)
+        names = self.list_commands(ctx)
+        if not names:
+            return
+        limit = formatter.width - 6 - max(len(n) for n in names)
+        rows = [(n, click.utils.make_default_short_help(SHORT_HELP[n], limit) if n in BUILTIN else
+                 plugins[n].get_short_help_str(limit)) for n in names]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
 
     # -- errors -------------------------------------------------------------------------------
 

@@ -28,7 +28,7 @@ from objreg.analysis.run.naming import command_line
 from objreg.cli import assessment, options, render, threads
 from objreg.cli.interrupt import Interrupts, Stopped, distributed, exit_code, stopped_message
 from objreg.cli.options import RegistryOption, choices, default
-from objreg.cli.progress import TRAINING, RunDisplay
+from objreg.cli.progress import TRAINING, RunDisplay, cosine_text
 
 if TYPE_CHECKING:
     from objreg.analysis.records import StepRecord
@@ -251,7 +251,7 @@ def _render(report: dict[str, Any], console: Console, threads_used: str | None =
         table.add_row(
             render.text(name + (f" ×{_weight(config['weights'][name], summary['weights_by_step'].get(name, []))}"
                                 if weighted else "")),
-            f"{a['dot']:.4g}", f"[{a['ci95'][0]:.3g}, {a['ci95'][1]:.3g}]", f"{a['cosine']:+.3f}",
+            f"{a['dot']:.4g}", f"[{a['ci95'][0]:.3g}, {a['ci95'][1]:.3g}]", cosine_text(a['cosine']),
             f"{a['conflict_fraction']:.0%}", f"{a['grad_norm']:.3g}",
             f"{a.get('predicted_contribution', a['first_order_contribution']):+.4g}",
         )

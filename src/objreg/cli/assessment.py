@@ -8,6 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from objreg.analysis.run.overfit import memorising_head
+
+#: The command line's names of the head-fit settings (the run's warning names them so too).
+CLI_NAMES = {"head_fit_size": "--head-fit-size", "head_warmup_steps": "--head-warmup-steps"}
+
 #: The built-in model's shape, as README.md describes it.
 DEFAULT_MODEL = "a 2-layer, 128-wide Transformer trained from scratch"
 
@@ -68,13 +73,24 @@ def _tells(report: dict[str, Any]) -> list[str]:
 
 def _cannot(report: dict[str, Any]) -> list[str]:
     config, task, names = report["config"], report["downstream"], report["pretrain"]
-    cannot = [f"What longer pre-training does: {config['steps']} steps from one starting point and one seed "
-              f"({config['seed']}) show how the gradients meet now; alignment changes as training goes on."]
+    cannot = []
+    memorising = memorising_head(config, report["steps"][0], CLI_NAMES) if report.get("steps") else None
+    if memorising is not None:
+        cannot.append(f"What the task's gradient is: {memorising}.")
+    bidirectional = [n for n in names if (config.get("objective_attention") or {}).get(n) == "bidirectional"]
+    if config.get("architecture") == "decoder" and bidirectional:
+        cannot.append(f"How {_names(bidirectional)} {'runs' if len(bidirectional) == 1 else 'run'} on this decoder "
+                      f"as it was pre-trained: a decoder-only model runs {_names(bidirectional)} bidirectionally "
+                      f"(a 4-D mask, docs/models.md), not causally, so the alignment is that of the decoder made "
+                      f"bidirectional.")
+    cannot.append(f"What longer pre-training does: {config['steps']} steps from one starting point and one seed "
+                  f"({config['seed']}) show how the gradients meet now; alignment changes as training goes on.")
     if config.get("model") in ("default", None):
         cannot.append(f"How a real model behaves: the default backbone is {DEFAULT_MODEL} (--model DIR loads a "
                       f"Hugging Face one).")
     if not config.get("downstream_data"):
-        cannot.append(f"How {_names(names)} transfer to a real {task} benchmark: D is objreg's built-in {task} set "
+        cannot.append(f"How {_names(names)} {'transfers' if len(names) == 1 else 'transfer'} to a real {task} "
+                      f"benchmark: D is objreg's built-in {task} set "
                       f"from held-out corpus text (--downstream-data takes real data).")
     if len(names) > 1:
         cannot.append("What other weights would do over the whole run: the counterfactual is a local estimate "

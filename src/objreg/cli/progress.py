@@ -4,7 +4,8 @@ On a terminal: one line per finished stage with its time (loading the corpus, th
 the task data, building the model, fitting the downstream head, writing the report), and a live
 area with a determinate bar (steps done of all, elapsed time, then the ETA and seconds per step
 once the first step is timed) over the latest probe's key numbers: ``D`` before and after the
-step, the change predicted to first and second order against the actual change, and each
+step, the improvement (positive: ``D`` fell) predicted to first and second order against the
+actual one, and each
 objective's dot and cosine with ``∇D``. Not on a terminal (``nohup``, CI, ``2> log``): the
 same as plain lines, one per stage as it starts and one per probe, each stamped with the
 elapsed time, so a log shows progress too.
@@ -40,17 +41,26 @@ def clock_text(seconds: float) -> str:
 
 
 def probe_summary(record: StepRecord) -> str:
-    """The downstream loss and the predicted and actual change of one probe record, one line."""
+    """The downstream loss and the actual and predicted improvement of one probe record (the
+    report's sign: positive where ``D`` fell), one line."""
     predicted = record["predicted_delta"]
-    first, second = predicted["first_order"], predicted["first_order"] + predicted["second_order"]
+    first, second = -predicted["first_order"], -(predicted["first_order"] + predicted["second_order"])
     return (f"D {record['downstream_loss']:.4f} → {record['downstream_loss_after']:.4f}: "
-            f"change {record['actual_delta']:+.4g}, predicted {first:+.4g} (first order), "
+            f"improvement {-record['actual_delta']:+.4g}, predicted {first:+.4g} (first order), "
             f"{second:+.4g} (with second order)")
+
+
+def cosine_text(value: float) -> str:
+    """A cosine to three decimals, or to one significant digit where that would read ``±0.000``
+    (``-3e-04``, not a signed zero)."""
+    text = f"{value:+.3f}"
+    return f"{value:+.0e}" if value != 0 and float(text) == 0 else text
 
 
 def alignment_summary(record: StepRecord) -> str:
     """Each objective's dot and cosine with ∇D at one probe, one line."""
-    return "; ".join(f"{name} dot {a['dot']:+.4g} cosine {a['cosine']:+.3f}" for name, a in record["alignment"].items())
+    return "; ".join(f"{name} dot {a['dot']:+.4g} cosine {cosine_text(a['cosine'])}"
+                     for name, a in record["alignment"].items())
 
 
 class RunDisplay:
@@ -188,9 +198,11 @@ class RunDisplay:
             bar = Table.grid(padding=(0, 1))
             bar.add_row(
                 Text("training", style="bold"),
-                ProgressBar(total=self.total or None, completed=self.done, width=40),
+                # Narrower on a narrow terminal, so the row (ETA and rate included) never wraps.
+                ProgressBar(total=self.total or None, completed=self.done,
+                            width=max(10, min(40, self.console.width - 60))),
                 Text(self._steps_text() + " steps"),
-                Text(f"{clock_text(now - self.training_since)} elapsed"),
+                Text(clock_text(now - self.training_since)),
                 Text("ETA after the first step" if self.rate is None else
                      f"ETA {clock_text(self.rate * ((self.total or self.done) - self.done))}", style="cyan"),
                 Text("" if self.rate is None else f"{self.rate:.2f} s/step", style="cyan"),
@@ -208,6 +220,6 @@ class RunDisplay:
         grid.add_row(Text(f"probe at step {record['step']}", style="bold"), Text(probe_summary(record)))
         for name, a in record["alignment"].items():
             grid.add_row(Text(f"  {name}"), Text(
-                f"dot {a['dot']:+.4g} [{a['ci95'][0]:+.3g}, {a['ci95'][1]:+.3g}]  cosine {a['cosine']:+.3f}  "
+                f"dot {a['dot']:+.4g} [{a['ci95'][0]:+.3g}, {a['ci95'][1]:+.3g}]  cosine {cosine_text(a['cosine'])}  "
                 f"conflicting {a['conflict_fraction']:.0%}  weight {record['weights'][name]:g}"))
         return grid

@@ -1085,7 +1085,7 @@ for id, others, texts in [
     ("another --out", [{}, {"out": "/tmp/elsewhere"}], ("rank 2 was started with out_dir (--out)",)),
     ("another objective parameter", [{"objective_params": {"mlm": {"mask_prob": 0.3}}}, {}], ("objective_params "
                                                                                               "(--param)",)),
-    ("another --steps", [{"steps": 3}, {"steps": 3}], ("rank 1 was started with steps (--steps) 3 but rank 0 with 16",)),
+    ("another --steps", [{"steps": 3}, {"steps": 3}], ("rank 1 was started with steps (--steps) 3 but rank 0 with 6",)),
 ]:
     add("processes", id, _disagree(others), Raises(DistributedError, *texts, "every process torchrun starts must be "
                                                                            "given the same settings"))

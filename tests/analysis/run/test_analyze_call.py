@@ -411,7 +411,12 @@ def test_a_frozen_head_gives_every_number_the_default_job_gave_before_refit():
     now = objreg.analyze("mlm,sop", "qa", steps=2, downstream_head="frozen").to_dict()
     assert now["config"]["downstream_head"] == "frozen"
     found = dict(leaves(now))
-    assert {path: value for path, value in leaves(before)} == {path: found.get(path) for path, _ in leaves(before)}
+    # The counterfactual's scope note is reworded since (issue 42: the error it quotes is the
+    # benchmark's, not the run's); every number is as it was.
+    reworded = {path for path, _ in leaves(before) if path.endswith(".scope.note")}
+    assert reworded and all(found[path].startswith("not measured on this run") for path in reworded)
+    assert {path: value for path, value in leaves(before) if path not in reworded} == {
+        path: found.get(path) for path, _ in leaves(before) if path not in reworded}
 
 
 def test_every_objective_set_starts_from_the_same_refitted_d():

@@ -56,3 +56,14 @@ def test_a_head_fitted_long_on_four_examples_warns_in_python_and_on_the_command_
     assert shown.exit_code == 0
     (line,) = [line for line in shown.stderr.splitlines() if "memorising head" in line]
     assert line.startswith("Warning: the downstream head fits its 4 fit examples") and "--head-fit-size" in line
+    # The report says it too, under what it cannot tell (not on stderr alone).
+    cannot = shown.stdout[shown.stdout.index("What it cannot tell"):shown.stdout.index("What to run next")]
+    assert "memorising head" in " ".join(cannot.split()) and "--head-fit-size" in cannot
+
+
+def test_the_report_names_a_memorising_head_only_where_the_run_warned():
+    from objreg.cli.assessment import assess
+
+    report = objreg.analyze("mlm", "qa", **{**TINY_FIT, "head_warmup_steps": 0}).to_dict()
+    cannot = dict(assess(report))["What it cannot tell"]
+    assert not any("memorising" in line for line in cannot)

@@ -85,6 +85,9 @@ class Downstream:
         task: The downstream task.
         batch: Its evaluation examples.
         chunk_size: Examples per chunk (bounds memory; small chunks trim more padding).
+        chunk_tokens: With it, a chunk also ends before its rows times its longest row would pass
+            this many tokens: long rows go in smaller chunks, so less padding is computed, and
+            short ones keep ``chunk_size`` rows (fewer chunks, less overhead). None: rows only.
         group: The processes sharing the work (default: this one alone).
         evaluation_dtype: The dtype :meth:`loss` evaluates ``D`` in (on a copy of the model
             when the model's differs); None: the model's own.
@@ -100,6 +103,7 @@ class Downstream:
     group: Group = field(default_factory=Group)
     evaluation_dtype: torch.dtype | None = torch.float64
     shared: tuple[str, ...] | None = None
+    chunk_tokens: int | None = None
     chunks: list[Any] = field(init=False)
     compact: bool = field(init=False, default=True)
     _copy: tuple[nn.Module, nn.Module] | None = field(init=False, default=None, repr=False)
@@ -119,7 +123,17 @@ class Downstream:
         return downstream
 
     def _spans(self) -> list[slice]:
-        return [slice(s, s + self.chunk_size) for s in range(0, self.batch.batch_size, self.chunk_size)]
+        if self.chunk_tokens is None:
+            return [slice(s, s + self.chunk_size) for s in range(0, self.batch.batch_size, self.chunk_size)]
+        lengths = (~self.batch.is_padding).sum(1)[self.order].tolist()
+        spans, start, longest = [], 0, 0
+        for row, length in enumerate(lengths):
+            longest = max(longest, length)
+            rows = row + 1 - start
+            if rows > 1 and (rows > self.chunk_size or rows * longest > self.chunk_tokens):
+                spans.append(slice(start, row))
+                start, longest = row, length
+        return [*spans, slice(start, len(lengths))] if lengths else spans
 
     @property
     def size(self) -> int:

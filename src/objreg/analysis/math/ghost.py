@@ -200,6 +200,16 @@ class GhostDots:
         self._handles.clear()
         self.owners.clear()
 
+    def release(self) -> None:
+        """Let go of the pass's tensors once its dots and norms are read. The tensor hooks hold
+        this object, and it holds tensors carrying them (the roots, the uses' activations): a
+        cycle through autograd that Python's collector cannot see, kept alive until broken here."""
+        self.roots.clear()
+        self.uses.clear()
+        self.contributions.clear()
+        for parts in self.more_contributions:
+            parts.clear()
+
     def dots(self) -> torch.Tensor:
         """``[B]``: the contributions gathered so far (of the loss that was backpropagated)."""
         return self._total(self.contributions)
@@ -387,4 +397,6 @@ def dots_and_norms_ghost(fn: ObjectiveFunction, shared: Params, directions: Sequ
         raise GhostUnsupportedError("the loss ran a backward pass of its own, whose gradients reached the ghost "
                                     "hooks too: ghost dots would count them; use method='jvp'")
     dots = [d.to(losses.dtype) for d in [ghost.dots(), *ghost.more_dots()]]
-    return dots, ghost.squared_norms()
+    norms = ghost.squared_norms()
+    ghost.release()
+    return dots, norms

@@ -295,17 +295,11 @@ class FeatureChunk:
     def features(self, shared: Params) -> torch.Tensor:
         return functional_call(self._encode, {f"model.{n}": t for n, t in shared.items()}, self._args)
 
-    def moved(self, shared: Params, directions: list[Params]) -> list[torch.Tensor]:
-        """``φ' w`` for each direction (forward mode, the directions batched)."""
+    def moved(self, shared: Params, directions: list[Params]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """``φ`` and ``φ' w`` for each direction (forward mode, the directions batched)."""
         stacked = {n: torch.stack([d[n] for d in directions]) for n in shared}
-        tangents = torch.func.vmap(lambda d: jvp(self.features, (shared,), (d,))[1])(stacked)
-        return list(tangents.unbind(0))
-
-    def pull(self, shared: Params, cotangents: list[torch.Tensor]) -> dict[int, Params]:
-        """``φ'ᵀ c`` for each cotangent (one backbone pass, the cotangents batched), by position."""
-        _, pull = torch.func.vjp(self.features, shared)
-        pulled = torch.func.vmap(pull)(torch.stack(cotangents))[0]
-        return {k: {n: t[k] for n, t in pulled.items()} for k in range(len(cotangents))}
+        features, tangents = torch.func.vmap(lambda d: jvp(self.features, (shared,), (d,)))(stacked)
+        return features[0], list(tangents.unbind(0))
 
     def loss(self, features: torch.Tensor, head: Params) -> torch.Tensor:
         return functional_call(self._loss, {f"model.{n}": t for n, t in head.items()},
@@ -403,10 +397,10 @@ class RefitCurvature:
 
     def _feature_products(self, directions: list[Params]) -> tuple[Params, list[Params]]:
         """The same quantities as :meth:`_joint_products`, with ``F = f(φ(θ), h)`` split at the
-        head: the backbone is passed through over the fit set to take the curvature of
-        ``⟨c, φ(θ)⟩`` (:class:`Curvature`), to move the directions into feature space (``φ' w``,
-        forward mode) and to pull cotangents back (``φ'ᵀ c``); everything else is taken on the
-        head and the features (:class:`_HeadSide`)."""
+        head: the backbone is passed through over the fit set to move the directions into
+        feature space (``φ' w``, forward mode) and, once more, for the curvature of ``⟨c, φ(θ)⟩``
+        together with the pulled-back cotangents ``φ'ᵀ y`` (:class:`_Pulled`); everything else is
+        taken on the head and the features (:class:`_HeadSide`)."""
         thetas, heads = list(self.shared), list(self.head)
         if self.eval_head_gradient is None or not directions:
             gradient_e, _ = self._run(self.evaluation, self.eval_rows, [])
@@ -414,19 +408,19 @@ class RefitCurvature:
         else:
             slope = self.eval_head_gradient
         (v,) = self._solve([_unflat(slope, self.head)])
-        with torch.no_grad():
-            sides = [_HeadSide(chunk, chunk.features(self.shared), self.head, v) for chunk in self.fit]
-        # ∂²_θh F v = φ'ᵀ c with c = ∂_φ g, and the curvature of ⟨c, φ(θ)⟩: the backbone's part of G's.
-        backbone = Curvature([_Pulled(side.chunk, side.cotangent()) for side in sides], self.shared, self.method,
-                             total=1, group=self.group)
         if not directions:
-            pulled_c, _ = backbone.gradient_and_products(directions)
-            self.method = backbone.method
+            with torch.no_grad():
+                sides = [_HeadSide(chunk, chunk.features(self.shared), self.head, v) for chunk in self.fit]
+            pulled_c, _ = self._backbone(sides).gradient_and_products([])
             return {n: gradient_e[n] - pulled_c[n] for n in thetas}, []
-        # Three sets of parameter-sized products make each result (∇²D_E w̃, the backbone's curvature
-        # and the pulled-back cotangents); they are taken one after the other and each is subtracted
-        # into the first in place and let go, so no two of them are held beside the result.
-        moved = [side.chunk.moved(self.shared, directions) for side in sides]  # φ' w, chunk by chunk
+        # φ and φ' w, chunk by chunk; the head-side derivatives there.
+        with torch.no_grad():
+            moved = []
+            sides = []
+            for chunk in self.fit:
+                features, tangents = chunk.moved(self.shared, directions)
+                sides.append(_HeadSide(chunk, features, self.head, v))
+                moved.append(tangents)
         sums = [self.group.all_reduce_sum(_sum_params([side.mixed(m[k]) for side, m in zip(sides, moved)], self.head))
                 for k in range(len(directions))]
         lifts = self._solve([{n: -m[n] for n in heads} for m in sums])  # J w = −A⁻¹ ∂²_hθ F w
@@ -439,33 +433,64 @@ class RefitCurvature:
         back = self._solve([{n: pe[n] - hg[n] for n in heads} for pe, hg in zip(products_e, head_g)])  # A⁻¹[∇²Φw̃]_h
         results = [{n: pe[n] for n in thetas} for pe in products_e]  # the θ-part of ∇²D_E w̃, made the result
         del products_e
-        pulled_c, curved = backbone.gradient_and_products(directions)
-        self.method = backbone.method
+        # ∂²_θh F v = φ'ᵀ c and the curvature of ⟨c, φ(θ)⟩ along w, plus the cotangents
+        # y = d/ds ∇_φ g + ∂²_φh f A⁻¹[∇²Φw̃]_h pulled back (φ'ᵀ y): one pass per direction.
+        cotangents = [[t[k][0] + side.back(z) for k, z in enumerate(back)] for side, t in zip(sides, thirds)]
+        del thirds
+        lifted = [{**w, **{_Pulled.key(j): c[k] for j, c in enumerate(cotangents)}} for k, w in enumerate(directions)]
+        pulled_c, curved = self._backbone(sides).gradient_and_products(lifted)
         gradient = {n: gradient_e[n] - pulled_c[n] for n in thetas}
         for result, c in zip(results, curved):
             for n in thetas:
                 result[n].sub_(c.pop(n))
-        del curved
-        pulled = _sum_params([side.chunk.pull(self.shared, [t[k][0] + side.back(z) for k, z in enumerate(back)])
-                              for side, t in zip(sides, thirds)], {k: None for k in range(len(directions))})
-        pulled = self.group.all_reduce_sum(pulled)
-        for k, result in enumerate(results):
-            for n in thetas:
-                result[n].sub_(pulled[k].pop(n))
         return gradient, results
+
+    def _backbone(self, sides: list[_HeadSide]) -> Curvature:
+        """``θ ↦ Σ_j ⟨c_j, φ_j(θ)⟩`` over the fit chunks, each ``c_j`` a parameter of its own
+        (:class:`_Pulled`): its gradient's θ-part is ``φ'ᵀ c``, and its product along ``(w, y)`` has
+        the θ-part ``∇²_θθ⟨c, φ⟩ w + φ'ᵀ y``."""
+        cotangents = {_Pulled.key(j): side.cotangent() for j, side in enumerate(sides)}
+        # This process's chunks only (their cotangents are its own); the θ-parts are summed after.
+        return _ThetaPart(Curvature([_Pulled(side.chunk, _Pulled.key(j)) for j, side in enumerate(sides)],
+                                    {**self.shared, **cotangents}, self.method, total=1), self)
+
+
+class _ThetaPart:
+    """A :class:`Curvature` over ``θ`` and this process's cotangents, answering with the θ-parts
+    summed over the processes (and telling the method it used to the :class:`RefitCurvature`)."""
+
+    def __init__(self, curvature: Curvature, owner: RefitCurvature):
+        self.curvature, self.owner = curvature, owner
+
+    def gradient_and_products(self, directions: list[Params]) -> tuple[Params, list[Params]]:
+        thetas = self.owner.shared
+        if directions:
+            # Directions carry no cotangent for the chunks another process holds: zero there.
+            directions = [{**{n: torch.zeros_like(t) for n, t in self.curvature.shared.items()}, **d}
+                          for d in directions]
+        gradient, products = self.curvature.gradient_and_products(directions)
+        self.owner.method = self.curvature.method
+        return self.owner.group.all_reduce_sum(({n: gradient[n] for n in thetas},
+                                                [{n: p[n] for n in thetas} for p in products]))
 
 
 class _Pulled:
-    """``θ ↦ ⟨c, φ(θ)⟩`` for one fit chunk and a fixed cotangent ``c``, as a one-example loss for
-    :class:`Curvature` (its gradient is ``φ'ᵀ c``)."""
+    """``(θ, c) ↦ ⟨c, φ(θ)⟩`` for one fit chunk, its cotangent ``c`` a parameter named :meth:`key`,
+    as a one-example loss for :class:`Curvature`: its gradient in θ is ``φ'ᵀ c``, and the θ-part
+    of its product along ``(w, y)`` is ``d/ds φ'(θ + s w)ᵀ (c + s y) = ∇²_θθ⟨c, φ⟩ w + φ'ᵀ y``."""
 
     batch_size = 1
 
-    def __init__(self, chunk: FeatureChunk, cotangent: torch.Tensor):
-        self.chunk, self.cotangent = chunk, cotangent
+    def __init__(self, chunk: FeatureChunk, key: str):
+        self.chunk, self.name = chunk, key
 
-    def __call__(self, shared: Params) -> torch.Tensor:
-        return (self.cotangent * self.chunk.features(shared)).sum().reshape(1)
+    @staticmethod
+    def key(index: int) -> str:
+        return f"\0cotangent{index}"  # no parameter's name
+
+    def __call__(self, params: Params) -> torch.Tensor:
+        shared = {n: t for n, t in params.items() if not n.startswith("\0")}
+        return (params[self.name] * self.chunk.features(shared)).sum().reshape(1)
 
 
 class _HeadSide:

@@ -10,7 +10,11 @@ evaluates ``D`` again and returns the record, in the schema of ``objreg analyze`
 
 The probe leaves the training trajectory alone: it runs in ``eval()`` mode (each module's mode is
 restored), restores the global random generators, never touches ``.grad`` or the optimizer's
-state, and differentiates copies of the parameters (``torch.func.functional_call``).
+state, and differentiates copies of the parameters (``torch.func.functional_call``). The
+objectives' gradients it computes itself are taken as the loop's step ran: a forward pre-hook
+keeps the random state and the modules' modes of the loop's first training-mode forward since the
+last optimizer step, and the gradients replay them (:func:`_replayed`; dropout's masks included),
+so the split is of the step the loop took.
 
 Under Adam the split of a step needs the moments each coalition of objectives would have built
 from the first step (:mod:`objreg.analysis.math.shapley`): create the probe before the optimizer's
@@ -36,6 +40,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from objreg.analysis.math.costs import moments_warning
 from objreg.analysis.math.curvature import HVP_METHODS
@@ -256,6 +261,11 @@ class TransferProbe:
         self._frozen = {n for n, p in model.named_parameters() if not p.requires_grad} if shared is None else set()
         counter = optimizer.register_step_post_hook(_step_counter(weakref.ref(self)))
         weakref.finalize(self, counter.remove)
+        # The loop's random state and modules' modes at its first training-mode forward since the
+        # last optimizer step: the probe's own gradients replay them (dropout's masks included).
+        self._forward: _Forward | None = None
+        seen = model.register_forward_pre_hook(_forward_seer(weakref.ref(self)))
+        weakref.finalize(self, seen.remove)
         self._remember_shared()
 
     @property
@@ -663,23 +673,25 @@ class TransferProbe:
             self._narrow_to_reached(batches)
         group = self.downstream.group
         gradients, losses = {}, {}
-        for name, objective in self.engine.objectives.items():
-            function = ObjectiveFunction(self.model, objective, batches[name], shared=self.engine.shared)
-            leaves = requiring_grad({n: p.detach() for n, p in self.shared_parameters.items()})
-            with torch.enable_grad():
-                values = function(leaves)
-                label = loss_label(name, objective)
-                check_finite_losses(label, values, f"at step {self._next_step}")
-                if not values.requires_grad:
-                    raise InvalidParameterError(f"{label} does not depend on the shared parameters (computed under "
-                                                f"torch.no_grad(), or detached?): it has no gradient to measure")
-                total = values.sum()
-                grads = torch.autograd.grad(total, list(leaves.values()), allow_unused=True)
-            grads = [torch.zeros_like(t) if g is None else g for t, g in zip(leaves.values(), grads)]
-            count = torch.tensor(float(function.batch_size), dtype=total.dtype, device=total.device)
-            total, grads, count = group.all_reduce_sum((total.detach(), grads, count))
-            gradients[name] = {n: g / count for n, g in zip(leaves, grads)}
-            losses[name] = float(total / count)
+        with _replayed(self._forward, self.model):
+            for name, objective in self.engine.objectives.items():
+                function = ObjectiveFunction(self.model, objective, batches[name], shared=self.engine.shared)
+                leaves = requiring_grad({n: p.detach() for n, p in self.shared_parameters.items()})
+                with torch.enable_grad():
+                    values = function(leaves)
+                    label = loss_label(name, objective)
+                    check_finite_losses(label, values, f"at step {self._next_step}")
+                    if not values.requires_grad:
+                        raise InvalidParameterError(f"{label} does not depend on the shared parameters (computed "
+                                                    f"under torch.no_grad(), or detached?): it has no gradient to "
+                                                    f"measure")
+                    total = values.sum()
+                    grads = torch.autograd.grad(total, list(leaves.values()), allow_unused=True)
+                grads = [torch.zeros_like(t) if g is None else g for t, g in zip(leaves.values(), grads)]
+                count = torch.tensor(float(function.batch_size), dtype=total.dtype, device=total.device)
+                total, grads, count = group.all_reduce_sum((total.detach(), grads, count))
+                gradients[name] = {n: g / count for n, g in zip(leaves, grads)}
+                losses[name] = float(total / count)
         return gradients, losses, self._as_stepped(weights, gradients)
 
     def _as_stepped(self, weights: Mapping[str, float], gradients: Mapping[str, Params]) -> dict[str, float]:
@@ -733,8 +745,58 @@ def _step_counter(probe: weakref.ref) -> Callable[..., None]:
         alive = probe()
         if alive is not None and calls <= 1:
             alive._steps_taken += 1
+            alive._forward = None
 
     return count
+
+
+@dataclass
+class _Forward:
+    """What the loop's first training-mode forward since the last optimizer step ran with."""
+
+    cpu: torch.Tensor
+    cuda: list[torch.Tensor]
+    modes: list[tuple[nn.Module, bool]]
+
+
+def _forward_seer(probe: weakref.ref) -> Callable[..., None]:
+    """A forward pre-hook keeping, for the probe (while it lives), the random state and the
+    modules' modes of the loop's first training-mode forward after each optimizer step."""
+
+    def see(module: nn.Module, args: Any) -> None:
+        alive = probe()
+        if alive is not None and alive._forward is None and module.training:
+            cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
+            alive._forward = _Forward(torch.get_rng_state(), cuda, [(m, m.training) for m in module.modules()])
+
+    return see
+
+
+@contextmanager
+def _replayed(forward: _Forward | None, model: nn.Module) -> Iterator[None]:
+    """The objectives' forwards as the loop ran them: its modules' modes, its random state at its
+    first forward (the objectives drawing in turn, in their order, as the loop's did), the fused
+    attention kernels allowed again, the model's buffers (batch norm's running statistics) kept.
+    Nothing where the loop ran no training-mode forward (the probe's ``eval()`` mode stands)."""
+    if forward is None:
+        yield
+        return
+    current = [(m, m.training) for m in model.modules()]
+    buffers = [b.clone() for b in model.buffers()]
+    for module, training in forward.modes:
+        module.training = training
+    torch.set_rng_state(forward.cpu)
+    if forward.cuda:
+        torch.cuda.set_rng_state_all(forward.cuda)
+    try:
+        with sdpa_kernel([b for b in SDPBackend.__members__.values() if b != SDPBackend.ERROR]):
+            yield
+    finally:
+        for module, training in current:
+            module.training = training
+        with torch.no_grad():
+            for kept, buffer in zip(buffers, model.buffers()):
+                buffer.copy_(kept)
 
 
 def _warn_of_moments(coalitions: CoalitionMoments, shared: Mapping[str, nn.Parameter]) -> None:

@@ -37,7 +37,7 @@ from objreg.analysis.run.fingerprint import (
 )
 from objreg.analysis.run.loop import StepCallback, Trainer
 from objreg.analysis.run.naming import option, speaks_keywords
-from objreg.analysis.run.overfit import overfit_warning
+from objreg.analysis.run.overfit import memorising_head
 from objreg.analysis.run.prepare import check, prepare
 from objreg.analysis.run.resume import load_checkpoint, remove_checkpoint, restore, resumed_config, save_checkpoint
 from objreg.analysis.run.rundir import claim
@@ -246,11 +246,8 @@ def _settings_of(config: AnalysisConfig, out_dir: str | Path | None, resume: str
 
 
 def _warn_if_overfitted(report_config: dict[str, Any], record: StepRecord) -> None:
-    refit = record.get("downstream_fit")
-    fit = ({"loss_after": refit["before"]["fit_loss"], "examples": report_config["downstream_fit"]["examples"]}
-           if refit else report_config.get("head_warmup") or {})
     names = {name: option(name) for name in ("head_fit_size", "head_warmup_steps")}
-    message = overfit_warning(fit, record["downstream_loss"], names, refit=refit is not None)
+    message = memorising_head(report_config, record, names)
     if message is not None:
         warnings.warn(message, stacklevel=2)
 

@@ -127,7 +127,7 @@ class AnalysisConfig:
     downstream: str = "qa"
     weights: Mapping[str, float] = field(default_factory=dict)
     schedule: Any = None
-    steps: int = 16
+    steps: int = 6
     lr: float = 0.005
     optimizer: str = "sgd"
     batch_size: int = 16

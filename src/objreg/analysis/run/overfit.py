@@ -34,3 +34,13 @@ def overfit_warning(head_warmup: Mapping[str, Any], downstream_loss: float, name
             f"evaluation set that defines D (D = {downstream_loss:.4g} at step 0): it has learnt those examples "
             f"rather than the task, so D's gradient reflects a memorising head; give it more examples "
             f"({names['head_fit_size']})" + ("" if refit else f" or fewer steps ({names['head_warmup_steps']})"))
+
+
+def memorising_head(report_config: Mapping[str, Any], first: Mapping[str, Any], names: Mapping[str, str]
+                    ) -> str | None:
+    """:func:`overfit_warning` of a run, read off its report's ``config`` and its first probe record
+    (the run's warning, and the report's "what it cannot tell", say the same)."""
+    refit = first.get("downstream_fit")
+    fit = ({"loss_after": refit["before"]["fit_loss"], "examples": report_config["downstream_fit"]["examples"]}
+           if refit else report_config.get("head_warmup") or {})
+    return overfit_warning(fit, first["downstream_loss"], names, refit=refit is not None)

@@ -47,6 +47,9 @@ from objreg.toolkit.tokenizer import TokenizedCorpus, Tokenizer
 #: fewer, larger chunks cost less overhead (docs/performance.md); each still bounds the memory
 #: of one pass through the backbone.
 FIT_CHUNK = 32
+#: ... and at most this many token positions (rows times the chunk's longest row): the fit set's
+#: long rows go in smaller chunks, so its backbone passes compute less padding.
+FIT_CHUNK_TOKENS = 1536
 
 
 def check(config: AnalysisConfig, registry: Registry) -> torch.device:
@@ -132,7 +135,8 @@ def prepare(
         downstream: Downstream = RefitDownstream(
             task, eval_batch.to(device), group=group, evaluation_dtype=evaluation_dtype, head=head,
             fit_set=Downstream(task, fit_batch.to(device), group=group, evaluation_dtype=evaluation_dtype,
-                               chunk_size=fit_chunk(fit_batch.batch_size, group.world_size)))
+                               chunk_size=fit_chunk(fit_batch.batch_size, group.world_size),
+                               chunk_tokens=FIT_CHUNK_TOKENS))
     else:
         downstream = Downstream(task, eval_batch.to(device), group=group, evaluation_dtype=evaluation_dtype)
     downstream.check(model)
@@ -163,6 +167,8 @@ def prepare(
            {"head_warmup": {"examples": fit_batch.batch_size, "loss_before": warmup[0] if warmup else None,
                             "loss_after": warmup[-1] if warmup else None, **split}}),
         "objective_params": {n: dict(o.params) for n, o in objectives.items()},
+        "architecture": getattr(tokenizer, "architecture", "encoder"),
+        "objective_attention": {n: o.info.pattern for n, o in objectives.items()},
         "optimizer_hyperparameters": {
             k: list(v) if isinstance(v, tuple) else v
             for k, v in trainer.optimizer.param_groups[0].items()
