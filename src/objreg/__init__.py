@@ -48,10 +48,10 @@ if TYPE_CHECKING:
     from objreg.analysis.probe.transfer_probe import TransferProbe
     from objreg.analysis.probe.writer import RunWriter
     from objreg.analysis.run.analyze import analyze
-    from objreg.analysis.run.prepare import prepare
     from objreg.analysis.run.config import AnalysisConfig
     from objreg.analysis.run.finetune import FineTuneReport, finetune
     from objreg.analysis.run.finetune import Schedule as FineTuneSchedule
+    from objreg.analysis.run.prepare import prepare
     from objreg.analysis.run.screen import ScreenReport, screen
     from objreg.core import masks
     from objreg.core.handles import Objective, Task

@@ -48,6 +48,13 @@ SHORT_HELP = {
     "screen": "Rank pre-training objectives for a downstream task from short runs off one shared start: each "
               "candidate's score is the predicted first-order drop of D* (the re-fitted downstream head's loss) "
               "per step, averaged over the run with an interval; candidates whose intervals overlap are tied (=).",
+    "finetune": "Fine-tune MODEL_OR_RUN (a model name, a Hugging Face model directory, or the --out directory of an "
+                "`objreg analyze` run of continued pre-training) on a downstream task and report the task's metric "
+                "on held-out rows, with a 95% interval over seeds (one seed: over folds), beside the linear probe's "
+                "D* and metric on the same splits.",
+    "split": "Split DATA (a GLUE-style TSV or JSONL classification file) into rows to train on and rows held out, "
+             "and write the training rows' text as a corpus: pre-train on train.txt (objreg analyze --corpus), "
+             "fine-tune on train.EXT and score on heldout.EXT (objreg finetune --eval-data).",
     "experiment": "Runnable experiments that check claims of the pre-training objective literature.",
 }
 
