@@ -153,3 +153,26 @@ def test_a_run_directory_without_a_trained_model_is_refused(tmp_path, registry):
     (run / "report.json").write_text("{}")
     with pytest.raises(objreg.DataError, match="holds no trained model .*built-in model 'default'"):
         finetune(str(run), "classification", "x.tsv", registry=registry)
+
+
+def test_qa_reports_exact_match_and_f1_and_keeps_each_context_in_one_fold(tiny_bert, registry):
+    from pathlib import Path
+
+    from objreg.toolkit.overlap import windows
+
+    squad = Path(__file__).resolve().parents[3] / "examples" / "data" / "squad-v1.1-dev-sample.json"
+    report = finetune(str(tiny_bert), "qa", str(squad), folds=3, registry=registry, seq_len=96,
+                      schedule=Schedule(epochs=1, batch_size=16))
+    assert report.metrics == ["exact_match", "f1"]
+    for name in ("exact_match", "f1", "loss"):
+        assert name in report.summary["finetune"]
+    for p in report.predictions:
+        assert 0 <= p["exact_match"] <= p["f1"] <= 1  # an exact match has F1 1
+    task = registry.get_task("qa")
+    tokenizer = registry.load_tokenizer(str(tiny_bert), None, objreg.cache_dir())
+    rows = row_tokens(task.task_data(str(squad), (), tokenizer, 96, 10**9).batch, tokenizer.vocab)
+    for fold in range(3):
+        held = {p["row"] for p in report.predictions if p["fold"] == fold}
+        held_windows = {w for i in held for w in windows(rows[i], 8)}
+        train_windows = {w for i in range(len(rows)) if i not in held for w in windows(rows[i], 8)}
+        assert not held_windows & train_windows  # no context (or question) on both sides of a fold
