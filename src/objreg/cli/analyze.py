@@ -214,7 +214,9 @@ def analyze(
     console = render.console()
     _render(report.to_dict(), console, chosen.describe())
     if out_dir:
-        console.print(f"Wrote {out_dir}/: report.json, report.csv, steps.jsonl, config.json and PNG plots", markup=False)
+        trained = " and the trained model in model/" if (Path(out_dir) / "model").is_dir() else ""
+        console.print(f"Wrote {out_dir}/: report.json, report.csv, steps.jsonl, config.json and PNG plots{trained}",
+                      markup=False)
 
 
 def _checked_config(names: list[str] | None, downstream: str | None, settings: dict[str, Any], resume: str | None,

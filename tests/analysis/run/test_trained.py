@@ -73,3 +73,19 @@ def test_continued_pre_training_then_finetune(tiny_bert, sentiment_tsv, tmp_path
 
 def test_a_model_directory_is_not_mistaken_for_a_run(tiny_bert):
     assert resolve(str(tiny_bert)).run is None and resolve("default").model == "default"
+
+
+def test_the_command_line_says_where_the_model_is(tiny_bert, sentiment_tsv, tmp_path):
+    from click.testing import CliRunner
+
+    from objreg.cli import make_cli
+
+    corpus = tmp_path / "domain.txt"
+    corpus.write_text("Rivers carry sediment to the sea. Deltas form where the current slows down.\n")
+    run = tmp_path / "run"
+    result = CliRunner().invoke(make_cli(lambda: objreg.get_plugin_manager(load_entrypoints=False)), [
+        "analyze", "--pretrain", "mlm", "--downstream", "classification", "--model", str(tiny_bert), "--corpus",
+        str(corpus), "--downstream-data", str(sentiment_tsv), "--steps", "1", "--batch-size", "2", "--seq-len", "32",
+        "--eval-size", "8", "--head-fit-size", "8", "--out", str(run)])
+    assert result.exit_code == 0, result.output
+    assert "and the trained model in model/" in result.stdout and (run / "model" / "config.json").is_file()
