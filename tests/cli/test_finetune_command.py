@@ -7,10 +7,6 @@ import json
 import re
 
 import pytest
-from click.testing import CliRunner
-
-import objreg
-from objreg.cli import make_cli
 
 SMALL = ["--downstream", "classification", "--folds", "2", "--epochs", "1", "--batch-size", "8", "--seq-len", "32"]
 
@@ -23,13 +19,8 @@ def assert_one_error(output: str, pattern: str) -> None:
 
 
 @pytest.fixture
-def run():
-    cli = make_cli(lambda: objreg.get_plugin_manager(load_entrypoints=False))
-
-    def invoke(*args: str):
-        return CliRunner().invoke(cli, ["finetune", *args])
-
-    return invoke
+def run(command):
+    return command("finetune")
 
 
 def test_table_json_and_out_files(run, tiny_bert, sentiment_tsv, tmp_path):

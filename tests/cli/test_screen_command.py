@@ -5,22 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from click.testing import CliRunner
-
-import objreg
-from objreg.cli import make_cli
 
 SMALL = ["--batch-size", "4", "--seq-len", "48", "--eval-size", "8", "--head-fit-size", "16", "--budget", "2"]
 
 
 @pytest.fixture
-def run():
-    cli = make_cli(lambda: objreg.get_plugin_manager(load_entrypoints=False))
-
-    def invoke(*args: str):
-        return CliRunner().invoke(cli, ["screen", *args])
-
-    return invoke
+def run(command):
+    return command("screen")
 
 
 def test_the_done_when_command_returns_every_candidate_with_score_interval_rank_and_baselines(run):
