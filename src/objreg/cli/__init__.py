@@ -112,8 +112,9 @@ class ObjregGroup(click.Group):
         if not names:
             return
         limit = formatter.width - 6 - max(len(n) for n in names)
-        rows = [(n, click.utils.make_default_short_help(SHORT_HELP[n], limit) if n in BUILTIN else
-                 plugins[n].get_short_help_str(limit)) for n in names]
+        # A bare Command shortens a help text as click does its own (no deprecated helper, no import).
+        rows = [(n, (click.Command(n, help=SHORT_HELP[n]) if n in BUILTIN else plugins[n]).get_short_help_str(limit))
+                for n in names]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
 
