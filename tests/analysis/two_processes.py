@@ -3,11 +3,19 @@ the distributed paths (``tests/analysis/conftest.py`` puts this folder on ``sys.
 
 from __future__ import annotations
 
+import gc
+import json
 import math
+import os
 import socket
 import time
+from collections.abc import Callable
+from datetime import timedelta
+from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 #: Bounds a hang only: a collective's wait and the whole two-process run.
@@ -32,6 +40,30 @@ def run_two_processes(target, *args) -> None:
         for process in context.processes:
             if process.is_alive():
                 process.terminate()
+
+
+def _json_worker(rank: int, port: int, results: str, compute: Callable[[int], object]) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=TIMEOUT_S))
+    try:
+        # What ``compute`` builds (an FSDP model, a probe) lives only inside the call: it is freed
+        # while the group still exists (freed at exit, gloo's threads can abort the process), and
+        # neither process tears the group down while the other still has collectives in flight.
+        found = compute(rank)
+        with open(os.path.join(results, f"rank{rank}.json"), "w", encoding="utf-8") as f:
+            json.dump(found, f)
+        dist.barrier()
+    finally:
+        gc.collect()
+        dist.destroy_process_group()
+
+
+def gloo_json(compute: Callable[[int], object], results: Path) -> list:
+    """``compute(rank)`` (a module-level function, so that it pickles) in each of two gloo
+    processes; what each returned, as JSON, in rank order."""
+    run_two_processes(_json_worker, free_port(), str(results), compute)
+    return [json.loads((results / f"rank{r}.json").read_text(encoding="utf-8")) for r in (0, 1)]
 
 
 def leaves(value, path=""):

@@ -4,16 +4,12 @@ per-example loop."""
 
 from __future__ import annotations
 
-import json
 import math
-import os
-from datetime import timedelta
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
-from two_processes import TIMEOUT_S, free_port, run_two_processes
+from two_processes import gloo_json
 
 import objreg
 from objreg.analysis.probe.sharded import ShardedProbe
@@ -68,7 +64,7 @@ def train_loss(m, step_batches):
     return sum(WEIGHTS[k] * fn(m, step_batches[k]).mean() for k, fn in OBJECTIVES.items())
 
 
-def _sharded_records() -> list:
+def _sharded_records(rank: int) -> list:
     from torch.distributed.fsdp import fully_shard
 
     net = model()
@@ -93,30 +89,9 @@ def _sharded_records() -> list:
     return probe.records
 
 
-def _worker(rank: int, port: int, results: str) -> None:
-    import gc
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=TIMEOUT_S))
-    try:
-        # The FSDP model and its probe live only inside the call: they are freed while the group
-        # still exists (freed at exit, gloo's threads can abort the process), and neither process
-        # tears the group down while the other still has collectives in flight.
-        records = _sharded_records()
-        with open(os.path.join(results, f"rank{rank}.json"), "w", encoding="utf-8") as f:
-            json.dump(records, f)
-        dist.barrier()
-    finally:
-        gc.collect()
-        dist.destroy_process_group()
-
-
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory):
-    results = tmp_path_factory.mktemp("sharded")
-    run_two_processes(_worker, free_port(), str(results))
-    return [json.loads((results / f"rank{r}.json").read_text(encoding="utf-8")) for r in (0, 1)]
+    return gloo_json(_sharded_records, tmp_path_factory.mktemp("sharded"))
 
 
 @pytest.fixture(scope="module")

@@ -4,15 +4,10 @@ gradient: two gloo processes, each case its own probe."""
 
 from __future__ import annotations
 
-import json
-import os
-from datetime import timedelta
-
 import pytest
 import torch
-import torch.distributed as dist
 from test_sharded import LR, OBJECTIVES, batches, downstream, eval_batch, model
-from two_processes import TIMEOUT_S, free_port, run_two_processes
+from two_processes import gloo_json
 
 from objreg.analysis.probe.sharded import ShardedProbe
 from objreg.core.errors import InvalidParameterError
@@ -69,27 +64,9 @@ def _cases(rank: int) -> dict:
     return out
 
 
-def _worker(rank: int, port: int, results: str) -> None:
-    import gc
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=TIMEOUT_S))
-    try:
-        found = _cases(rank)
-        with open(os.path.join(results, f"rank{rank}.json"), "w", encoding="utf-8") as f:
-            json.dump(found, f)
-        dist.barrier()
-    finally:
-        gc.collect()
-        dist.destroy_process_group()
-
-
 @pytest.fixture(scope="module")
 def found(tmp_path_factory):
-    results = tmp_path_factory.mktemp("rows")
-    run_two_processes(_worker, free_port(), str(results))
-    return [json.loads((results / f"rank{r}.json").read_text(encoding="utf-8")) for r in (0, 1)]
+    return gloo_json(_cases, tmp_path_factory.mktemp("rows"))
 
 
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
