@@ -35,8 +35,11 @@ def probe_of(model, opt, refit=True, fit=FIT, **options):
     return objreg.TransferProbe(model, LOSSES, task_loss, opt, eval_batches=EVAL, weights=WEIGHTS, **extra, **options)
 
 
-def steps(model, opt, probe, count, seed=1):
+def steps(model, opt, probe, count, seed=1, skip=0):
+    """``count`` probed steps on the batches of ``seed``'s stream, after its first ``skip`` steps' batches."""
     generator = torch.Generator().manual_seed(seed)
+    for _ in range(skip):
+        step_batches(generator)
     for _ in range(count):
         batches = step_batches(generator)
         opt.zero_grad()
@@ -176,16 +179,7 @@ def test_a_state_that_fits_goes_on_as_the_uninterrupted_probe():
     opt.load_state_dict(opt_state)
     resumed = probe_of(model, opt, shared=state["shared"])  # the same set given explicitly loads too
     resumed.load_state_dict(state)
-    generator = torch.Generator().manual_seed(1)
-    for _ in range(2):  # the loop's batches of steps 0 and 1, already taken
-        step_batches(generator)
-    for _ in range(2):
-        batches = step_batches(generator)
-        opt.zero_grad()
-        sum(w * LOSSES[k](model, batches[k]).mean() for k, w in WEIGHTS.items()).backward()
-        measured = resumed.measure(batches)
-        opt.step()
-        resumed.finish(measured)
+    steps(model, opt, resumed, 2, skip=2)  # the loop's batches of steps 0 and 1 are already taken
     assert [r["downstream_loss"] for r in resumed.records] == pytest.approx(
         [r["downstream_loss"] for r in whole.records], rel=1e-10)
     assert resumed.records[-1]["alignment"]["tokens"]["dot"] == pytest.approx(
