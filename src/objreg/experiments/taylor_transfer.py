@@ -6,7 +6,7 @@ prediction of each step's downstream change, ``∇D·Δθ + ½ Δθᵀ H_D Δθ`
 ``D(θ + Δθ) − D(θ)``, and its error shrinks as ``η³`` (the third-order remainder, since
 ``Δθ = −η g``); the first-order prediction's error shrinks as ``η²``. Source: the
 gradient-alignment view of transfer (issue 9; the Taylor expansion of ``D`` along the update,
-as in the analyzer's design, ``/work/shared/DESIGN.md``).
+as in the analyzer's design, ``shared/DESIGN.md`` beside the checkout).
 
 **Setting.** ``objreg.analysis.run.analyze.analyze(pretrain=["mlm", "sop"], downstream="qa",
 optimizer="sgd", dtype="float64")`` on the default corpus and model, once per learning rate of a
