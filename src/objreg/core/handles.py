@@ -271,20 +271,23 @@ class Task(_Handle):
                                         f"objreg_task_metrics), so it cannot be fine-tuned and scored")
 
     @torch.no_grad()
-    def metrics(self, model: Model, batch: CorruptedBatch) -> dict[str, torch.Tensor]:
+    def metrics(self, model: Model, batch: CorruptedBatch, with_loss: bool = False) -> dict[str, torch.Tensor]:
         """Metric name → per-row scores ``[B]`` of ``model`` on ``batch`` (``objreg_task_metrics``);
-        the first name is the task's headline metric.
+        the first name is the task's headline metric. ``with_loss``: the per-row task loss too,
+        under ``loss``, from the same backbone pass.
 
         Raises:
             InvalidParameterError: the task implements no ``objreg_task_metrics``.
         """
         self.require_metrics()
         mask = self.attention_mask(batch)
-        hidden = model.encode(batch.input_ids, mask, batch.position_ids)
-        scores = self._hooks["objreg_task_metrics"](outputs=ModelOutputs(hidden, model), batch=batch, params=self.params)
+        outputs = ModelOutputs(model.encode(batch.input_ids, mask, batch.position_ids), model)
+        scores = self._hooks["objreg_task_metrics"](outputs=outputs, batch=batch, params=self.params)
         B = batch.input_ids.shape[0]
-        if (not isinstance(scores, Mapping) or not scores
+        if (not isinstance(scores, Mapping) or not scores or (with_loss and "loss" in scores)
                 or any(not isinstance(v, torch.Tensor) or tuple(v.shape) != (B,) for v in scores.values())):
             raise self._problem("objreg_task_metrics", f"returned {type(scores).__name__} instead of a mapping of "
-                                f"metric names to per-row scores of shape [{B}]")
+                                f"metric names (other than 'loss') to per-row scores of shape [{B}]")
+        if with_loss:
+            scores = {**scores, "loss": self.loss(outputs, batch, mask)}
         return {name: value.detach().float() for name, value in scores.items()}

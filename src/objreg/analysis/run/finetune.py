@@ -309,8 +309,7 @@ def _scores(net: nn.Module, task: Task, batch: CorruptedBatch, device: torch.dev
     with torch.no_grad():
         for start in range(0, batch.batch_size, CHUNK):
             rows = batch.select(slice(start, start + CHUNK)).to(device)
-            scores = {**task.metrics(net, rows), "loss": task.losses(net, rows).float()}
-            for name, value in scores.items():
+            for name, value in task.metrics(net, rows, with_loss=True).items():
                 parts.setdefault(name, []).append(value.cpu())
     return {name: torch.cat(values) for name, values in parts.items()}
 
