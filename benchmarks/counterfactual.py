@@ -52,7 +52,7 @@ def build(optimizer: str, lr: float, steps: int, quick: bool) -> Any:
     config = AnalysisConfig(
         pretrain=tuple(NAMES), downstream="qa", optimizer=optimizer, lr=lr, steps=steps, dtype="float64",
         batch_size=8 if quick else 16, seq_len=64 if quick else 128, eval_size=16 if quick else 64,
-        head_warmup_steps=20 if quick else 100, head_fit_size=64 if quick else 1024, attribution_top=0,
+ head_fit_size=64 if quick else 1024, attribution_top=0,
         device="cpu",
     )
     trainer, _ = prepare(config, Registry.load(load_entrypoints=False), cache_dir())

@@ -40,7 +40,7 @@ CPU_BUDGET = 1.0
 LOADING_BUDGET = 5.0
 WALL_LIMIT = 1800.0
 
-SMALL = dict(steps=4, batch_size=4, seq_len=48, eval_size=8, head_fit_size=16, head_warmup_steps=5)
+SMALL = dict(steps=4, batch_size=4, seq_len=48, eval_size=8, head_fit_size=16)
 TEXT = "The committee met on Tuesday. It approved the budget for the new library. Members argued about the roof."
 
 
@@ -574,7 +574,7 @@ cli("plugins", "a hook raises (corrupt)", "corrupt", "boom", "--text", TEXT, plu
     message=("plugin 'boom'", "boom-objectives 1.2.0", "objreg_corrupt", "ValueError: boom in corrupt",
              "OBJREG_LOAD_PLUGINS"))
 cli("plugins", "a hook raises (analyze)", "analyze", "--pretrain", "boom", "--corpus", "{ws}/corpus.txt",
-    "--eval-size", "4", "--head-fit-size", "8", "--head-warmup-steps", "1", "--steps", "1", plugins=_BOOM,
+    "--eval-size", "4", "--head-fit-size", "8", "--steps", "1", plugins=_BOOM,
     message=("plugin 'boom'", "boom-objectives 1.2.0", "objreg_corrupt", "OBJREG_LOAD_PLUGINS"), budget=LOADING_BUDGET)
 cli("plugins", "a corpus provider raises", *A, "--corpus", "brokencorpus", plugins=_PROVIDERS,
     message=("plugin 'brokenprov'", "broken-providers 0.3", "corpus provider 'brokencorpus'", "exploded",

@@ -32,9 +32,8 @@ from click.testing import CliRunner
 import objreg
 from objreg.cli import make_cli
 
-SMALL = dict(steps=4, batch_size=4, seq_len=48, eval_size=8, head_fit_size=16, head_warmup_steps=5)
-CLI_SMALL = ["--batch-size", "4", "--seq-len", "48", "--eval-size", "8", "--head-fit-size", "16",
-             "--head-warmup-steps", "5"]
+SMALL = dict(steps=4, batch_size=4, seq_len=48, eval_size=8, head_fit_size=16)
+CLI_SMALL = ["--batch-size", "4", "--seq-len", "48", "--eval-size", "8", "--head-fit-size", "16"]
 TEXT = "The committee met on Tuesday. It approved the budget for the new library. Members argued about the roof."
 
 
@@ -369,7 +368,7 @@ def test_6_an_unwritable_experiment_out_is_one_clear_line():
 def test_6_running_out_of_memory_is_one_line_that_says_what_to_change(tmp_path):
     (tmp_path / "corpus.txt").write_text(corpus_text())
     command = (f"ulimit -v 3000000; {sys.executable} -m objreg analyze --pretrain mlm --steps 1 --batch-size 2048 "
-               f"--seq-len 1024 --eval-size 4 --head-fit-size 8 --head-warmup-steps 1 "
+               f"--seq-len 1024 --eval-size 4 --head-fit-size 8 "
                f"--corpus {tmp_path / 'corpus.txt'}")
     done = _run_with_timeout([command], shell=True)
     assert done.returncode == 1

@@ -15,7 +15,7 @@ import objreg
 from objreg.cli import make_cli
 
 SMALL = ["--steps", "2", "--batch-size", "4", "--seq-len", "48", "--eval-size", "8",
-         "--head-warmup-steps", "5", "--head-fit-size", "16"]
+         "--head-fit-size", "16"]
 
 
 @pytest.fixture
@@ -94,6 +94,9 @@ def test_schedule_spectrum_and_optimizer_reach_the_report(run):
         (["--pretrain", "mlm", "--schedule", "mlm=warmup:3"], "unknown schedule shape 'warmup'"),
         (["--pretrain", "mlm", "--schedule", "sop=cosine"], "schedule given for 'sop', which is not a selected"),
         (["--pretrain", "mlm", "--spectrum", "-1"], "spectrum must be an integer ≥ 0"),
+        (["--pretrain", "mlm", "--head-warmup-steps", "5"], "--head-warmup-steps 5 warms up a frozen head; the "
+         "re-fitted head (--downstream-head refit, the default) is solved exactly at every probe and takes no "
+         "warm-up: leave out --head-warmup-steps, or add --downstream-head frozen"),
         (["--pretrain", "mlm", "--hvp-method", "fd"], "hvp_method must be one of"),
         (["--resume", "run", "--steps", "3", "--pretrain", "mlm"],
          "--resume takes every setting from the run's config.json; drop --steps, --pretrain"),
@@ -222,3 +225,4 @@ def test_the_adam_counterfactual_best_weights_realise_their_predicted_gain(run):
     rerun = json.loads(again.stdout)
     realised = report["steps"][0]["actual_delta"] - rerun["steps"][0]["actual_delta"]
     assert realised == pytest.approx(best["gain_over_used"], rel=0.2), (realised, best)
+

@@ -12,7 +12,7 @@ import objreg
 from objreg.analysis.run.adaptive import make_rule
 from objreg.cli import make_cli
 
-SMALL = ["--batch-size", "4", "--seq-len", "48", "--eval-size", "8", "--head-warmup-steps", "5",
+SMALL = ["--batch-size", "4", "--seq-len", "48", "--eval-size", "8",
          "--head-fit-size", "16"]
 
 

@@ -20,7 +20,7 @@ from objreg.cli import make_cli
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 SMALL = ["--pretrain", "mlm,sop", "--downstream", "qa", "--steps", "2", "--batch-size", "5", "--seq-len", "32",
-         "--eval-size", "8", "--head-warmup-steps", "3", "--head-fit-size", "16", "--dtype", "float64",
+         "--eval-size", "8", "--head-fit-size", "16", "--dtype", "float64",
          "--attribution-top", "3"]
 #: Bounds a hang only; longer than objreg's own wait on a collective (1800 s by default), so a stuck
 #: collective reports itself first.

@@ -19,7 +19,7 @@ from objreg.analysis.run.loop import Trainer
 from objreg.cli import make_cli
 
 SMALL = ["--pretrain", "mlm,sop", "--steps", "4", "--batch-size", "4", "--seq-len", "48", "--eval-size", "8",
-         "--head-warmup-steps", "5", "--head-fit-size", "16", "--optimizer", "adam", "--lr", "1e-3"]
+         "--head-fit-size", "16", "--optimizer", "adam", "--lr", "1e-3"]
 
 
 def cli():
@@ -128,7 +128,7 @@ def test_ctrl_c_while_loading_stops_at_once(tmp_path, monkeypatch):
 def test_the_handlers_are_put_back_after_the_run():
     before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
     assert invoke(*SMALL[:2], "--steps", "1", "--batch-size", "2", "--seq-len", "48", "--eval-size", "4",
-                  "--head-warmup-steps", "0", "--json").exit_code == 0
+                  "--json").exit_code == 0
     assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 

@@ -16,7 +16,7 @@ from objreg.cli.corrupt import label_kind
 from objreg.testing import ContractError, check_objective_contract, contract_problems, is_third_party
 from objreg.toolkit import losses
 
-SMALL = ["--steps", "1", "--batch-size", "4", "--seq-len", "48", "--eval-size", "8", "--head-warmup-steps", "0",
+SMALL = ["--steps", "1", "--batch-size", "4", "--seq-len", "48", "--eval-size", "8",
          "--json"]
 
 

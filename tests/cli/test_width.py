@@ -85,7 +85,7 @@ def test_experiment_show_gives_claim_source_and_rule():
     assert "Did you mean 'nsp-vs-sop'" in unknown.stderr
 
 
-SMALL = ["--steps", "2", "--batch-size", "4", "--seq-len", "48", "--eval-size", "8", "--head-warmup-steps", "5",
+SMALL = ["--steps", "2", "--batch-size", "4", "--seq-len", "48", "--eval-size", "8",
          "--head-fit-size", "16"]
 
 

@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.measure import Measurement
 
 import objreg
+from objreg.analysis.run.config import FROZEN_WARMUP_STEPS
 from objreg.analysis.run.naming import command_line
 from objreg.cli import assessment, options, render, threads
 from objreg.cli.interrupt import Interrupts, Stopped, distributed, exit_code, stopped_message
@@ -99,7 +100,7 @@ def _parse_params(items: tuple[str, ...]) -> dict[str, dict[str, str]]:
               help=choices("downstream_head", "What D's downstream head is"))
 @click.option("--head-warmup-steps", type=int, default=None,
               help=f"With --downstream-head frozen: linear-probe steps fitting the head first, 0 for none "
-                   f"{default('head_warmup_steps')}.")
+                   f"(default: {FROZEN_WARMUP_STEPS}).")
 @click.option("--head-fit-size", type=int, default=None,
               help="Examples that fit the downstream head, apart from the evaluation set (default: 256 with a "
                    "re-fitted head, 1024 with a frozen one).")

@@ -113,7 +113,9 @@ def _train(config: Config, setting: Setting, registry: Registry, seed: int, **ho
     report = analyze(
         ["mlm", "sop"], "qa", registry=registry, steps=config.steps, lr=config.lr, optimizer="sgd",
         batch_size=config.batch_size, seq_len=config.seq_len, eval_size=config.eval_size,
-        head_warmup_steps=config.head_warmup_steps, head_fit_size=config.head_fit_size, seed=seed,
+        # A re-fitted head is solved at every probe and takes no warm-up (the field is a frozen head's).
+        head_warmup_steps=config.head_warmup_steps if config.downstream_head == "frozen" else None,
+        head_fit_size=config.head_fit_size, seed=seed,
         device=str(resolve_device(setting.device)), corpus=config.corpus, downstream_data=config.downstream_data,
         downstream_head=config.downstream_head,
         attribution_top=0, on_step=lambda step, record: finished.append(time.process_time()),
@@ -184,9 +186,7 @@ def run(setting: Setting) -> ExperimentResult:
                                     "best_constant_predicted_improvement", "reversals", "oscillating")}
                             for name in ("adaptive_quadratic", "adaptive_tartan")},
     }
-    verdict = "confirmed" if effect > 0 else "refuted" if effect < 0 else "inconclusive"
-    reason = (f"one seed: D(best fixed, mlm={best_w:g}) − D(adaptive:quadratic) = {effect:+.4g} "
-              f"(final D: {', '.join(f'{k} {v:.4f}' for k, v in final.items())})")
+    verdict, reason = seed_verdict(figures)
     plots = [plot([figures], setting.out_dir / f"{NAME}.png")] if setting.out_dir is not None else []
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures, _setting(config, setting), plots)
 
@@ -269,3 +269,14 @@ def plot(figures: list[dict[str, Any]], path: Path) -> str:
                 title="mlm's weight chosen by each adaptive rule")
     weights.legend(fontsize="x-small", ncol=2)
     return save_figure(figure, path)
+
+
+def seed_verdict(figures: dict[str, Any]) -> tuple[str, str]:
+    """One seed's verdict and reason from its figures (``recombine`` reads them again after a rule change)."""
+    final = figures["final_downstream_loss"]
+    effect = final["best_fixed"] - final["adaptive_quadratic"]
+    verdict = "confirmed" if effect > 0 else "refuted" if effect < 0 else "inconclusive"
+    best_w = figures["grid_search"]["best_mlm_weight"]
+    reason = (f"one seed: D(best fixed, mlm={best_w:g}) − D(adaptive:quadratic) = {effect:+.4g} "
+              f"(final D: {', '.join(f'{k} {v:.4f}' for k, v in final.items())})")
+    return verdict, reason

@@ -27,7 +27,7 @@ from objreg.plugins.models import transformer
 #: A one-layer model keeps the two-process run to seconds; float64 makes the comparison tight.
 TINY = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "intermediate_size": 32}
 #: batch 5 splits 3 + 2; eval 20 is two chunks (16 + 4), one per process; contrastive is batch-coupled.
-RUN = dict(model="tiny", steps=2, batch_size=5, seq_len=48, eval_size=20, head_fit_size=16, head_warmup_steps=3,
+RUN = dict(model="tiny", steps=2, batch_size=5, seq_len=48, eval_size=20, head_fit_size=16,
            dtype="float64", optimizer="adam", lr=1e-3, spectrum=1, attribution_top=100)
 PRETRAIN = "mlm,sop,contrastive"
 

@@ -1322,7 +1322,7 @@ def _edited_plugin(c):
         sys.modules.pop("edited_model_plugin", None)
 
 
-SMALL = dict(steps=2, batch_size=4, seq_len=32, eval_size=4, head_fit_size=8, head_warmup_steps=1)
+SMALL = dict(steps=2, batch_size=4, seq_len=32, eval_size=4, head_fit_size=8)
 
 
 class _Stop(Exception):

@@ -168,7 +168,7 @@ def test_bad_adaptive_settings_are_one_clear_error(settings, message):
 def test_an_interrupted_adaptive_run_resumes_to_the_uninterrupted_report(tmp_path):
     # quadratic: its second-order term moves the weights even where 4 rows a batch leave the
     # first-order signal within its noise (which holds tartan's weights still).
-    settings = dict(steps=3, batch_size=4, seq_len=48, eval_size=8, head_fit_size=16, head_warmup_steps=2,
+    settings = dict(steps=3, batch_size=4, seq_len=48, eval_size=8, head_fit_size=16,
                     optimizer="adam", lr=1e-3, schedule="adaptive:quadratic")
 
     class Stop(Exception):

@@ -18,7 +18,7 @@ from objreg.analysis.run.prepare import prepare
 from objreg.core.registry import merge_heads
 from objreg.toolkit.cache import cache_dir
 
-SMALL = dict(steps=3, batch_size=4, seq_len=48, eval_size=8, head_fit_size=32, head_warmup_steps=10)
+SMALL = dict(steps=3, batch_size=4, seq_len=48, eval_size=8, head_fit_size=32)
 
 
 @pytest.fixture(scope="session")
@@ -319,7 +319,7 @@ def test_float32_and_float64_runs_agree_on_the_actual_change():
     # At 500 times smaller steps the agreement holds; evaluating D in float32 instead
     # quantises the change, and the same comparison fails. (With the frozen head: the re-fitted
     # D* is steeper along the float32 run's rounding of θ, 0.3% apart at this lr and 6e-5 at 10x it.)
-    one_step = {**sizes, "steps": 1, "downstream_head": "frozen"}
+    one_step = {**sizes, "steps": 1, "downstream_head": "frozen", "head_warmup_steps": 10}
     doubles, _ = actual_deltas("float64", lr=2e-6, **one_step)
     singles, _ = actual_deltas("float32", lr=2e-6, **one_step)
     quantised, _ = actual_deltas("float32", eval_dtype="model", lr=2e-6, **one_step)
@@ -356,7 +356,8 @@ def test_taylor_error_shrinks_as_the_step_cubed():
 
 def test_non_finite_loss_names_objective_and_step():
     with pytest.raises(objreg.NonFiniteLossError, match=r"objective '(mlm|sop)'.*at step \d"):
-        objreg.analyze("mlm,sop", "qa", **{**SMALL, "steps": 6}, optimizer="sgd", lr=1e12, downstream_head="frozen")
+        objreg.analyze("mlm,sop", "qa", **{**SMALL, "steps": 6}, optimizer="sgd", lr=1e12, downstream_head="frozen",
+                       head_warmup_steps=10)
     # Re-fitted, the head's fit breaks down at the diverged backbone first: D* is no number.
     with pytest.raises(objreg.NonFiniteLossError, match=r"downstream task 'qa' is not finite after step 0"):
         objreg.analyze("mlm,sop", "qa", **{**SMALL, "steps": 6}, optimizer="sgd", lr=1e12)

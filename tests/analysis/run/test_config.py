@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 
 import objreg
-from objreg.analysis.run.config import AnalysisConfig, parse_weights
+from objreg.analysis.run.config import FROZEN_WARMUP_STEPS, AnalysisConfig, parse_weights
+from objreg.core.errors import InvalidParameterError
 
 
 def test_weights_default_to_one_and_parse_from_text():
@@ -83,3 +84,14 @@ def test_cuda_without_cuda_is_a_device_error(monkeypatch):
 def test_bad_analysis_settings(field, value, message):
     with pytest.raises(objreg.InvalidParameterError, match=message):
         AnalysisConfig(pretrain=("mlm", "sop"), **{field: value})
+
+
+def test_a_warm_up_is_a_frozen_heads_alone():
+    frozen = AnalysisConfig(pretrain=("mlm",), downstream_head="frozen")
+    assert frozen.head_warmup_steps == FROZEN_WARMUP_STEPS
+    assert AnalysisConfig(pretrain=("mlm",)).head_warmup_steps == 0
+    assert AnalysisConfig(pretrain=("mlm",), head_warmup_steps=0).head_warmup_steps == 0
+    with pytest.raises(InvalidParameterError, match=r"head_warmup_steps=5 warms up a frozen head.*"
+                                                    r"leave out head_warmup_steps=, or add downstream_head=frozen"):
+        AnalysisConfig(pretrain=("mlm",), head_warmup_steps=5)
+

@@ -13,9 +13,8 @@ import pytest
 import objreg
 from objreg.analysis.run.resume import CHECKPOINT
 
-SMALL = dict(steps=4, batch_size=4, seq_len=48, eval_size=8, head_fit_size=32, head_warmup_steps=5)
-CLI_SMALL = ["--steps", "6", "--batch-size", "4", "--seq-len", "48", "--eval-size", "8", "--head-fit-size", "32",
-             "--head-warmup-steps", "5"]
+SMALL = dict(steps=4, batch_size=4, seq_len=48, eval_size=8, head_fit_size=32)
+CLI_SMALL = ["--steps", "6", "--batch-size", "4", "--seq-len", "48", "--eval-size", "8", "--head-fit-size", "32"]
 
 
 class Stop(Exception):

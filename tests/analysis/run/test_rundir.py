@@ -124,7 +124,7 @@ def test_a_run_directory_holds_its_fingerprint_and_tokenizer(tmp_path):
     (tmp_path / "c.txt").write_text("\n\n".join(f"Document {i} starts here. It ends there." for i in range(60)))
     out = tmp_path / "run"
     objreg.analyze("mlm", "qa", steps=1, batch_size=2, seq_len=32, eval_size=4, head_fit_size=8,
-                   head_warmup_steps=1, corpus=str(tmp_path / "c.txt"), out_dir=out)
+                   corpus=str(tmp_path / "c.txt"), out_dir=out)
     record = json.loads((out / "run.json").read_text())
     assert record["config"] == json.loads((out / "config.json").read_text())
     assert set(record["inputs"]) >= {"corpus", "tokenizer", "tokenizer_layout", "downstream"}

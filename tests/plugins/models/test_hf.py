@@ -138,7 +138,7 @@ def test_rtd_per_sample_dots_equal_a_loop(registry, tokenizer, dots_auto_and_loo
 def test_analyze_runs_rtd_on_minilm():
     report = objreg.analyze(
         pretrain=["rtd", "mlm"], downstream="qa", model=MODEL_DIR, steps=1, batch_size=2, eval_size=4,
-        head_warmup_steps=1, head_fit_size=4, seq_len=32,
+        head_fit_size=4, seq_len=32,
     ).to_dict()
     assert report["config"]["shared_parameters"] == 22_565_376
     assert set(report["summary"]["alignment"]) == {"rtd", "mlm"}
@@ -148,7 +148,7 @@ def test_analyze_runs_rtd_on_minilm():
 def test_analyze_runs_on_minilm(tmp_path):
     report = objreg.analyze(
         pretrain=["mlm", "sop"], downstream="qa", model=MODEL_DIR, steps=1, batch_size=2, eval_size=4,
-        head_warmup_steps=1, head_fit_size=4, seq_len=32,
+        head_fit_size=4, seq_len=32,
     ).to_dict()
     assert report["config"]["shared_parameters"] == 22_565_376
     assert set(report["summary"]["alignment"]) == {"mlm", "sop"}

@@ -173,7 +173,7 @@ def test_architecture_is_read_from_the_config(model_dir, tmp_path):
 def analyze(directory: str, pretrain: str, out: Path):
     """``objreg analyze`` in this process, tiny: one step, two rows a batch, four evaluation rows."""
     args = ["analyze", "--pretrain", pretrain, "--downstream", "qa", "--model", directory, "--steps", "1",
-            "--batch-size", "2", "--eval-size", "4", "--seq-len", "32", "--head-warmup-steps", "1",
+            "--batch-size", "2", "--eval-size", "4", "--seq-len", "32",
             "--head-fit-size", "4", "--out", str(out)]
     return CliRunner().invoke(make_cli(), args)
 

@@ -97,7 +97,7 @@ def test_analyze_refuses_clm_on_an_encoder_decoder_before_loading_it(model_dir, 
         (weightless / name).write_bytes((Path(model_dir("t5")) / name).read_bytes())
     with pytest.raises(objreg.InvalidParameterError, match="'clm' \\(causal attention\\) does not run on an encoder-dec"):
         objreg.analyze(pretrain=["clm"], downstream="qa", model=str(weightless), steps=1, batch_size=2, eval_size=4,
-                       seq_len=32, head_warmup_steps=0)
+                       seq_len=32)
 
 
 def test_a_t5_style_tokenizer_plays_its_own_roles(registry, tmp_path, texts, tiny_model):
@@ -130,7 +130,7 @@ def test_a_t5_style_tokenizer_plays_its_own_roles(registry, tmp_path, texts, tin
 @pytest.mark.e2e
 def test_analyze_t5_and_bart_on_a_t5_directory(model_dir, tmp_path):
     args = ["analyze", "--pretrain", "t5,bart", "--downstream", "qa", "--model", model_dir("t5"), "--steps", "1",
-            "--batch-size", "2", "--eval-size", "4", "--seq-len", "32", "--head-warmup-steps", "1",
+            "--batch-size", "2", "--eval-size", "4", "--seq-len", "32",
             "--head-fit-size", "4", "--out", str(tmp_path / "run")]
     done = CliRunner().invoke(make_cli(), args)
     assert done.exit_code == 0, done.output[-2000:]

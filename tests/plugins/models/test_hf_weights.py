@@ -134,7 +134,7 @@ def test_analyze_with_a_weights_file_that_lacks_tensors_exits_in_one_line(bert, 
     cli = make_cli(lambda: objreg.get_plugin_manager(load_entrypoints=False))
     result = CliRunner().invoke(cli, ["analyze", "--pretrain", "mlm", "--model", str(path), "--corpus", str(corpus),
                                       "--steps", "1", "--batch-size", "2", "--seq-len", "32", "--eval-size", "4",
-                                      "--head-fit-size", "8", "--head-warmup-steps", "1"])
+                                      "--head-fit-size", "8"])
     assert result.exit_code == 1, result.output
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
     assert len(errors) == 1 and "Traceback" not in result.output, result.stderr

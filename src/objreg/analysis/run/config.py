@@ -25,6 +25,8 @@ OPTIMIZERS = ("sgd", "adam", "adamw")
 REFIT_FIT_SIZE = 256
 #: The default fit set of a frozen head, fitted once before training.
 FROZEN_FIT_SIZE = 1024
+#: The default warm-up of a frozen head: linear-probe steps on its fit set before training.
+FROZEN_WARMUP_STEPS = 100
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 #: Every setting with a fixed set of values: each accepted value, in order, with one line saying
@@ -90,7 +92,9 @@ class AnalysisConfig:
         downstream_head: ``refit`` (``D`` is ``D*``: the head re-fitted exactly at every probed point,
             :mod:`objreg.analysis.math.refit`) or ``frozen`` (the head fitted once, before training).
         head_warmup_steps: With a frozen head, steps fitting it on its own split, backbone frozen,
-            before training, so ``∇D`` reflects a fitted probe rather than a random head.
+            before training, so ``∇D`` reflects a fitted probe rather than a random head. Default:
+            :data:`FROZEN_WARMUP_STEPS` for a frozen head; a re-fitted head has no warm-up (it is
+            solved exactly at every probe), so a non-zero value with it is refused.
         head_fit_size: Examples in that split, disjoint from the evaluation set (a small split
             overfits the probe: docs/analysis.md). Default: :data:`REFIT_FIT_SIZE` for a re-fitted
             head (every probe passes through them), :data:`FROZEN_FIT_SIZE` for a frozen one.
@@ -141,7 +145,7 @@ class AnalysisConfig:
     model: str = "default"
     probe_every: int = 1
     eval_size: int = 64
-    head_warmup_steps: int = 100
+    head_warmup_steps: int | None = None
     head_fit_size: int | None = None
     downstream_head: str = "refit"
     per_sample_method: str = "auto"
@@ -161,7 +165,15 @@ class AnalysisConfig:
         if self.head_fit_size is None:
             fit_size = REFIT_FIT_SIZE if self.downstream_head == "refit" else FROZEN_FIT_SIZE
             object.__setattr__(self, "head_fit_size", fit_size)
+        if self.head_warmup_steps is None:
+            warmup = 0 if self.downstream_head == "refit" else FROZEN_WARMUP_STEPS
+            object.__setattr__(self, "head_warmup_steps", warmup)
         check_settings(self)  # types, ranges and sizes first: docs/reliability.md
+        if self.downstream_head == "refit" and self.head_warmup_steps:
+            raise InvalidParameterError(
+                f"--head-warmup-steps {self.head_warmup_steps} warms up a frozen head; the re-fitted head "
+                f"(--downstream-head refit, the default) is solved exactly at every probe and takes no "
+                f"warm-up: leave out --head-warmup-steps, or add --downstream-head frozen")
         pretrain = tuple(self.pretrain)
         if not pretrain:
             raise InvalidParameterError("no pre-training objective given: name at least one, e.g. --pretrain mlm,sop")

@@ -72,6 +72,9 @@ def resumed_config(run_dir: Path, given: list[str]) -> AnalysisConfig:
         raise DataError(f"cannot resume {str(run_dir)!r}: config.json is not an objreg run config")
     _require_checkpoint(run_dir)
     check_config_unchanged(run_dir, saved)
+    if saved.get("downstream_head", "refit") == "refit":
+        # Runs before the warm-up became a frozen head's alone recorded an unused count.
+        saved.pop("head_warmup_steps", None)
     return AnalysisConfig(**{k: v for k, v in saved.items() if k in fields})
 
 

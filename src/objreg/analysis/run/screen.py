@@ -255,13 +255,13 @@ class ScreenReport:
 def rank_with_ties(entries: Sequence[ScreenEntry]) -> None:
     """Set ``rank`` and ``tied`` on runnable entries, in place: by mean score, best first; a
     candidate whose interval overlaps that of its group's first joins the group and shares its
-    rank (competition ranking: the next group's rank counts every candidate above it). A run whose
-    score is not a number (``D*`` undefined at some probe: the backbone diverged) is not ranked:
-    it is listed with that reason, as an unrunnable candidate is."""
+    rank (competition ranking: the next group's rank counts every candidate above it). A score or
+    interval that is not a finite number cannot be ordered: that entry is not ranked and says so
+    (each run's own divergence checks name the step first; this is the last guard)."""
     for entry in entries:
         if entry["runnable"] and not all(math.isfinite(entry["score"][k]) for k in ("mean", "low", "high")):
             entry["runnable"], entry["rank"], entry["tied"] = False, None, False
-            entry["reason"] = "diverged: its D* became undefined during the run (the backbone diverged): try a lower lr"
+            entry["reason"] = "diverged: its score or its interval is not a finite number"
     order = sorted((e for e in entries if e["runnable"]), key=lambda e: -e["score"]["mean"])
     leader: ScreenEntry | None = None
     for position, entry in enumerate(order, start=1):
