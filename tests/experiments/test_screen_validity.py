@@ -20,7 +20,7 @@ def seed_result(outcome, screen, grad_norm, loss_decrease, random):
     per_task = {task: {"candidates": CANDIDATES, "outcome_improvement": outcome, "signals": signals,
                        "rho": {k: screen_validity.spearman(v, outcome) for k, v in signals.items()}}
                 for task in ("qa", "classification")}
-    verdict, reason = screen_validity.decide_seed(per_task)
+    verdict, reason = screen_validity.seed_verdict({"per_task": per_task})
     return ExperimentResult(screen_validity.NAME, screen_validity.CLAIM, verdict, reason,
                             {"per_task": per_task, "effect": per_task["qa"]["rho"]["screen"]})
 

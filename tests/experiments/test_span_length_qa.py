@@ -125,7 +125,7 @@ def _figures(differences: dict[str, tuple[float, float]]) -> dict:
 ])
 def test_verdict_rule(single_word, long, expected):
     figures = _figures({"single_word": single_word, "geometric": (-1.0, -0.5), "long": long})
-    verdict, reason = sl.decide(figures)
+    verdict, reason = sl.seed_verdict(figures)
     assert verdict == expected  # geometric (close to SQuAD's lengths) never decides
     assert "cos(matched) - cos(single_word)" in reason and "within-seed" in reason
 

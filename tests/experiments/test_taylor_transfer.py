@@ -47,7 +47,7 @@ def test_measure_recovers_exact_powers_and_confirms():
     smallest = min(LRS)
     expected = abs(sum(c) * smallest**3) / abs(sum(-runs[-1]["actual"][t] for t in range(5)))
     assert figures["relative_error_at_smallest_lr"] == pytest.approx(expected)
-    verdict, reason = tt.decide(figures)
+    verdict, reason = tt.seed_verdict(figures)
     assert verdict == "confirmed" and "3.00" in reason
     json.dumps(figures, allow_nan=False)
 
@@ -55,21 +55,21 @@ def test_measure_recovers_exact_powers_and_confirms():
 def test_an_error_of_order_two_refutes():
     figures = tt.measure(LRS, synthetic_runs(LRS, 2.0)[0], seed=0)
     assert figures["slope"]["first_plus_second_order"]["mean"] == pytest.approx(2.0, abs=1e-9)
-    assert tt.decide(figures)[0] == "refuted"
+    assert tt.seed_verdict(figures)[0] == "refuted"
 
 
 def test_errors_at_the_rounding_floor_are_inconclusive():
     runs, _ = synthetic_runs(LRS, 3.0)
     figures = tt.measure(LRS, runs, seed=0)
     figures["smallest_error_in_rounding_units"] = 10.0
-    assert tt.decide(figures)[0] == "inconclusive"
+    assert tt.seed_verdict(figures)[0] == "inconclusive"
 
 
 def test_a_poor_fit_at_the_smallest_rate_is_not_confirmed():
     runs, _ = synthetic_runs(LRS, 3.0)
     figures = tt.measure(LRS, runs, seed=0)
     figures["relative_error_at_smallest_lr"] = 0.2
-    assert tt.decide(figures)[0] == "inconclusive"
+    assert tt.seed_verdict(figures)[0] == "inconclusive"
 
 
 TINY = tt.Config(lrs=(1e-3, 5e-4), steps=2, batch_size=4, seq_len=48, eval_size=8, head_warmup_steps=5,

@@ -86,11 +86,11 @@ def test_summary_and_verdict(registry, setup):
                                                "target_minus_random": {"mean": sum(ci) / 2, "ci95": ci, "rows": 3}}}
 
     positive, flat, away = at_hidden_state([0.1, 0.2]), at_hidden_state([-0.1, 0.1]), at_hidden_state([-0.4, -0.2])
-    assert wt.decide({t: {"init": positive, "trained": positive} for t in wt.TYINGS})[0] == "confirmed"
-    assert wt.decide({t: {"init": positive, "trained": flat} for t in wt.TYINGS})[0] == "inconclusive"
-    assert wt.decide({t: {"init": positive, "trained": away} for t in wt.TYINGS})[0] == "refuted"
+    assert wt.seed_verdict({t: {"init": positive, "trained": positive} for t in wt.TYINGS})[0] == "confirmed"
+    assert wt.seed_verdict({t: {"init": positive, "trained": flat} for t in wt.TYINGS})[0] == "inconclusive"
+    assert wt.seed_verdict({t: {"init": positive, "trained": away} for t in wt.TYINGS})[0] == "refuted"
     # At initialisation the alignment is reported, not tested: the head's random transform sits before E.
-    assert wt.decide({t: {"init": away, "trained": positive} for t in wt.TYINGS})[0] == "confirmed"
+    assert wt.seed_verdict({t: {"init": away, "trained": positive} for t in wt.TYINGS})[0] == "confirmed"
 
 
 def test_small_run_is_reproducible(tiny_text, tmp_path):

@@ -47,6 +47,7 @@ verdict is ``inconclusive (precondition failed: …)``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -142,16 +143,8 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
         figures["probe_accuracy"][arm] = {"clean": float(probed[0].double().mean()),
                                           "misspelled": float(probed[1].double().mean())}
         figures["nearest_is_original"][arm] = nearest_is_original(clean_features, noisy_features)
-    drop = figures["drop"]
-    effect = _support.finite(drop["clean"] - drop["char_noise"])
-    figures["effect"] = effect
-    verdict = verdict_from_interval(effect, effect, THRESHOLD, DIRECTION)
-    acc = figures["accuracy"]
-    reason = (f"SST-2 fine-tuned accuracy clean -> misspelled: clean-text wwm {acc['clean']['clean']:.3f} -> "
-              f"{acc['clean']['misspelled']:.3f}, char-noise wwm {acc['char_noise']['clean']:.3f} -> "
-              f"{acc['char_noise']['misspelled']:.3f}; effect (difference of drops) {effect:+.3f} (one seed: no "
-              f"between-seed interval); misspelling raises tokens per word from "
-              f"{figures['tokens_per_word']['clean']:.2f} to {figures['tokens_per_word']['misspelled']:.2f}")
+    figures["effect"] = _support.finite(figures["drop"]["clean"] - figures["drop"]["char_noise"])
+    verdict, reason = seed_verdict(figures)
     plots = [_plot(figures, setting)] if setting.out_dir is not None else []
     probe = (f"SST-2 dev ({len(texts)} sentences), {config.folds}-fold fine-tune (backbone + linear head, "
              f"{config.finetune_epochs} epochs, AdamW {config.finetune_lr:g}); frozen logistic-regression probe beside it")
@@ -195,3 +188,16 @@ def _plot(figures: dict, setting: Setting) -> str:
     ax.set_title(f"Robustness to misspellings (seed {setting.seed})", fontsize=10)
     figure.tight_layout()
     return save_figure(figure, setting.out_dir / f"{NAME}.png")
+
+
+def seed_verdict(figures: dict[str, Any]) -> tuple[str, str]:
+    """One seed's verdict and reason from its figures (``recombine`` reads them again after a rule change)."""
+    drop = figures["drop"]
+    effect = _support.finite(drop["clean"] - drop["char_noise"])
+    acc = figures["accuracy"]
+    reason = (f"SST-2 fine-tuned accuracy clean -> misspelled: clean-text wwm {acc['clean']['clean']:.3f} -> "
+              f"{acc['clean']['misspelled']:.3f}, char-noise wwm {acc['char_noise']['clean']:.3f} -> "
+              f"{acc['char_noise']['misspelled']:.3f}; effect (difference of drops) {effect:+.3f} (one seed: no "
+              f"between-seed interval); misspelling raises tokens per word from "
+              f"{figures['tokens_per_word']['clean']:.2f} to {figures['tokens_per_word']['misspelled']:.2f}")
+    return verdict_from_interval(effect, effect, THRESHOLD, DIRECTION), reason

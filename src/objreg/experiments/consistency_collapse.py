@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -244,16 +245,10 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
             figures["normalised_std"][heads][arm] = {"init": initial, "trained": trained}
             figures["training_loss"][heads][arm] = _support.loss_summary(losses)
             curves[(heads, arm)] = losses
-    after, plain = figures["normalised_std"]["simsiam"], figures["normalised_std"]["no_batch_norm"]
-    effect = _support.finite(after["stop_gradient"]["trained"] - after["no_stop_gradient"]["trained"])
-    figures["effect"] = effect
+    after = figures["normalised_std"]["simsiam"]
+    figures["effect"] = _support.finite(after["stop_gradient"]["trained"] - after["no_stop_gradient"]["trained"])
     figures["width"] = width
-    verdict = verdict_from_interval(effect, effect, THRESHOLD, DIRECTION)
-    reason = (f"sqrt(d) x std of the normalised output after {config.steps} steps, SimSiam heads: with stop-gradient "
-              f"{after['stop_gradient']['trained']:.3f}, without {after['no_stop_gradient']['trained']:.3f} "
-              f"(at init {after['stop_gradient']['init']:.3f}); without batch norm: "
-              f"{plain['stop_gradient']['trained']:.3f} and {plain['no_stop_gradient']['trained']:.3f}; "
-              f"effect {effect:+.3f} against the threshold {THRESHOLD} (one seed: no between-seed interval)")
+    verdict, reason = seed_verdict(figures)
     plots = [_plot(curves, figures, setting)] if setting.out_dir is not None else []
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
                             _support.settings(config, setting, device, model=model_config or "default",
@@ -282,3 +277,16 @@ def _plot(curves: dict, figures: dict, setting: Setting) -> str:
     figure.suptitle(f"Stop-gradient and collapse (seed {setting.seed})", fontsize=10)
     figure.tight_layout()
     return save_figure(figure, setting.out_dir / f"{NAME}.png")
+
+
+def seed_verdict(figures: dict[str, Any]) -> tuple[str, str]:
+    """One seed's verdict and reason from its figures (``recombine`` reads them again after a rule change)."""
+    after, plain = figures["normalised_std"]["simsiam"], figures["normalised_std"]["no_batch_norm"]
+    effect = _support.finite(after["stop_gradient"]["trained"] - after["no_stop_gradient"]["trained"])
+    steps = figures["training_loss"]["simsiam"]["stop_gradient"]["steps"]
+    reason = (f"sqrt(d) x std of the normalised output after {steps} steps, SimSiam heads: with stop-gradient "
+              f"{after['stop_gradient']['trained']:.3f}, without {after['no_stop_gradient']['trained']:.3f} "
+              f"(at init {after['stop_gradient']['init']:.3f}); without batch norm: "
+              f"{plain['stop_gradient']['trained']:.3f} and {plain['no_stop_gradient']['trained']:.3f}; "
+              f"effect {effect:+.3f} against the threshold {THRESHOLD} (one seed: no between-seed interval)")
+    return verdict_from_interval(effect, effect, THRESHOLD, DIRECTION), reason

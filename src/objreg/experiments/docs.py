@@ -141,6 +141,16 @@ def _preconditions_cell(result: dict[str, Any]) -> str:
                      f"{'pass' if c['passed'] else '**fail**'}" for c in checks)
 
 
+def setting_kind(result: dict[str, Any]) -> str:
+    """Where a result was measured: what was pre-trained (a model that knows the language, or the
+    toy backbone from its random start) and on what hardware."""
+    setting = result["setting"]
+    trained = ("MiniLM continued pre-training" if "minilm" in str(setting.get("model", "")).lower()
+               else "toy backbone")
+    device = str(setting.get("device") or "cpu")
+    return f"{trained}, {'GPU' if device.startswith('cuda') else 'CPU'}"
+
+
 def _row(name: str, r: dict[str, Any]) -> str:
     seeds = r["setting"].get("seeds", [])
     per_seed = ", ".join(rep["verdict"] for rep in r["replicates"])
@@ -152,12 +162,15 @@ def _row(name: str, r: dict[str, Any]) -> str:
     verdict = f"**{r['verdict']}**{quick}" + (f" ({reason})" if reason else "")
     if not_testable_here(name):
         verdict += " — not counted: not testable on this hardware"
-    return (f"| `{name}` | {short_source(r['source'])} | {verdict} | {_decisive(r)} | {_power_cell(r)} "
+    return (f"| `{name}` | {short_source(r['source'])} | {setting_kind(r)} | {verdict} | {_decisive(r)} | {_power_cell(r)} "
             f"| {_preconditions_cell(r)} | {per_seed} | {time} |")
 
 
-HEADER = ("| experiment | source | verdict | decisive part: mean [95% between-seed interval] (claim) "
+HEADER = ("| experiment | source | setting | verdict | decisive part: mean [95% between-seed interval] (claim) "
           "| seeds run / n80 / mde | preconditions | per-seed verdicts | full setting: wall / CPU time (seeds) |")
+
+
+RULE_ROW = "|" + "---|" * HEADER.count(" |")
 
 
 def table(results: dict[str, dict[str, Any]]) -> str:
@@ -181,17 +194,17 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         + ".",
         "",
         HEADER,
-        "|---|---|---|---|---|---|---|---|",
+        RULE_ROW,
     ]
     for group, names in (("claims", claims), ("software checks", checks)):
         if group == "software checks" and names:
             lines += ["", "**Software checks** (the library computing what it should; not evidence about the "
-                      "literature's claims):", "", HEADER, "|---|---|---|---|---|---|---|---|"]
+                      "literature's claims):", "", HEADER, RULE_ROW]
         for name in names:
             if name in results:
                 lines.append(_row(name, results[name]))
             else:
-                lines.append(f"| `{name}` | {short_source(module(name).SOURCE)} | not run | — | — | — | — | "
+                lines.append(f"| `{name}` | {short_source(module(name).SOURCE)} | — | not run | — | — | — | — | "
                              f"`objreg experiment run {name} --seeds 3 --out DIR` |")
     if results:
         lines += ["", "What decided each verdict (the overall result's `reason`):", ""]

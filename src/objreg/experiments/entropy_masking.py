@@ -37,6 +37,7 @@ distributions (the entropy twin learned less even on its own masks); ``inconclus
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -151,14 +152,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
         "downstream": {"sst2_probe_accuracy": probe, "gain": probe["entropy"] - probe["uniform"]},
         "training_loss": {p: _support.loss_summary(v) for p, v in losses.items()},
     }
-    # One seed: the within-seed intervals decide each speed part; the signal is above 1 or not.
-    verdict = decide({"signal_ratio": CONFIRMED if signal > 1 else REFUTED,
-                      **{f"heldout_gain{'' if m == 'uniform' else '_entropy_masks'}": _support.verdict_from_interval(*intervals[m])
-                         for m in batches}})
-    reason = (f"training-loss ratio entropy/uniform {signal:.3f} (second half of training); held-out loss uniform − "
-              "entropy " + ", ".join(f"under {m} masks {gains[m]:+.4f} nats (within-seed bootstrap "
-                                     f"[{intervals[m][0]:+.4f}, {intervals[m][1]:+.4f}])" for m in batches)
-              + f"; SST-2 probe accuracy entropy − uniform {probe['entropy'] - probe['uniform']:+.4f} (reported)")
+    verdict, reason = seed_verdict(figures)
     plots = [_plot(losses, heldout["uniform"], setting)] if setting.out_dir is not None else []
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
                             _support.settings(config, setting, device),
@@ -178,3 +172,18 @@ def _plot(losses: dict, heldout: dict, setting: Setting) -> str:
     axes.legend(fontsize=7)
     figure.tight_layout()
     return save_figure(figure, setting.out_dir / f"{NAME}.png")
+
+
+def seed_verdict(figures: dict[str, Any]) -> tuple[str, str]:
+    """One seed's verdict and reason from its figures (``recombine`` reads them again after a rule change):
+    the within-seed intervals decide each speed part; the signal is above 1 or not."""
+    signal, intervals = figures["parts"]["signal_ratio"], figures["heldout_gain_ci95_within_seed"]
+    part = {m: f"heldout_gain{'' if m == 'uniform' else '_entropy_masks'}" for m in intervals}
+    gains = {m: figures["parts"][key] for m, key in part.items()}
+    verdict = decide({"signal_ratio": CONFIRMED if signal > 1 else REFUTED,
+                      **{part[m]: _support.verdict_from_interval(*intervals[m]) for m in intervals}})
+    reason = (f"training-loss ratio entropy/uniform {signal:.3f} (second half of training); held-out loss uniform − "
+              "entropy " + ", ".join(f"under {m} masks {gains[m]:+.4f} nats (within-seed bootstrap "
+                                     f"[{intervals[m][0]:+.4f}, {intervals[m][1]:+.4f}])" for m in intervals)
+              + f"; SST-2 probe accuracy entropy − uniform {figures['downstream']['gain']:+.4f} (reported)")
+    return verdict, reason

@@ -35,6 +35,7 @@ model − of the FIM model.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -150,12 +151,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
         "middle_positions": int(middle.sum()),
         "training_loss": {name: _support.loss_summary(v) for name, v in training.items()},
     }
-    verdicts = [_support.verdict_from_interval(*cost_ci, FREE_MARGIN, "below"),
-                _support.verdict_from_interval(*gain_ci, 0.0, "above")]
-    verdict = REFUTED if REFUTED in verdicts else CONFIRMED if all(v == CONFIRMED for v in verdicts) else INCONCLUSIVE
-    reason = (f"left-to-right loss FIM − L2R model {cost:+.4f} nats (within-seed [{cost_ci[0]:+.4f}, "
-              f"{cost_ci[1]:+.4f}], claim below {FREE_MARGIN}); infilling loss L2R − FIM model {gain:+.3f} nats "
-              f"(within-seed [{gain_ci[0]:+.3f}, {gain_ci[1]:+.3f}], claim above 0)")
+    verdict, reason = seed_verdict(figures)
     plots = [_plot(figures, setting)] if setting.out_dir is not None else []
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
                             _support.settings(config, setting, device, fim_rate=MODELS),
@@ -177,3 +173,16 @@ def _plot(figures: dict, setting: Setting) -> str:
     axes.legend(fontsize=8)
     figure.tight_layout()
     return save_figure(figure, setting.out_dir / f"{NAME}.png")
+
+
+def seed_verdict(figures: dict[str, Any]) -> tuple[str, str]:
+    """One seed's verdict and reason from its figures (``recombine`` reads them again after a rule change)."""
+    cost, cost_ci = figures["parts"]["fim_cost"], figures["effect_ci95_within_seed"]
+    gain, gain_ci = figures["parts"]["infilling_gain"], figures["infilling_gain_ci95_within_seed"]
+    verdicts = [_support.verdict_from_interval(*cost_ci, FREE_MARGIN, "below"),
+                _support.verdict_from_interval(*gain_ci, 0.0, "above")]
+    verdict = REFUTED if REFUTED in verdicts else CONFIRMED if all(v == CONFIRMED for v in verdicts) else INCONCLUSIVE
+    reason = (f"left-to-right loss FIM − L2R model {cost:+.4f} nats (within-seed [{cost_ci[0]:+.4f}, "
+              f"{cost_ci[1]:+.4f}], claim below {FREE_MARGIN}); infilling loss L2R − FIM model {gain:+.3f} nats "
+              f"(within-seed [{gain_ci[0]:+.3f}, {gain_ci[1]:+.3f}], claim above 0)")
+    return verdict, reason

@@ -50,6 +50,7 @@ the rule.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from scipy.stats import rankdata
@@ -137,14 +138,8 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
             for key, value in rates.items():
                 figures[key][arm][name] = value
     ranking = figures["ranking_error"]
-    effect = _support.finite(ranking["random"]["plausible"] - ranking["generator"]["plausible"])
-    figures["effect"] = effect
-    verdict = verdict_from_interval(effect, effect, THRESHOLD, DIRECTION)
-    reason = (f"ranking error (1 - AUC) on plausible held-out replacements: random-trained "
-              f"{ranking['random']['plausible']:.3f}, generator-trained {ranking['generator']['plausible']:.3f}, "
-              f"hard-trained {ranking['hard']['plausible']:.3f}; on random replacements {ranking['random']['random']:.3f}, "
-              f"{ranking['generator']['random']:.3f}, {ranking['hard']['random']:.3f}; effect {effect:+.3f} "
-              "(one seed: no between-seed interval)")
+    figures["effect"] = _support.finite(ranking["random"]["plausible"] - ranking["generator"]["plausible"])
+    verdict, reason = seed_verdict(figures)
     plots = [_plot(figures, setting)] if setting.out_dir is not None else []
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
                             _support.settings(config, setting, device, model=model_config or "default",
@@ -225,3 +220,15 @@ def _plot(figures: dict, setting: Setting) -> str:
     ax.set_title(f"Discriminator error by training negatives (seed {setting.seed})", fontsize=10)
     figure.tight_layout()
     return save_figure(figure, setting.out_dir / f"{NAME}.png")
+
+
+def seed_verdict(figures: dict[str, Any]) -> tuple[str, str]:
+    """One seed's verdict and reason from its figures (``recombine`` reads them again after a rule change)."""
+    ranking = figures["ranking_error"]
+    effect = _support.finite(ranking["random"]["plausible"] - ranking["generator"]["plausible"])
+    reason = (f"ranking error (1 - AUC) on plausible held-out replacements: random-trained "
+              f"{ranking['random']['plausible']:.3f}, generator-trained {ranking['generator']['plausible']:.3f}, "
+              f"hard-trained {ranking['hard']['plausible']:.3f}; on random replacements {ranking['random']['random']:.3f}, "
+              f"{ranking['generator']['random']:.3f}, {ranking['hard']['random']:.3f}; effect {effect:+.3f} "
+              "(one seed: no between-seed interval)")
+    return verdict_from_interval(effect, effect, THRESHOLD, DIRECTION), reason

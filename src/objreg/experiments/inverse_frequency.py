@@ -30,6 +30,7 @@ above 0 ``confirmed``, below 0 ``refuted``, otherwise ``inconclusive``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -123,11 +124,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
         "rare_types": int(rare.sum()), "types": int(vocab.size),
         "training_loss": {p: _support.loss_summary(v) for p, v in losses.items()},
     }
-    verdict = verdict_from_interval(low, high)
-    reason = (f"rare-token NLL uniform − inverse_frequency {gain:+.3f} nats (within-seed bootstrap over rows "
-              f"[{low:+.3f}, {high:+.3f}], {int(is_rare.sum())} masked rare tokens); frequent tokens "
-              f"{figures['frequent_nll']['uniform'] - figures['frequent_nll']['inverse_frequency']:+.3f}; rare share of "
-              f"the own-policy loss {share['uniform']:.2f} → {share['inverse_frequency']:.2f}")
+    verdict, reason = seed_verdict(figures)
     plots = [_plot(figures, setting)] if setting.out_dir is not None else []
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
                             _support.settings(config, setting, device),
@@ -163,3 +160,14 @@ def _plot(figures: dict, setting: Setting) -> str:
     axes.legend(fontsize=8)
     figure.tight_layout()
     return save_figure(figure, setting.out_dir / f"{NAME}.png")
+
+
+def seed_verdict(figures: dict[str, Any]) -> tuple[str, str]:
+    """One seed's verdict and reason from its figures (``recombine`` reads them again after a rule change)."""
+    gain, (low, high) = figures["effect"], figures["effect_ci95_within_seed"]
+    frequent, share = figures["frequent_nll"], figures["rare_share_of_own_masked_loss"]
+    reason = (f"rare-token NLL uniform − inverse_frequency {gain:+.3f} nats (within-seed bootstrap over rows "
+              f"[{low:+.3f}, {high:+.3f}], {figures['masked_rare_tokens']} masked rare tokens); frequent tokens "
+              f"{frequent['uniform'] - frequent['inverse_frequency']:+.3f}; rare share of "
+              f"the own-policy loss {share['uniform']:.2f} → {share['inverse_frequency']:.2f}")
+    return verdict_from_interval(low, high), reason

@@ -29,6 +29,7 @@ otherwise.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -117,9 +118,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
             name: label_slope(sums[name].mean(0).numpy(), label, V) / config.epsilon for name in sums},
         "training_loss": {name: _support.loss_summary(v) for name, v in losses.items()},
     }
-    verdict = _support.equivalence_verdict(low, high, *MARGIN)
-    reason = (f"slope/epsilon {effect:.3f} (within-seed bootstrap [{low:.3f}, {high:.3f}], {len(targets)} masked "
-              f"tokens) against the margin [{MARGIN[0]}, {MARGIN[1]}]")
+    verdict, reason = seed_verdict(figures)
     plots = [_plot(per_row, counts, V, config.epsilon, setting)] if setting.out_dir is not None else []
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
                             _support.settings(config, setting, device),
@@ -168,3 +167,11 @@ def _plot(per_row: dict, counts: np.ndarray, V: int, epsilon: float, setting: Se
     axes.legend(fontsize=8)
     figure.tight_layout()
     return save_figure(figure, setting.out_dir / f"{NAME}.png")
+
+
+def seed_verdict(figures: dict[str, Any]) -> tuple[str, str]:
+    """One seed's verdict and reason from its figures (``recombine`` reads them again after a rule change)."""
+    effect, (low, high) = figures["effect"], figures["effect_ci95_within_seed"]
+    reason = (f"slope/epsilon {effect:.3f} (within-seed bootstrap [{low:.3f}, {high:.3f}], {figures['masked_tokens']} "
+              f"masked tokens) against the margin [{MARGIN[0]}, {MARGIN[1]}]")
+    return _support.equivalence_verdict(low, high, *MARGIN), reason

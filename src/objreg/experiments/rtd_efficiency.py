@@ -48,6 +48,7 @@ are shared with ``char-noise-robustness``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -152,15 +153,9 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
         setting.status(f"fine-tuning {arm} on SST-2")
         figures["accuracy"][arm] = finetune(model)
     acc = figures["accuracy"]
-    gaps = {"rtd_minus_mlm": acc["rtd"] - acc["mlm"], "rtd_minus_rtd15": acc["rtd"] - acc["rtd15"]}
-    figures["gap"] = gaps
-    effect = _support.finite(min(gaps.values()))
-    figures["effect"] = effect
-    verdict = verdict_from_interval(effect, effect, THRESHOLD, DIRECTION)
-    reason = (f"SST-2 fine-tuned accuracy after {config.steps} steps: rtd {acc['rtd']:.3f}, mlm {acc['mlm']:.3f}, "
-              f"rtd15 {acc['rtd15']:.3f} (untrained {acc['untrained']:.3f}); gaps "
-              f"rtd-mlm {gaps['rtd_minus_mlm']:+.3f}, rtd-rtd15 {gaps['rtd_minus_rtd15']:+.3f}; effect "
-              f"{effect:+.3f} (one seed: no between-seed interval)")
+    figures["gap"] = {"rtd_minus_mlm": acc["rtd"] - acc["mlm"], "rtd_minus_rtd15": acc["rtd"] - acc["rtd15"]}
+    figures["effect"] = _support.finite(min(figures["gap"].values()))
+    verdict, reason = seed_verdict(figures)
     plots = [_plot(figures, config, setting)] if setting.out_dir is not None else []
     probe = (f"SST-2 dev ({len(texts)} sentences), {config.folds}-fold fine-tune (backbone + linear head, "
              f"{config.finetune_epochs} epochs, AdamW {config.finetune_lr:g}); frozen logistic-regression probe beside it")
@@ -190,3 +185,15 @@ def _plot(figures: dict, config: Config, setting: Setting) -> str:
     ax.set_title(f"Sample efficiency of RTD vs MLM (seed {setting.seed})", fontsize=10)
     figure.tight_layout()
     return save_figure(figure, setting.out_dir / f"{NAME}.png")
+
+
+def seed_verdict(figures: dict[str, Any]) -> tuple[str, str]:
+    """One seed's verdict and reason from its figures (``recombine`` reads them again after a rule change)."""
+    acc, gaps = figures["accuracy"], figures["gap"]
+    effect = _support.finite(min(gaps.values()))
+    steps = figures["training_loss"]["rtd"]["steps"]
+    reason = (f"SST-2 fine-tuned accuracy after {steps} steps: rtd {acc['rtd']:.3f}, mlm {acc['mlm']:.3f}, "
+              f"rtd15 {acc['rtd15']:.3f} (untrained {acc['untrained']:.3f}); gaps "
+              f"rtd-mlm {gaps['rtd_minus_mlm']:+.3f}, rtd-rtd15 {gaps['rtd_minus_rtd15']:+.3f}; effect "
+              f"{effect:+.3f} (one seed: no between-seed interval)")
+    return verdict_from_interval(effect, effect, THRESHOLD, DIRECTION), reason

@@ -146,7 +146,7 @@ def run(setting: Setting, registry: Registry | None = None) -> ExperimentResult:
         }
     rhos = [per_task[t]["rho"]["screen"] for t in config.tasks]
     figures = {"per_task": per_task, "effect": float(np.mean(rhos))}
-    verdict, reason = decide_seed(per_task)
+    verdict, reason = seed_verdict(figures)
     plots = [plot(figures, setting.out_dir / f"{NAME}.png")] if setting.out_dir is not None else []
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures, _support.settings(
         config, setting, device, model="default", corpus="default", outcome_factor=OUTCOME_FACTOR), plots)
@@ -173,8 +173,9 @@ def plot(figures: dict[str, Any], path: Any) -> str:
     return save_figure(figure, path)
 
 
-def decide_seed(per_task: dict[str, Any]) -> tuple[str, str]:
+def seed_verdict(figures: dict[str, Any]) -> tuple[str, str]:
     """One seed's verdict from its ρ values (the rule's thresholds, no interval)."""
+    per_task = figures["per_task"]
     above = [t["rho"]["screen"] > THRESHOLD and all(t["rho"]["screen"] > t["rho"][b] for b in BASELINES)
              for t in per_task.values()]
     below = [t["rho"]["screen"] < THRESHOLD for t in per_task.values()]

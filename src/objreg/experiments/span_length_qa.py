@@ -169,7 +169,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     figures["downstream_loss"] = downstream.loss(model)
     figures["parts"] = {f"vs_{name}": figures["difference_from_matched"][name]["cosine"] for name in MISMATCHED}
     figures["effect"] = float(np.mean(list(figures["parts"].values())))
-    verdict, reason = decide(figures)
+    verdict, reason = seed_verdict(figures)
     plots = []
     if setting.out_dir is not None:
         plots.append(_plot(figures, setting))
@@ -268,7 +268,7 @@ def measure(rows: dict[str, np.ndarray], seed: int) -> dict[str, Any]:
     return figures
 
 
-def decide(figures: dict[str, Any]) -> tuple[str, str]:
+def seed_verdict(figures: dict[str, Any]) -> tuple[str, str]:
     """The verdict from the paired intervals against every mismatched condition."""
     differences = figures["difference_from_matched"]
     sides = {name: _support.verdict_from_interval(*differences[name]["ci95"], 0.0, "above") for name in MISMATCHED}

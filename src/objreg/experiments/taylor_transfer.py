@@ -130,7 +130,7 @@ def _run(config: Config, setting: Setting, registry: Registry | None = None) -> 
     figures["initial_downstream_loss"] = reports[0].summary["initial_downstream_loss"]
     figures["effect"] = figures["slope"]["first_plus_second_order"]["mean"]
     figures["effect_ci95_within_seed"] = figures["slope"]["first_plus_second_order"]["ci95"]
-    verdict, reason = decide(figures)
+    verdict, reason = seed_verdict(figures)
     plots = []
     if setting.out_dir is not None:
         plots.append(_plot(figures, setting))
@@ -196,7 +196,7 @@ def measure(lrs: Sequence[float], runs: Sequence[dict[str, list[float]]], seed: 
     return figures
 
 
-def decide(figures: dict[str, Any]) -> tuple[str, str]:
+def seed_verdict(figures: dict[str, Any]) -> tuple[str, str]:
     """The verdict from the second-order slope's interval, the fit at the smallest rate and the
     distance from the rounding floor (see the module docstring)."""
     slope = figures["slope"]["first_plus_second_order"]

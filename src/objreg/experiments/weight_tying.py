@@ -133,7 +133,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
             measured = gradient_cosines(model, mlm, batch, config.random_tokens, random)
             figures[tying][stage] = summarise(measured)
             cosines[(tying, stage)] = measured
-    verdict, reason = decide(figures)
+    verdict, reason = seed_verdict(figures)
     figures["effect"] = figures["tied"]["trained"][STATE]["target_minus_random"]["mean"]
     figures["parts"] = {"at_init": figures["tied"]["init"][STATE]["target_minus_random"]["mean"],
                         "after_training": figures["effect"]}
@@ -208,7 +208,7 @@ def summarise(measured: dict) -> dict:
     return out
 
 
-def decide(figures: dict) -> tuple[str, str]:
+def seed_verdict(figures: dict) -> tuple[str, str]:
     """One seed's verdict from the tied model's within-seed interval at the final hidden state after
     training (the one at initialisation is reported in the reason, not tested)."""
     verdict = verdict_from_interval(*figures["tied"]["trained"][STATE]["target_minus_random"]["ci95"])
