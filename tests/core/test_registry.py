@@ -723,3 +723,14 @@ def test_loss_arguments_are_opt_in_and_runs_backbone_skips_the_pass():
     assert seen["hidden"] is None and seen["vocab"] is VOCAB  # the host did not run the backbone
     assert torch.equal(seen["mask"], masks.bidirectional(corrupted.is_padding))
     torch.testing.assert_close(losses, 3.0 * model.encode(corrupted.input_ids, None, None).sum(dim=(1, 2)))
+
+
+def test_a_path_names_a_corpus_and_a_model_and_other_types_are_refused(tmp_path):
+    registry = objreg.Registry.load(load_entrypoints=False)
+    (tmp_path / "c.txt").write_text("One sentence here. Another one there.\n\nA second document. It ends.")
+    by_path = registry.load_corpus(tmp_path / "c.txt", tmp_path / "cache")
+    assert by_path.documents == registry.load_corpus(str(tmp_path / "c.txt"), tmp_path / "cache").documents
+    with pytest.raises(objreg.InvalidParameterError, match=r"a corpus is named by a string .* got int 3: pass str"):
+        registry.load_corpus(3, tmp_path / "cache")
+    with pytest.raises(objreg.InvalidParameterError, match=r"a tokenizer is named by a string .* got NoneType None"):
+        registry.load_tokenizer(None, by_path, tmp_path / "cache")

@@ -10,6 +10,7 @@ and the distribution.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -211,7 +212,11 @@ class Registry:
 
     def provider(self, kind: str, name: str) -> Provider:
         """The provider of ``kind`` for ``name``: the one registered under that exact name, else the
-        first whose ``accepts`` takes it, fallbacks last. Raises :class:`UnknownNameError`."""
+        first whose ``accepts`` takes it, fallbacks last. Raises :class:`UnknownNameError`, or
+        :class:`InvalidParameterError` for a name that is neither a string nor a path."""
+        if not isinstance(name, str):
+            raise InvalidParameterError(f"a {kind} is named by a string (a name or a path), got "
+                                        f"{type(name).__name__} {name!r}: pass str(...)")
         registered = [p for p, _ in self._registered[kind]]
         for candidates in ([p for p in registered if p.accepts is None and not p.fallback],
                            [p for p in registered if p.accepts is not None and not p.fallback],
@@ -222,19 +227,21 @@ class Registry:
         raise UnknownNameError(kind if kind != "tokenizer" else "tokenizer for model", name,
                                [p.name for p in registered])
 
-    def load_corpus(self, name: str, cache_dir: Path) -> Corpus:
+    def load_corpus(self, name: str | os.PathLike, cache_dir: Path) -> Corpus:
+        name = _named(name)
         provider = self.provider("corpus", name)
         load = cast(CorpusLoader, provider.load)
         return attributed(self.pm, f"the corpus provider {provider.name!r}", load, name, cache_dir)
 
-    def load_tokenizer(self, model: str, corpus: Corpus, cache_dir: Path) -> Tokenizer:
+    def load_tokenizer(self, model: str | os.PathLike, corpus: Corpus, cache_dir: Path) -> Tokenizer:
+        model = _named(model)
         provider = self.provider("tokenizer", model)
         load = cast(TokenizerLoader, provider.load)
         return attributed(self.pm, f"the tokenizer provider {provider.name!r}", load, model, corpus, cache_dir)
 
     def load_model(
         self,
-        model: str,
+        model: str | os.PathLike,
         vocab: Vocabulary,
         heads: Sequence[HeadSpec],
         config: Mapping[str, Any],
@@ -248,6 +255,7 @@ class Registry:
                 raise InvalidParameterError(
                     f"head {spec.name!r} has unknown kind {spec.kind!r}; registered kinds: {', '.join(sorted(kinds))}"
                 )
+        model = _named(model)
         provider = self.provider("model", model)
         load = cast(ModelLoader, provider.load)
         backbone: nn.Module = attributed(self.pm, f"the model provider {provider.name!r}", load, model, vocab,
@@ -290,3 +298,8 @@ def merge_heads(owners: Mapping[str, Sequence[HeadSpec]]) -> list[HeadSpec]:
                 )
             heads.setdefault(spec.name, (spec, owner))
     return [spec for spec, _ in heads.values()]
+
+
+def _named(name: Any) -> Any:
+    """A path given for a corpus or a model, as the string every provider takes."""
+    return os.fspath(name) if isinstance(name, os.PathLike) else name

