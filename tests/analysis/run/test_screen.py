@@ -34,13 +34,25 @@ def registry():
 
 @pytest.mark.filterwarnings("ignore:the downstream head fits")  # analyze's note on the tiny fit set
 def test_the_score_is_the_analyzers_first_order_term_for_the_same_steps(registry):
-    report = screen("mlm", "qa", budget=3, registry=registry, **SMALL)
+    report = screen("mlm", "qa", budget=3, registry=registry, second_order=True, **SMALL)
     (entry,) = report.candidates
     analyzed = objreg.analyze(["mlm"], "qa", registry=registry, steps=3, attribution_top=0, **SMALL)
     # The probe's first-order term is ∇D*·Δθ (the predicted change); the score is its negative.
     first_order = [-s["predicted_delta"]["first_order"] for s in analyzed.steps]
+    both = [-s["predicted_delta"]["first_order"] - s["predicted_delta"]["second_order"] for s in analyzed.steps]
     assert entry["probes"] == 3
     assert entry["score"]["mean"] == pytest.approx(sum(first_order) / 3, rel=1e-8, abs=1e-12)
+    signals = entry["signals"]
+    assert signals["first_order_sum"] == pytest.approx(sum(first_order), rel=1e-8, abs=1e-12)
+    assert signals["second_order_sum"] == pytest.approx(sum(both), rel=1e-6, abs=1e-12)
+    # Under SGD the step is −lr·∇L: the preconditioned score is lr times the raw alignment, and
+    # the step's cosine is the gradient's.
+    lr = report.config["lr"]
+    assert signals["score"] == pytest.approx(lr * signals["alignment"], rel=1e-8)
+    assert signals["step_cosine"] == pytest.approx(signals["cosine"], rel=1e-8)
+    dstar = [s["downstream_loss"] for s in analyzed.steps] + [analyzed.summary["final_downstream_loss"]]
+    assert entry["lookahead"]["mean"] == pytest.approx((dstar[0] - dstar[-1]) / 3, rel=1e-6, abs=1e-12)
+    assert signals["speed"] == pytest.approx(sum(dstar[0] - d for d in dstar[1:]) / 3, rel=1e-6, abs=1e-12)
     assert entry["initial_downstream_loss"] == pytest.approx(analyzed.summary["initial_downstream_loss"], rel=1e-10)
     assert entry["actual_improvement"] == pytest.approx(
         analyzed.summary["initial_downstream_loss"] - analyzed.summary["final_downstream_loss"], rel=1e-7, abs=1e-12)
@@ -54,7 +66,8 @@ def test_every_candidate_starts_from_the_same_downstream_loss(registry):
     assert len(ends) == 3  # and the runs then differ
     for e in report.candidates:
         assert e["runnable"] and e["score"]["low"] <= e["score"]["mean"] <= e["score"]["high"]
-        assert e["tokens_per_step"] > 0 and e["grad_norm"] > 0 and e["steps"] == 2
+        assert e["tokens_per_step"] > 0 and e["signals"]["grad_norm"] > 0 and e["steps"] == 2
+        assert e["signals"]["random"] == -e["random_rank"] and math.isnan(e["signals"]["second_order_sum"])
     assert sorted(e["random_rank"] for e in report.candidates) == [1, 2, 3]
     assert report.candidates[0]["rank"] == 1
 

@@ -40,7 +40,6 @@ from typing import Any, TypedDict
 
 import torch
 
-from objreg.analysis.math.batch_means import batch_means_ci95
 from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import flat_dot, flat_norm, named_shared
 from objreg.analysis.math.refit import RefitDownstream
@@ -49,6 +48,7 @@ from objreg.analysis.probe.attention import derivable_attention
 from objreg.analysis.run.config import DTYPES, AnalysisConfig
 from objreg.analysis.run.loop import Trainer
 from objreg.analysis.run.prepare import FIT_CHUNK, _check_fits, build_model, downstream_sets, redraw_downstream_heads
+from objreg.analysis.run.screen_signals import Probe, Trajectory, interval, lookahead_drops, signals
 from objreg.analysis.run.validation import check_providers
 from objreg.core.errors import DataError, InvalidParameterError
 from objreg.core.registry import Registry
@@ -222,8 +222,8 @@ class ScreenEntry(TypedDict):
     initial_downstream_loss: float | None
     final_downstream_loss: float | None
     actual_improvement: float | None
-    grad_norm: float | None
-    loss_decrease: float | None
+    lookahead: Interval | None  # the actual drop of D* per step over each probe interval, batch-means interval
+    signals: dict[str, float] | None  # every signal by name, higher predicts more transfer (screen_signals)
     random_rank: int | None
     seconds: float
     diverged_at: int | None  # the step at which the run diverged (then not ranked; ``reason`` says how)
@@ -345,13 +345,16 @@ def _reason(registry: Registry, candidate: Candidate, config: AnalysisConfig, lo
 
 def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig, loaded: Loaded,
                budget: Budget, probe_every: int, device: torch.device,
-               on_step: Callable[[int], None], start: dict[str, Any], outcome_steps: int | None = None
+               on_step: Callable[[int], None], start: dict[str, Any], outcome_steps: int | None = None,
+               second_order: bool = False, on_outcome: Callable[[torch.nn.Module], None] | None = None
                ) -> dict[str, Any]:
     """Train ``candidate`` alone from the shared start and probe it (module docstring).
 
     ``start``: the re-fitted head at the shared start (``RefitDownstream.state_dict``), filled by
     the first candidate's first probe; every later candidate's first solve starts from it, so the
-    shared start's head is solved from zero once rather than once per candidate."""
+    shared start's head is solved from zero once rather than once per candidate. ``second_order``:
+    also ``½ Δθᵀ∇²D*Δθ`` at each probe (:mod:`objreg.analysis.run.screen_signals`).
+    ``on_outcome``: called with the model after the outcome run (the validity experiment saves it)."""
     objectives = {n: registry.get(n, vocab=loaded.tokenized.vocab, **candidate.params.get(n, {}))
                   for n in candidate.objectives}
     owners = {**{n: o.info.heads for n, o in objectives.items()}, loaded.task.name: loaded.task_heads}
@@ -370,10 +373,8 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
     trainer = Trainer(model, objectives, candidate.weights, loaded.tokenized, downstream, optimizer=config.optimizer,
                       lr=config.lr, batch_size=config.batch_size, seed=config.seed, device=device, steps=steps)
     shared = named_shared(model, None)
-    scores: list[float] = []
+    trajectory = Trajectory()
     per_token: list[float] = []
-    norms: list[float] = []
-    losses: list[float] = []
     tokens: list[int] = []
     started = time.monotonic()
     initial = None
@@ -382,7 +383,7 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
     step = 0
     while step < steps:
         # A time budget runs on to its second probe at least: a rank needs an interval.
-        if budget.seconds is not None and len(scores) >= 2 and time.monotonic() - started >= budget.seconds:
+        if budget.seconds is not None and len(trajectory.probes) >= 2 and time.monotonic() - started >= budget.seconds:
             break
         probed = step % probe_every == 0
         _, batches = trainer.next_batches()
@@ -392,7 +393,7 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
         if not math.isfinite(loss):
             diverged = (step, f"its training loss is {loss}")
             break
-        losses.append(loss)
+        trajectory.losses.append(loss)
         combined = {p: sum(weights[n] * gradients[n][p] for n in gradients) for p in shared}
         count = sum(int((~b.is_padding).sum()) for b in batches.values())
         tokens.append(count)
@@ -403,7 +404,9 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
                 if not math.isfinite(value):
                     diverged = (step, f"its D* is {value}")
                     break
-                gradient, _ = downstream.curvature(model, before).gradient_and_products([])
+                curvature = downstream.curvature(model, before)
+                if not second_order:
+                    gradient, _ = curvature.gradient_and_products([])
             if not start:
                 start.update(downstream.state_dict())
             initial = value if initial is None else initial
@@ -412,13 +415,17 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
                                   f"larger than D* at the start ({initial:.4g})")
                 break
             previous = value
-            norms.append(float(flat_norm(combined)))
         trainer.optimizer.step()
         if not all(bool(torch.isfinite(p).all()) for p in shared.values()):
             diverged = (step, "its weights became infinite or NaN")
             break
         if probed:
             delta = {n: p.detach() - before[n] for n, p in shared.items()}
+            second = None
+            if second_order:  # ∇D* and ∇²D*Δθ at θ_t (the curvature object holds θ_t), one call
+                with Quiet(model), derivable_attention():
+                    gradient, (product,) = curvature.gradient_and_products([delta])
+                second = 0.5 * float(flat_dot(delta, product))
             score = -float(flat_dot(gradient, delta))
             # A step whose first-order prediction moves D* by more than D* itself at the start is far
             # outside the regime where a first-order term predicts anything.
@@ -426,13 +433,17 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
                 diverged = (step, f"its step's predicted change of D* ({-score:+.4g}) is larger than D* at the start "
                                   f"({initial:.4g}): far outside the first-order regime")
                 break
-            scores.append(score)
+            trajectory.probes.append(Probe(
+                step=step, dstar=value, predicted_drop=score, curvature=second,
+                alignment=float(flat_dot(gradient, combined)), dstar_gradient_norm=float(flat_norm(gradient)),
+                gradient_norm=float(flat_norm(combined)), step_norm=float(flat_norm(delta))))
             per_token.append(1000.0 * score / max(count, 1))
         step += 1
         on_step(step)
     spent = time.monotonic() - started
     if diverged is not None:  # nothing after it means anything; D* may not even be defined
-        return {"steps": step, "probes": len(scores), "diverged": diverged, "initial": initial, "seconds": spent}
+        return {"steps": step, "probes": len(trajectory.probes), "diverged": diverged, "initial": initial,
+                "seconds": spent}
     with Quiet(model):
         final = downstream.loss(model)
     outcome = None
@@ -443,19 +454,15 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
             trainer.optimizer.step()
         with Quiet(model):
             outcome = downstream.loss(model)
-    half = len(losses) // 2
+        if on_outcome is not None:
+            on_outcome(model)
     return {
-        "steps": step, "probes": len(scores), "scores": scores, "per_token": per_token, "diverged": None,
+        "steps": step, "probes": len(trajectory.probes), "diverged": None,
+        "scores": [p.predicted_drop for p in trajectory.probes], "per_token": per_token,
+        "lookahead": lookahead_drops(trajectory, step, final), "signals": signals(trajectory, step, final),
         "tokens_per_step": sum(tokens) / len(tokens), "initial": initial, "final": final,
-        "grad_norm": sum(norms) / len(norms),
-        "loss_decrease": sum(losses[:half]) / half - sum(losses[half:]) / (len(losses) - half),
         "seconds": spent, "outcome": outcome,
     }
-
-
-def _interval(values: Sequence[float]) -> Interval:
-    found = batch_means_ci95(values)
-    return {"mean": found["mean"], "low": found["low"], "high": found["high"]}
 
 
 def screen(
@@ -470,6 +477,8 @@ def screen(
     on_step: Callable[[str, int, int | None], None] | None = None,
     on_plan: Callable[[int, int | None], None] | None = None,
     outcome_steps: int | None = None,
+    on_outcome: Callable[[str, torch.nn.Module], None] | None = None,
+    second_order: bool = False,
     stop: Callable[[], bool] | None = None,
     **settings: Any,
 ) -> ScreenReport:
@@ -487,6 +496,11 @@ def screen(
             each (None under a time budget).
         outcome_steps: For the validity experiment: after the budget, train each candidate on,
             unprobed, to this many steps in all, and report ``D*`` there (``outcome_downstream_loss``).
+        on_outcome: With ``outcome_steps``: called with ``(candidate, model)`` after each outcome run
+            (the validity experiment saves the backbone to fine-tune it).
+        second_order: Also take ``½ Δθᵀ∇²D*Δθ`` at every probe, for the signal
+            ``second_order_sum``: one Hessian-vector product of ``D*`` per probe, which costs
+            about as much again as the probe's gradient (NaN without it).
         stop: Asked before each candidate: True stops the screen there (the report then holds the
             candidates that finished, the others listed as not run, ``stopped`` True). A
             ``KeyboardInterrupt`` inside a candidate's run carries that report as ``screen_report``.
@@ -541,6 +555,8 @@ def screen(
         order = torch.randperm(len(runnable), generator=stream(base.seed, "screen_random_order")).tolist()
         for entry, position in zip(runnable, order):
             entry["random_rank"] = position + 1
+            if entry["signals"] is not None:
+                entry["signals"]["random"] = -float(position + 1)
         rank_with_ties(entries)
 
     current: ScreenEntry | None = None
@@ -559,8 +575,12 @@ def screen(
                 if on_step is not None:
                     on_step(label, done, budget.steps)
 
+            def outcome_model(model: torch.nn.Module, label: str = candidate.label) -> None:
+                if on_outcome is not None:
+                    on_outcome(label, model)
+
             run = _score_run(registry, candidate, base, loaded, budget, probe_every, device, report_step, start,
-                             outcome_steps)
+                             outcome_steps, second_order, outcome_model)
             _fill(entry, run)
             current = None
         rank()
@@ -590,7 +610,7 @@ def _entry(candidate: Candidate, reason: str | None) -> ScreenEntry:
         "reason": reason, "rank": None, "tied": False, "score": None,
         "score_per_1k_tokens": None, "steps": 0, "probes": 0, "tokens_per_step": None,
         "initial_downstream_loss": None, "final_downstream_loss": None, "actual_improvement": None,
-        "grad_norm": None, "loss_decrease": None, "random_rank": None, "seconds": 0.0, "diverged_at": None,
+        "lookahead": None, "signals": None, "random_rank": None, "seconds": 0.0, "diverged_at": None,
     }
 
 
@@ -603,11 +623,11 @@ def _fill(entry: ScreenEntry, run: dict[str, Any]) -> None:
                       "seconds": run["seconds"]})
         return
     entry.update({
-        "score": _interval(run["scores"]), "score_per_1k_tokens": _interval(run["per_token"]),
+        "score": interval(run["scores"]), "score_per_1k_tokens": interval(run["per_token"]),
         "steps": run["steps"], "probes": run["probes"], "tokens_per_step": run["tokens_per_step"],
         "initial_downstream_loss": run["initial"], "final_downstream_loss": run["final"],
-        "actual_improvement": run["initial"] - run["final"], "grad_norm": run["grad_norm"],
-        "loss_decrease": run["loss_decrease"], "seconds": run["seconds"],
+        "actual_improvement": run["initial"] - run["final"], "lookahead": interval(run["lookahead"]),
+        "signals": run["signals"], "seconds": run["seconds"],
     })
     if run["outcome"] is not None:
         entry["outcome_downstream_loss"] = run["outcome"]  # type: ignore[typeddict-unknown-key]
