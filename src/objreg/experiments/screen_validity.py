@@ -41,7 +41,8 @@ from scipy import stats
 from objreg import Registry
 from objreg.analysis.math.stats import mean_ci95
 from objreg.analysis.parallel.devices import resolve_device
-from objreg.analysis.run.screen import DEFAULT_BUDGET, VALIDATED_SIZES, screen
+from objreg.analysis.run.screen import DEFAULT_BUDGET, screen
+from objreg.analysis.run.screen_setting import VALIDATED_SIZES
 from objreg.experiments import _support
 from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, ExperimentResult, Setting, save_figure
 from objreg.experiments.replication import test_of

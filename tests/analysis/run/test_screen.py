@@ -3,6 +3,7 @@ the same D*, candidates are parsed and checked before any work, ties and validit
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from types import SimpleNamespace
@@ -161,25 +162,38 @@ def test_a_diverged_run_is_listed_with_its_reason_not_ranked():
 
 def test_the_validity_line_reads_the_committed_result_for_its_setting(tmp_path):
     path = tmp_path / "screen-validity.json"
-    config = AnalysisConfig(pretrain=("mlm",), batch_size=8, seq_len=64, eval_size=32, head_fit_size=64)
+    squad = tmp_path / "squad.json"
+    squad.write_text("{}")
+    config = AnalysisConfig(pretrain=("mlm",), batch_size=8, seq_len=64, eval_size=32, head_fit_size=64,
+                            downstream_data=str(squad))
     assert "not validated" in validity_line(config, Budget(steps=8), path)  # no result yet
     rho = {"mean": 0.61, "low": 0.52, "high": 0.7, "seeds": 3}
+    # A result of the first design: its data by path, in each seed's figures.
+    seeds = [{"figures": {"per_task": {"qa": {"downstream_data": str(squad)}, "classification": {}}}}]
     path.write_text(json.dumps({"verdict": "confirmed", "setting": {
         "model": "default", "corpus": "default", "budget": 8, "batch_size": 8, "seq_len": 64, "eval_size": 32,
-        "head_fit_size": 64, "outcome_factor": 20}, "figures": {"per_task": {"qa": {"rho": {"screen": rho}}}}}))
+        "head_fit_size": 64, "outcome_factor": 20}, "replicates": seeds,
+        "figures": {"per_task": {"qa": {"rho": {"screen": rho}}}}}))
     line = validity_line(config, Budget(steps=8), path)
     assert "ρ +0.61 [+0.52, +0.70]" in line and "3 seeds" in line and "confirmed" in line
     assert "not validated" in validity_line(config, Budget(steps=12), path)
-    assert "not validated" in validity_line(AnalysisConfig(pretrain=("mlm",), downstream="classification",
-                                                           batch_size=8, seq_len=64, eval_size=32, head_fit_size=64),
-                                            Budget(steps=8), path)
-    assert "not validated" in validity_line(AnalysisConfig(pretrain=("mlm",)), Budget(steps=8), path)
+    assert "not validated" in validity_line(dataclasses.replace(config, optimizer="adamw"), Budget(steps=8), path)
+    # The built-in set is not the data the figure was measured on; nor another file of the same name.
+    builtin = dataclasses.replace(config, downstream_data=None)
+    assert "not validated" in validity_line(builtin, Budget(steps=8), path)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "squad.json").write_text("[]")
+    other = validity_line(dataclasses.replace(config, downstream_data=str(tmp_path / "other" / "squad.json")),
+                          Budget(steps=8), path)
+    assert other.startswith("validity: not validated for this setting") and "ρ" not in other
+    assert "qa on squad.json: model default" in other and "budget 8 steps" in other
     # A task the experiment read with its own sets is validated at those sets, not the common ones.
+    seeds = [{"figures": {"per_task": {"qa": {"downstream_data": str(squad)}, "classification": {}}}}]
     path.write_text(json.dumps({"verdict": "inconclusive", "setting": {
         "model": "default", "corpus": "default", "budget": 8, "batch_size": 8, "seq_len": 64, "eval_size": 32,
         "head_fit_size": 64, "classification_eval_size": 256, "classification_head_fit_size": 512,
-        "outcome_factor": 20}, "figures": {"per_task": {"qa": {"rho": {"screen": rho}},
-                                                        "classification": {"rho": {"screen": rho}}}}}))
+        "outcome_factor": 20}, "replicates": seeds, "figures": {"per_task": {
+            "qa": {"rho": {"screen": rho}}, "classification": {"rho": {"screen": rho}}}}}))
 
     def classification(eval_size, head_fit_size):
         return AnalysisConfig(pretrain=("mlm",), downstream="classification", batch_size=8, seq_len=64,
@@ -187,8 +201,14 @@ def test_the_validity_line_reads_the_committed_result_for_its_setting(tmp_path):
 
     assert "ρ +0.61" in validity_line(classification(256, 512), Budget(steps=8), path)
     line = validity_line(classification(32, 64), Budget(steps=8), path)
-    assert "not validated" in line and "classification: batch_size 8, seq_len 64, eval_size 256" in line
+    assert "not validated" in line and "classification data built-in, batch_size 8, seq_len 64, eval_size 256" in line
     assert "ρ +0.61" in validity_line(config, Budget(steps=8), path)  # qa at its own 32 and 64
+
+
+def test_the_committed_result_tells_the_built_in_qa_set_nothing():
+    line = validity_line(AnalysisConfig(pretrain=("mlm",), batch_size=8, seq_len=64, eval_size=32, head_fit_size=64),
+                         Budget(steps=8))
+    assert line.startswith("validity: not validated for this setting") and "ρ" not in line
 
 
 def test_the_random_order_is_seeded(registry):

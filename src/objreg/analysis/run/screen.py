@@ -48,6 +48,8 @@ from objreg.analysis.probe.attention import derivable_attention
 from objreg.analysis.run.config import DTYPES, AnalysisConfig
 from objreg.analysis.run.loop import Trainer
 from objreg.analysis.run.prepare import FIT_CHUNK, _check_fits, build_model, downstream_sets, redraw_downstream_heads
+from objreg.analysis.run.screen_setting import NOT_VALIDATED
+from objreg.analysis.run.screen_setting import line as validity_for
 from objreg.analysis.run.screen_signals import Probe, Trajectory, interval, lookahead_drops, signals
 from objreg.analysis.run.validation import check_providers
 from objreg.core.errors import DataError, InvalidParameterError
@@ -272,37 +274,15 @@ def rank_with_ties(entries: Sequence[ScreenEntry]) -> None:
             entry["rank"], entry["tied"] = position, False
 
 
-#: The settings the experiment fixes, which a screen must share to be the setting it validated.
-VALIDATED_SIZES = ("batch_size", "seq_len", "eval_size", "head_fit_size")
-
-
-def validity_line(config: AnalysisConfig, budget: Budget, path: Path = VALIDITY_RESULT) -> str:
-    """One line: the Spearman ρ the experiment ``screen-validity`` measured between the screen and
-    ``D*`` after 20× longer training, for this setting (model, corpus, task, budget, sizes,
-    optimizer and learning rate as the experiment ran them), or that it is not validated for it."""
+def validity_line(config: AnalysisConfig, budget: Budget, path: Path = VALIDITY_RESULT, probe_every: int = 1) -> str:
+    """One line: what experiment ``screen-validity`` measured in this setting (model, corpus, task and
+    its data, rows and sets, optimizer, learning rate and budget), or that it is not validated for it
+    (:mod:`objreg.analysis.run.screen_setting`)."""
     try:
         result = json.loads(path.read_text())
-        setting, per_task = result["setting"], result["figures"]["per_task"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return "validity: not validated for this setting (no committed result of experiment screen-validity)"
-    defaults = AnalysisConfig(pretrain=("mlm",))
-
-    def ran(task: str, key: str) -> Any:  # a size the experiment set for one task overrides the common one
-        return setting.get(f"{task}_{key}") or setting.get(key)
-
-    same = (config.model == setting.get("model") and config.corpus == setting.get("corpus")
-            and config.downstream in per_task and budget.steps == setting.get("budget")
-            and all(getattr(config, k) == ran(config.downstream, k) for k in VALIDATED_SIZES)
-            and (config.optimizer, config.lr) == (defaults.optimizer, defaults.lr))
-    if not same:
-        tasks = "; ".join(f"{task}: " + ", ".join(f"{k} {ran(task, k)}" for k in VALIDATED_SIZES)
-                          for task in per_task)
-        return (f"validity: not validated for this setting (experiment screen-validity ran model "
-                f"{setting.get('model')}, budget {setting.get('budget')} steps, {tasks})")
-    rho = per_task[config.downstream]["rho"]["screen"]
-    return (f"validity: Spearman ρ {rho['mean']:+.2f} [{rho['low']:+.2f}, {rho['high']:+.2f}] between this "
-            f"setting's screen and {config.downstream}'s D* after {setting.get('outcome_factor')}× the steps, over "
-            f"{rho['seeds']} seeds (experiment screen-validity: {result.get('verdict')})")
+    except (OSError, ValueError):
+        return f"{NOT_VALIDATED} (no committed result of experiment screen-validity)"
+    return validity_for(result, config, str(budget), probe_every)
 
 
 class Loaded:
@@ -547,8 +527,8 @@ def screen(
                                                  -e["score"]["mean"] if e["score"] else 0.0))
         config_dict = {k: v for k, v in base.to_dict().items() if k not in OWN_SETTINGS}
         config_dict.update(device=str(device), probe_every=probe_every)
-        return ScreenReport(base.downstream, str(budget), config_dict, ordered, validity_line(base, budget),
-                            time.monotonic() - started, stopped)
+        return ScreenReport(base.downstream, str(budget), config_dict, ordered,
+                            validity_line(base, budget, probe_every=probe_every), time.monotonic() - started, stopped)
 
     def rank() -> None:
         runnable = [e for e in entries if e["runnable"]]
