@@ -427,6 +427,7 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
     with Quiet(model):
         final = downstream.loss(model)
     outcome = None
+    continued = time.monotonic()
     if outcome_steps is not None:  # the validity experiment's outcome: the same run, continued unprobed
         for later in range(step, outcome_steps):
             _, batches = trainer.next_batches()
@@ -434,6 +435,7 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
             trainer.optimizer.step()
         with Quiet(model):
             outcome = downstream.loss(model)
+        continued = time.monotonic() - continued
         if on_outcome is not None:
             on_outcome(model)
     return {
@@ -441,7 +443,7 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
         "scores": [p.predicted_drop for p in trajectory.probes], "per_token": per_token,
         "lookahead": lookahead_drops(trajectory, step, final), "signals": signals(trajectory, step, final),
         "tokens_per_step": sum(tokens) / len(tokens), "initial": initial, "final": final,
-        "seconds": spent, "outcome": outcome,
+        "seconds": spent, "outcome": outcome, "outcome_seconds": continued if outcome is not None else None,
     }
 
 
@@ -611,3 +613,4 @@ def _fill(entry: ScreenEntry, run: dict[str, Any]) -> None:
     })
     if run["outcome"] is not None:
         entry["outcome_downstream_loss"] = run["outcome"]  # type: ignore[typeddict-unknown-key]
+        entry["outcome_seconds"] = run["outcome_seconds"]  # type: ignore[typeddict-unknown-key]
