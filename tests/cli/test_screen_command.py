@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import shlex
+from pathlib import Path
 
 import pytest
 
@@ -73,3 +75,14 @@ def test_bad_input_is_one_line_before_any_work(run, args, message):
     assert result.exit_code != 0
     assert message in result.stderr and "Traceback" not in result.stderr
     assert "loading corpus" not in result.stderr and result.stdout == ""
+
+
+@pytest.mark.e2e  # the four candidates at the default budget: about two CPU minutes
+def test_the_usage_command_ranks(run):
+    """docs/usage.md's screen command ranks its candidates, not ties them all (issue 41)."""
+    usage = (Path(__file__).resolve().parents[2] / "docs" / "usage.md").read_text(encoding="utf-8")
+    line = next(line for line in usage.splitlines() if line.startswith("objreg screen "))
+    result = run(*shlex.split(line)[2:], "--json")
+    assert result.exit_code == 0, result.output
+    ranks = {e["rank"] for e in json.loads(result.stdout)["candidates"]}
+    assert len(ranks) >= 2, ranks

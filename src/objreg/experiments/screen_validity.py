@@ -130,7 +130,7 @@ VARIANTS = ("mlm:mask_prob=0.05", "mlm:mask_prob=0.3", "mlm:mask_prob=0.5", "wwm
 FULL = Config(model="minilm", objectives=OBJECTIVES, variants=VARIANTS, mixtures=12, budget=8, outcome_steps=400,
               batch_size=16, seq_len=64, eval_size=64, head_fit_size=128, lr=1e-4, epochs=5, finetune_lr=1e-4,
               finetune_seq_len=128, chunk=2)
-QUICK = Config(model="tiny", objectives=("mlm", "sop"), variants=("mlm:mask_prob=0.4",), mixtures=1, budget=3,
+QUICK = Config(model="tiny", objectives=("mlm", "wwm"), variants=("mlm:mask_prob=0.4",), mixtures=1, budget=3,
                outcome_steps=6, batch_size=4, seq_len=32, eval_size=8, head_fit_size=16, lr=1e-4, epochs=1,
                finetune_lr=1e-4, finetune_seq_len=32, chunk=4, rows=48)
 
