@@ -23,6 +23,7 @@ from objreg.analysis.run.screen import (
     screen,
     validity_line,
 )
+from objreg.analysis.run.screen_setting import describe
 
 #: A small float64 setting: rows, sets and a re-fitted head small enough for a test.
 SMALL = {"batch_size": 4, "seq_len": 48, "eval_size": 8, "head_fit_size": 16, "dtype": "float64"}
@@ -203,6 +204,27 @@ def test_the_validity_line_reads_the_committed_result_for_its_setting(tmp_path):
     line = validity_line(classification(32, 64), Budget(steps=8), path)
     assert "not validated" in line and "classification data built-in, batch_size 8, seq_len 64, eval_size 256" in line
     assert "ρ +0.61" in validity_line(config, Budget(steps=8), path)  # qa at its own 32 and 64
+
+
+def test_the_validity_line_reads_the_redesigned_result(tmp_path):
+    corpus, data = tmp_path / "train.txt", tmp_path / "train.tsv"
+    corpus.write_text("a b c\n")
+    data.write_text("sentence\tlabel\n")
+    config = AnalysisConfig(pretrain=("mlm",), downstream="classification", corpus=str(corpus),
+                            downstream_data=str(data), optimizer="adamw", lr=1e-4)
+    figures = {"pairwise_accuracy": {"mean": 0.83, "low": 0.71, "high": 0.9}, "spearman": {"mean": 0.7}}
+    result = {"verdict": "confirmed", "setting": {"signal": "score", "outcome": "accuracy", "candidates_count": 28,
+                                                  "seeds": [0, 1, 2]},
+              "figures": {"validated": [{"task": "sst2", "label": "classification on SST-2",
+                                         "setting": describe(config, "8 steps")}],
+                          "per_task": {"sst2": {"outcomes": {"accuracy": {"signals": {"score": figures}}}}}}}
+    path = tmp_path / "screen-validity.json"
+    path.write_text(json.dumps(result))
+    line = validity_line(config, Budget(steps=8), path)
+    assert "pairwise decision accuracy 0.83 [0.71, 0.90]" in line and "28 candidates and 3 seeds" in line
+    assert "not validated" in validity_line(config, Budget(steps=16), path)
+    data.write_text("sentence\tlabel\nother\t1\n")  # the same file name, other data
+    assert "not validated" in validity_line(config, Budget(steps=8), path)
 
 
 def test_the_committed_result_tells_the_built_in_qa_set_nothing():

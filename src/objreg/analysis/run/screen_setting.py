@@ -52,12 +52,12 @@ def describe(config: AnalysisConfig, budget: str, probe_every: int = 1) -> dict[
 
 def validated(result: dict[str, Any]) -> list[dict[str, Any]]:
     """The settings a committed result validated: ``[{"task", "label", "setting"}]`` (``task``: its
-    key in ``figures.per_task``). A result of the first design (2026-11-27), which recorded its
+    key in ``figures.per_task``), as the redesign records them in ``figures.validated``. A result of the first design (2026-11-27), which recorded its
     data by path only, is read through :func:`describe` of what it ran: its data file named by
     its content where this machine holds it, else by its path (then nothing matches it)."""
     setting = result["setting"]
-    if "validated" in setting:
-        return setting["validated"]
+    if "validated" in result["figures"]:  # the redesign: every seed's and task's setting
+        return result["figures"]["validated"]
     defaults = AnalysisConfig(pretrain=("mlm",))
     found = []
     for task in result["figures"]["per_task"]:
@@ -87,9 +87,13 @@ def _figure(result: dict[str, Any], task: str) -> str:
     signal = result["setting"]["signal"]
     figures = found["outcomes"][result["setting"]["outcome"]]["signals"][signal]
     accuracy, rho = figures["pairwise_accuracy"], figures["spearman"]
-    return (f"pairwise decision accuracy {accuracy['mean']:.2f} [{accuracy['low']:.2f}, {accuracy['high']:.2f}] and "
-            f"Spearman ρ {rho['mean']:+.2f} of its {signal} ranking against {result['setting']['outcome']} over "
-            f"{result['setting']['candidates_count']} candidates and {len(result['setting']['seeds'])} seeds")
+    if accuracy["mean"] is None:  # no pair of candidates differed in outcome
+        shown = "no pairwise decision accuracy (no two candidates' outcomes differed)"
+    else:
+        shown = f"pairwise decision accuracy {accuracy['mean']:.2f} [{accuracy['low']:.2f}, {accuracy['high']:.2f}]"
+    return (f"{shown} and Spearman ρ {rho['mean']:+.2f} of its {signal} ranking against "
+            f"{result['setting']['outcome']} over {result['setting']['candidates_count']} candidates and "
+            f"{len(result['setting']['seeds'])} seeds")
 
 
 def line(result: dict[str, Any], config: AnalysisConfig, budget: str, probe_every: int = 1) -> str:
