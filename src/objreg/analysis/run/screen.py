@@ -16,10 +16,11 @@ input tokens of the step's batches (the corrupted rows' non-padding tokens the b
 Candidates are ranked by the mean; a candidate whose interval overlaps the interval of the best
 of its group is tied with it (``=`` in the rank).
 
-Beside the score, the baselines a user could compute without the analyzer: the mean norm of the
-candidate's training gradient on the backbone, its own loss decrease over the run (the mean loss
-of the run's first half less that of its second half), and a seeded random order; and the actual
-change of ``D*`` over the short run.
+Beside the score, every signal of :mod:`objreg.analysis.run.screen_signals` by name (the actual
+drop of ``D*`` per step, the trajectory's first- and, with ``second_order``, second-order sums,
+the raw and preconditioned alignments, a training-speed integral) and the baselines a user could
+compute without the analyzer (the training gradient's norm, the candidate's own loss decrease, a
+seeded random order); and the actual change of ``D*`` over the short run.
 
 Candidates are checked in two passes before any training: names and parameters (each plugin's
 own parameter schema) fail the call at once; whether a valid candidate can run on this model
@@ -426,16 +427,16 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
                 "seconds": spent}
     with Quiet(model):
         final = downstream.loss(model)
-    outcome = None
-    continued = time.monotonic()
+    outcome = outcome_seconds = None
     if outcome_steps is not None:  # the validity experiment's outcome: the same run, continued unprobed
+        continued = time.monotonic()
         for later in range(step, outcome_steps):
             _, batches = trainer.next_batches()
             trainer.accumulate_gradients(later, batches, candidate.weights, keep=False)
             trainer.optimizer.step()
         with Quiet(model):
             outcome = downstream.loss(model)
-        continued = time.monotonic() - continued
+        outcome_seconds = time.monotonic() - continued
         if on_outcome is not None:
             on_outcome(model)
     return {
@@ -443,7 +444,7 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
         "scores": [p.predicted_drop for p in trajectory.probes], "per_token": per_token,
         "lookahead": lookahead_drops(trajectory, step, final), "signals": signals(trajectory, step, final),
         "tokens_per_step": sum(tokens) / len(tokens), "initial": initial, "final": final,
-        "seconds": spent, "outcome": outcome, "outcome_seconds": continued if outcome is not None else None,
+        "seconds": spent, "outcome": outcome, "outcome_seconds": outcome_seconds,
     }
 
 
