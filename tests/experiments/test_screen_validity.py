@@ -130,10 +130,12 @@ def test_parts_written_apart_assemble_into_the_result(tmp_path, monkeypatch):
                 path.write_text(json.dumps(stand_in_part(task, seed, a, b, lambda i: 0.6 + 0.01 * i, float)))
     assert sv.assemble(out, [0, 1], quick=True, device="cpu") is None
     assert (out / "seed-0" / "result.json").is_file() and not (out / "seed-1").exists()
-    with pytest.raises(SystemExit):
-        sv.main(["part", "sst2:0:0-2", "--out", str(out), "--quick"])  # not one of the config's slices
-    path = sv.part_path(out, "rte", 1, 3, 6)
-    path.write_text(json.dumps(stand_in_part("rte", 1, 3, 6, lambda i: 0.6 + 0.01 * i, float)))
+    for bad in ("sst2:0:0-99", "sst2:0:2-2", "nosuch:0:0-2", "sst2:zero:0-2"):
+        with pytest.raises(SystemExit):
+            sv.main(["part", bad, "--out", str(out), "--quick"])
+    for a, b in ((3, 4), (4, 6)):  # the missing slice, run as two smaller parts
+        path = sv.part_path(out, "rte", 1, a, b)
+        path.write_text(json.dumps(stand_in_part("rte", 1, a, b, lambda i: 0.6 + 0.01 * i, float)))
     overall = sv.assemble(out, [0, 1], quick=True, device="cpu")
     assert overall is not None and overall.setting["seeds"] == [0, 1]
     written = json.loads((out / "result.json").read_text())

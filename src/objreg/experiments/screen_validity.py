@@ -118,7 +118,7 @@ class Config:
     epochs: int
     finetune_lr: float
     finetune_seq_len: int
-    chunk: int  # candidates per part
+    chunk: int  # candidates per part (what ``run`` runs at once; the command line takes any slice)
     rows: int | None = None  # every row of each task file; a number: the first that many (quick)
     held_out: float = 1 / 3
 
@@ -127,7 +127,10 @@ class Config:
 OBJECTIVES = ("mlm", "wwm", "span", "rtd", "sop", "nsp", "contrastive", "clm", "t5")
 VARIANTS = ("mlm:mask_prob=0.05", "mlm:mask_prob=0.3", "mlm:mask_prob=0.5", "wwm:mask_prob=0.3",
             "span:span_upper=3", "span:geometric_p=0.1:span_upper=20", "t5:mean_noise_span_length=8")
-FULL = Config(model="minilm", objectives=OBJECTIVES, variants=VARIANTS, mixtures=12, budget=8, outcome_steps=400,
+#: ``outcome_steps`` from a one-candidate pilot on the shared CPU (docs/experiments.md): a probed
+#: step (second order on) cost about 31 unprobed ones, so 8 probed steps cost about 250 unprobed
+#: ones, and 10× that is about 2,500 steps in all.
+FULL = Config(model="minilm", objectives=OBJECTIVES, variants=VARIANTS, mixtures=12, budget=8, outcome_steps=2500,
               batch_size=16, seq_len=64, eval_size=64, head_fit_size=128, lr=1e-4, epochs=5, finetune_lr=1e-4,
               finetune_seq_len=128, chunk=2)
 QUICK = Config(model="tiny", objectives=("mlm", "wwm"), variants=("mlm:mask_prob=0.4",), mixtures=1, budget=3,
@@ -426,18 +429,21 @@ def part_path(out: Path, task: str, seed: int, first: int, last: int) -> Path:
 
 
 def assemble(out: Path, seeds: Sequence[int], quick: bool = False, device: str = "cuda") -> ExperimentResult | None:
-    """Every seed whose parts are all in ``out/parts`` written as ``out/seed-S/result.json``; the
-    overall ``out/result.json`` once every seed in ``seeds`` is whole (then returned; else None)."""
+    """Every seed whose parts in ``out/parts`` hold every candidate of every task (parts of any
+    slices, which must not overlap) written as ``out/seed-S/result.json``; the overall
+    ``out/result.json`` once every seed in ``seeds`` is whole (then returned; else None)."""
     from objreg.experiments import replication
     from objreg.experiments import screen_validity as experiment
 
     config = QUICK if quick else FULL
+    total = len(candidates(config))
     results = []
     for seed in seeds:
-        paths = [part_path(out, t, seed, a, b) for t in TASKS for a, b in parts(config)]
-        if not all(p.is_file() for p in paths):
+        found = [json.loads(p.read_text()) for p in sorted((out / "parts").glob(f"*-seed-{seed}-*.json"))]
+        held = {t: sum(p["last"] - p["first"] for p in found if p["task"] == t) for t in TASKS}
+        if any(count < total for count in held.values()):
             continue
-        result = seed_result(config, seed, [json.loads(p.read_text()) for p in paths], quick, device)
+        result = seed_result(config, seed, found, quick, device)
         result.write(_mkdir(out / f"seed-{seed}"))
         results.append(result)
     if len(results) < len(seeds):
@@ -477,9 +483,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         except ValueError:
             parser.error(f"a part is TASK:SEED:FIRST-LAST, e.g. sst2:0:0-2; got {args.part!r}")
         config = QUICK if args.quick else FULL
-        if task not in TASKS or (first, last) not in parts(config):
-            parser.error(f"unknown part {args.part!r}: tasks {', '.join(TASKS)}, slices "
-                         f"{', '.join(f'{a}-{b}' for a, b in parts(config))}")
+        total = len(candidates(config))
+        if task not in TASKS or not 0 <= first < last <= total:
+            parser.error(f"unknown part {args.part!r}: tasks {', '.join(TASKS)}, candidates 0 to {total} "
+                         f"(FIRST-LAST, LAST exclusive)")
         found = run_part(config, task, seed, first, last, str(resolve_device(args.device)), print)
         path = part_path(args.out, task, seed, first, last)
         _mkdir(path.parent)
