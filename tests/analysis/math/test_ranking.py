@@ -17,6 +17,7 @@ from objreg.analysis.math.ranking import (
     cronbach_alpha,
     pairwise_accuracy,
     partial_spearman,
+    ranks,
     regret_at_k,
     spearman,
 )
@@ -50,6 +51,13 @@ def test_pairwise_accuracy_of_known_orders():
     assert math.isnan(pairwise_accuracy([1, 2], [5, 5]))
     with pytest.raises(ValueError, match="one length"):
         pairwise_accuracy([1, 2], [1, 2, 3])
+
+
+def test_ranks_are_each_values_mean_position_among_its_ties():
+    values = [3.0, 1.0, 3.0, 2.0, 3.0, 1.0]
+    ordered = sorted(values)
+    expected = [np.mean([i + 1 for i, v in enumerate(ordered) if v == value]) for value in values]
+    assert ranks(values).tolist() == expected == [5.0, 1.5, 5.0, 3.0, 5.0, 1.5]
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
+from scipy import stats
 
 
 def pairwise_accuracy(signal: Sequence[float], outcome: Sequence[float]) -> float:
@@ -44,14 +45,7 @@ def pairwise_accuracy(signal: Sequence[float], outcome: Sequence[float]) -> floa
 
 def ranks(values: Sequence[float]) -> np.ndarray:
     """Average ranks, 1 for the smallest (ties share the mean of their positions)."""
-    x = np.asarray(values, dtype=np.float64)
-    order = np.argsort(x, kind="stable")
-    ranked = np.empty(len(x))
-    ranked[order] = np.arange(1, len(x) + 1)
-    for value in np.unique(x):
-        same = x == value
-        ranked[same] = ranked[same].mean()
-    return ranked
+    return stats.rankdata(np.asarray(values, dtype=np.float64), method="average")
 
 
 def _pearson(a: np.ndarray, b: np.ndarray) -> float:
