@@ -27,7 +27,7 @@ def _first_group(ranked: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _tells(report: dict[str, Any], ranked: list[dict[str, Any]]) -> list[str]:
     if not ranked:
-        return ["Nothing: no candidate finished its run."]
+        return ["Nothing: no candidate was ranked (the reasons are listed above)."]
     task, budget = report["downstream"], report["budget"]
     first = _first_group(ranked)
     tells = []
@@ -86,6 +86,10 @@ def _next(report: dict[str, Any], ranked: list[dict[str, Any]]) -> list[str]:
               **{k: config.get(k) for k in ("batch_size", "seq_len", "eval_size", "head_fit_size", "seed")}}
     steps = [e["steps"] for e in ranked]
     suggestions = []
+    if any(e.get("diverged_at") is not None for e in report["candidates"]):
+        suggestions.append("A smaller learning rate, under which no run diverges: " + _command(
+            "objreg screen", {"candidates": ",".join(e["candidate"] for e in report["candidates"]), **common,
+                              "lr": config["lr"] / 10, "budget": report["budget"].split()[0]}))
     if len(ranked) > 1 and len(_first_group(ranked)) == len(ranked):
         budget = 2 * max(steps)
         candidates = ",".join(e["candidate"] for e in ranked)
