@@ -34,7 +34,8 @@ def test_a_ranking_names_its_first_and_the_outcome_commands_for_a_hugging_face_m
     assert analyze[analyze.index("--seed") + 1] == "3"
     out = analyze[analyze.index("--out") + 1]
     assert finetune[:3] == ["objreg", "finetune", out] and finetune[-2:] == ["--downstream-data", "d/train.tsv"]
-    assert len(commands) == 4  # the top two, each continued and fine-tuned
+    assert len(commands) == 5  # the top two, each continued and fine-tuned, and the model as it is
+    assert shlex.split(commands[-1])[:3] == ["objreg", "finetune", "/models/mini lm"]
 
 
 def test_all_tied_says_so_and_asks_for_a_longer_budget_on_the_default_model():
@@ -43,4 +44,8 @@ def test_all_tied_says_so_and_asks_for_a_longer_budget_on_the_default_model():
     assert any("default backbone" in line for line in found["What it cannot tell"])
     longer = shlex.split(next(line for line in found["What to run next"] if "objreg screen" in line).split(": ", 1)[1])
     assert longer[longer.index("--budget") + 1] == "16" and longer[longer.index("--candidates") + 1] == "mlm,clm"
-    assert not any("finetune" in line for line in found["What to run next"])  # the default model is not saved
+    assert not any("objreg finetune" in line for line in found["What to run next"])  # the default model is not saved
+    mixture = dict(assess(report([entry("mlm+sop", 1, 0.5, 0.4, 0.6, 0.2, ["mlm", "sop"]),
+                                  entry("clm", 2, 0.1, 0.0, 0.2, 0.1)])))
+    analyze = shlex.split(next(line for line in mixture["What to run next"] if "--pretrain mlm,sop" in line))
+    assert analyze[analyze.index("--weights") + 1] == "mlm=0.5,sop=0.5"  # as the screen trained it

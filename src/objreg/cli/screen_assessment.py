@@ -72,6 +72,12 @@ def _command(program: str, options: dict[str, Any]) -> str:
                              for key, value in options.items() if value is not None)
 
 
+def _weights(candidate: dict[str, Any]) -> str | None:
+    """A mixture's equal weights as the screen trained it (analyze's default is 1 each)."""
+    names = candidate["objectives"]
+    return None if len(names) == 1 else ",".join(f"{n}={1 / len(names):.6g}" for n in names)
+
+
 def _params(candidate: dict[str, Any]) -> str:
     return "".join(f" --param {shlex.quote(f'{o}.{k}={v}')}" for o, given in candidate["params"].items()
                    for k, v in given.items())
@@ -98,6 +104,28 @@ def _next(report: dict[str, Any], ranked: list[dict[str, Any]]) -> list[str]:
     top = ranked[:2]
     if not top:
         return suggestions
+    longer = OUTCOME_FACTOR * max(steps)
+    fine_tunable = common["model"] is not None and common["downstream_data"] is not None
+    if not fine_tunable:
+        why = ("the default model is not saved for a fine-tune" if common["model"] is None
+               else "a fine-tune needs the task's data, --downstream-data")
+        suggestions.append(f"The outcome the screen predicts, for the top {len(top)}: each trained {OUTCOME_FACTOR}× "
+                           f"longer, comparing D* at the end ({why}):")
+    else:
+        suggestions.append(f"The outcome the screen predicts, for the top {len(top)}: continued pre-training "
+                           f"{OUTCOME_FACTOR}× longer with each, then objreg finetune of each run and of the model "
+                           f"as it is (the baseline):")
+    fine_tune = {"downstream": task, "downstream_data": common["downstream_data"]}
+    for e in top:
+        out = "run-" + e["candidate"].replace("+", "-").replace(":", "-").replace("=", "")
+        suggestions.append(_command("objreg analyze", {
+            "pretrain": ",".join(e["objectives"]), "weights": _weights(e), **common, "steps": longer,
+            "out": out if fine_tunable else None}) + _params(e))
+        if fine_tunable:
+            suggestions.append(_command(f"objreg finetune {shlex.quote(out)}", fine_tune))
+    if fine_tunable:
+        suggestions.append(_command(f"objreg finetune {shlex.quote(common['model'])}", fine_tune))
+    return suggestions
     longer = OUTCOME_FACTOR * max(steps)
     if common["model"] is None:
         suggestions.append(f"The outcome the screen predicts, for the top {len(top)}: each trained {OUTCOME_FACTOR}× "
