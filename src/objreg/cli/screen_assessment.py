@@ -40,9 +40,11 @@ def _tells(report: dict[str, Any], ranked: list[dict[str, Any]]) -> list[str]:
         names = ", ".join(e["candidate"] for e in first)
         below = len(ranked) - len(first)
         s = first[0]["score"]
-        tells.append(f"{names} {'ranks' if len(first) == 1 else 'tie for'} first: a predicted drop of {task}'s D* per "
-                     f"step of {s['mean']:+.3g} [{s['low']:+.3g}, {s['high']:+.3g}], its interval above those of "
-                     f"the {below} candidate(s) ranked below, over {budget} from one start and one seed.")
+        leader = first[0]["candidate"]
+        tells.append(f"{names} {'ranks' if len(first) == 1 else 'tie for'} first ({leader}: a predicted drop of "
+                     f"{task}'s D* per step of {s['mean']:+.3g} [{s['low']:+.3g}, {s['high']:+.3g}]); the {below} "
+                     f"candidate(s) ranked below lie wholly under {leader}'s interval, over {budget} from one start "
+                     f"and one seed.")
     by_lookahead = max(ranked, key=lambda e: e["lookahead"]["mean"])
     by_score = ranked[0]
     if len(ranked) > 1:
