@@ -483,7 +483,7 @@ def screen(
             (the validity experiment saves the backbone to fine-tune it).
         second_order: Also take ``½ Δθᵀ∇²D*Δθ`` at every probe, for the signal
             ``second_order_sum``: one Hessian-vector product of ``D*`` per probe, which costs
-            about as much again as the probe's gradient (NaN without it).
+            about 1.6× a probed step's time on the default model (NaN without it).
         stop: Asked before each candidate: True stops the screen there (the report then holds the
             candidates that finished, the others listed as not run, ``stopped`` True). A
             ``KeyboardInterrupt`` inside a candidate's run carries that report as ``screen_report``.
