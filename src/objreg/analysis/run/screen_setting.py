@@ -52,9 +52,10 @@ def describe(config: AnalysisConfig, budget: str, probe_every: int = 1) -> dict[
 
 def validated(result: dict[str, Any]) -> list[dict[str, Any]]:
     """The settings a committed result validated: ``[{"task", "label", "setting"}]`` (``task``: its
-    key in ``figures.per_task``), as the redesign records them in ``figures.validated``. A result of the first design (2026-11-27), which recorded its
-    data by path only, is read through :func:`describe` of what it ran: its data file named by
-    its content where this machine holds it, else by its path (then nothing matches it)."""
+    key in ``figures.per_task``), as the redesign records them in ``figures.validated``. A result
+    of the first design (2026-11-27), which recorded its data by path only, is read through
+    :func:`describe` of what it ran: its data file named by its content where this machine holds
+    it, else by its path (then nothing matches it)."""
     setting = result["setting"]
     if "validated" in result["figures"]:  # the redesign: every seed's and task's setting
         return result["figures"]["validated"]
