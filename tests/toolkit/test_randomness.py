@@ -38,6 +38,8 @@ NEW_NUMBERS = {
     "finetune_split": 41,  # analysis.run.finetune: the cross-validation folds (objreg finetune)
     "data_split": 42,  # toolkit.splits: the rows a split holds out (objreg split)
     "collapse_views": 45,  # consistency_collapse: the split point of each training row (beside data only)
+    "screen_mixtures": 46,  # screen_validity: its drawn mixtures (seed 0, once per list)
+    "screen_validity_bootstrap": 47,  # screen_validity: the bootstrap over candidates and seeds (after every run)
 }
 
 

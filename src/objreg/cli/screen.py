@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import signal
 import threading
 from collections.abc import Iterator
@@ -24,7 +25,7 @@ from rich.console import Console
 import objreg
 from objreg.analysis.run.naming import command_line
 from objreg.analysis.run.rundir import SCREEN_FILES, claim_for
-from objreg.cli import render, threads
+from objreg.cli import render, screen_assessment, threads
 from objreg.cli.analyze import analyze as _analyze
 from objreg.cli.interrupt import SIGNALS, Interrupts, Stopped, distributed, exit_code
 from objreg.cli.progress import TRAINING, RunDisplay
@@ -33,6 +34,12 @@ from objreg.toolkit.atomic import atomic_file
 #: analyze's options the screen takes as they are.
 SHARED_OPTIONS = ("downstream", "model", "corpus", "downstream_data", "device", "dtype", "seed", "optimizer", "lr",
                   "batch_size", "seq_len", "eval_size", "head_fit_size", "thread_count")
+
+
+#: The signals the second table shows (the score and the lookahead are in the ranking, the
+#: baselines in the third), by column header.
+SIGNAL_COLUMNS = {"first_order_sum": "Σ1st", "second_order_sum": "Σ2nd", "cosine": "cos", "step_cosine": "step cos",
+                  "speed": "speed"}
 
 
 #: analyze's options whose help speaks of what the screen does not have (--resume, a frozen head).
@@ -70,15 +77,20 @@ def _shared(command: click.Command) -> click.Command:
               help="Write screen.json and the forest plot screen.png here (default: write nothing). The "
                    "directory is locked and checked before any training; an earlier screen.json there is never "
                    "overwritten.")
+@click.option("--second-order", is_flag=True,
+              help="Also take the second-order term ½ Δθᵀ∇²D*Δθ at every probe (the signal Σ2nd): one "
+                   "Hessian-vector product of D* per probe, about 1.6x a probed step's time on the default model.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout and nothing else.")
 @click.pass_context
 def screen(ctx: click.Context, candidates: str, budget: str | None, probe_every: int, out_dir: str | None,
-           thread_count: int | None, as_json: bool, **settings_given: Any) -> None:
+           thread_count: int | None, second_order: bool, as_json: bool, **settings_given: Any) -> None:
     """Rank pre-training objectives for a downstream task from short runs off one shared start:
     each candidate's score is the predicted first-order drop of D* (the re-fitted downstream
     head's loss) per step, averaged over the run with an interval; candidates whose intervals
-    overlap are tied (=). Gradient norm, the objective's own loss decrease and a random order are
-    shown beside it, with the actual change of D* over the short run."""
+    overlap are tied (=). Beside it: the actual drop of D* (lookahead), the run's first- and
+    second-order predicted drop, the gradients' cosines, a training-speed integral, and the
+    baselines (gradient norm, the objective's own loss decrease, a random order). It ends with
+    what the ranking tells, what it cannot, and what to run next."""
     settings = {k: v for k, v in settings_given.items() if v is not None}
     downstream = settings.pop("downstream", None)
     registry = render.registry(ctx)
@@ -125,7 +137,7 @@ def screen(ctx: click.Context, candidates: str, budget: str | None, probe_every:
         try:
             with interrupts, display or nullcontext(), threads.using(chosen), command_line():
                 report = objreg.screen(candidates, downstream, budget=budget, probe_every=probe_every,
-                                       registry=registry, on_status=on_status, on_step=on_step, on_plan=on_plan,
+                                       second_order=second_order, registry=registry, on_status=on_status, on_step=on_step, on_plan=on_plan,
                                        stop=lambda: interrupts.requested is not None, **settings)
         except Stopped as stopped_at_once:
             stop = stopped_at_once
@@ -194,26 +206,42 @@ def _render(report: dict[str, Any], console: Console) -> None:
                             f"budget={report['budget']} per candidate", f"optimizer={config['optimizer']} "
                             f"lr={config['lr']}", f"{report['seconds']:.0f} s"], style="bold")
     ranked = [e for e in report["candidates"] if e["runnable"]]
-    numbers = ("score", "95% interval", "D* drop")
+    numbers = ("score", "95% interval", "lookahead", "D* drop")
     table = render.table("Ranking: predicted drop of D* per step (−∇D*·Δθ, mean over probes)", "rank",
                          "candidate", *numbers, numbers=("rank", *numbers), box=box.SIMPLE_HEAD, show_edge=False,
                          pad_edge=False, padding=(0, 0, 0, 1))
     for e in ranked:
         s = e["score"]
         table.add_row(f"{'=' if e['tied'] else ''}{e['rank']}", render.text(e["candidate"]), f"{s['mean']:+.3g}",
-                      f"[{s['low']:+.2g}, {s['high']:+.2g}]", f"{e['actual_improvement']:+.3g}")
+                      f"[{s['low']:+.2g}, {s['high']:+.2g}]", f"{e['lookahead']['mean']:+.3g}",
+                      f"{e['actual_improvement']:+.3g}")
     render.show(console, table)
-    render.prose(console, "=: tied (intervals overlap); interval: 95% batch means over the probed steps; D* drop: "
-                 "the actual change of D* over the short run (+: D* fell)", style="dim")
+    render.prose(console, "=: tied (intervals overlap); interval: 95% batch means over the probed steps; lookahead: "
+                 "the actual drop of D* per step; D* drop: over the whole short run (+: D* fell)", style="dim")
+    second = any(math.isfinite(e["signals"]["second_order_sum"]) for e in ranked)
+    shown = {k: v for k, v in SIGNAL_COLUMNS.items() if second or k != "second_order_sum"}
+    signals = render.table("Other signals (higher predicts more transfer)", "candidate", *shown.values(),
+                           numbers=tuple(shown.values()), box=box.SIMPLE, show_edge=False)
+    for e in ranked:
+        signals.add_row(render.text(e["candidate"]), *(f"{e['signals'][k]:+.3g}" for k in shown))
+    render.show(console, signals)
+    render.prose(console, "Σ1st, Σ2nd: the first-order (and with --second-order the second-order) prediction of the "
+                 "run's whole drop of D*; cos: cosine of ∇D* with the training gradient; step cos: with the step "
+                 "taken; speed: the mean of D*₀ − D*ₜ over the run", style="dim")
     numbers = ("per 1k tok", "‖∇L‖", "own loss drop", "random")
-    baselines = render.table("Beside it: score per 1,000 input tokens, and the baselines", "candidate", *numbers,
+    baselines = render.table("Baselines: score per 1,000 input tokens, and what needs no D*", "candidate", *numbers,
                              numbers=numbers, box=box.SIMPLE, show_edge=False)
     for e in ranked:
         baselines.add_row(render.text(e["candidate"]), f"{e['score_per_1k_tokens']['mean']:+.3g}",
-                          f"{e['grad_norm']:.3g}", f"{e['loss_decrease']:+.3g}", str(e["random_rank"]))
+                          f"{e['signals']['grad_norm']:.3g}", f"{e['signals']['loss_decrease']:+.3g}",
+                          str(e["random_rank"]))
     render.show(console, baselines)
     for e in report["candidates"]:
         if not e["runnable"]:
             what = "not run" if e["probes"] == 0 and e.get("diverged_at") is None else "not ranked"
             render.prose(console, f"{what}: {e['candidate']}: {e['reason']}", first="- ", indent="  ")
     render.prose(console, report["validity"])
+    for heading, items in screen_assessment.assess(report):
+        console.print(heading, markup=False, style="bold")
+        for item in items:
+            render.prose(console, item, first="- ", indent="  ")

@@ -162,6 +162,8 @@ def _row(name: str, r: dict[str, Any]) -> str:
     verdict = f"**{r['verdict']}**{quick}" + (f" ({reason})" if reason else "")
     if not_testable_here(name):
         verdict += " — not counted: not testable on this hardware"
+    if r.get("rule") not in (None, module(name).RULE):
+        verdict += " — judged under an earlier design: its rule has changed since (changelog), and its redesign is not run"
     return (f"| `{name}` | {short_source(r['source'])} | {setting_kind(r)} | {verdict} | {_decisive(r)} | {_power_cell(r)} "
             f"| {_preconditions_cell(r)} | {per_seed} | {time} |")
 

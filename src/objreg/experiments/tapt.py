@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from objreg import Registry, cache_dir
+from objreg.analysis.math.ranking import cronbach_alpha
 from objreg.analysis.parallel.devices import resolve_device
 from objreg.analysis.run.finetune import Schedule, finetune
 from objreg.analysis.run.prepare import build_model
@@ -179,17 +180,7 @@ def _labels(registry: Registry, model: str, heldout: Path, seq_len: int) -> list
 def reliability(off_the_shelf: list[float], tapt: list[float]) -> float | None:
     """Cronbach's α of the two settings' comparison over seeds (module docstring); None under 2 seeds
     or when the settings' means are equal (no difference to be reliable about)."""
-    x = np.array([off_the_shelf, tapt], dtype=np.float64)  # settings × seeds
-    k, n = x.shape[1], x.shape[0]
-    if k < 2:
-        return None
-    grand = x.mean()
-    ms_settings = k * ((x.mean(axis=1) - grand) ** 2).sum() / (n - 1)
-    residual = x - x.mean(axis=1, keepdims=True) - x.mean(axis=0, keepdims=True) + grand
-    ms_residual = (residual ** 2).sum() / ((n - 1) * (k - 1))
-    if ms_settings == 0:
-        return None
-    return float(1 - ms_residual / ms_settings)
+    return cronbach_alpha(np.array([off_the_shelf, tapt], dtype=np.float64))
 
 
 def combine(results: list[ExperimentResult], setting: Setting) -> ExperimentResult:

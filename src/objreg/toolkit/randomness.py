@@ -30,6 +30,8 @@ name                                  number  what it feeds
 ``finetune_split``                    41      ``objreg finetune``'s cross-validation folds
 ``data_split``                        42      ``objreg split``: a task file's training and held-out rows
 ``collapse_views``                    45      consistency-collapse's split of each training row into its two views
+``screen_mixtures``                   46      screen-validity's drawn mixtures (of seed 0: one list for every seed)
+``screen_validity_bootstrap``         47      screen-validity's bootstrap over candidates and seeds
 ====================================  ======  ==============================================================
 
 Names sharing a number are never drawn together in one run: each reads right where it is used,
@@ -65,6 +67,8 @@ STREAMS: dict[str, int] = {
     "finetune_split": 41,
     "data_split": 42,
     "collapse_views": 45,
+    "screen_mixtures": 46,
+    "screen_validity_bootstrap": 47,
 }
 
 

@@ -3,6 +3,7 @@ the same D*, candidates are parsed and checked before any work, ties and validit
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from types import SimpleNamespace
@@ -22,6 +23,7 @@ from objreg.analysis.run.screen import (
     screen,
     validity_line,
 )
+from objreg.analysis.run.screen_setting import describe
 
 #: A small float64 setting: rows, sets and a re-fitted head small enough for a test.
 SMALL = {"batch_size": 4, "seq_len": 48, "eval_size": 8, "head_fit_size": 16, "dtype": "float64"}
@@ -34,13 +36,25 @@ def registry():
 
 @pytest.mark.filterwarnings("ignore:the downstream head fits")  # analyze's note on the tiny fit set
 def test_the_score_is_the_analyzers_first_order_term_for_the_same_steps(registry):
-    report = screen("mlm", "qa", budget=3, registry=registry, **SMALL)
+    report = screen("mlm", "qa", budget=3, registry=registry, second_order=True, **SMALL)
     (entry,) = report.candidates
     analyzed = objreg.analyze(["mlm"], "qa", registry=registry, steps=3, attribution_top=0, **SMALL)
     # The probe's first-order term is ∇D*·Δθ (the predicted change); the score is its negative.
     first_order = [-s["predicted_delta"]["first_order"] for s in analyzed.steps]
+    both = [-s["predicted_delta"]["first_order"] - s["predicted_delta"]["second_order"] for s in analyzed.steps]
     assert entry["probes"] == 3
     assert entry["score"]["mean"] == pytest.approx(sum(first_order) / 3, rel=1e-8, abs=1e-12)
+    signals = entry["signals"]
+    assert signals["first_order_sum"] == pytest.approx(sum(first_order), rel=1e-8, abs=1e-12)
+    assert signals["second_order_sum"] == pytest.approx(sum(both), rel=1e-6, abs=1e-12)
+    # Under SGD the step is −lr·∇L: the preconditioned score is lr times the raw alignment, and
+    # the step's cosine is the gradient's.
+    lr = report.config["lr"]
+    assert signals["score"] == pytest.approx(lr * signals["alignment"], rel=1e-8)
+    assert signals["step_cosine"] == pytest.approx(signals["cosine"], rel=1e-8)
+    dstar = [s["downstream_loss"] for s in analyzed.steps] + [analyzed.summary["final_downstream_loss"]]
+    assert entry["lookahead"]["mean"] == pytest.approx((dstar[0] - dstar[-1]) / 3, rel=1e-6, abs=1e-12)
+    assert signals["speed"] == pytest.approx(sum(dstar[0] - d for d in dstar[1:]) / 3, rel=1e-6, abs=1e-12)
     assert entry["initial_downstream_loss"] == pytest.approx(analyzed.summary["initial_downstream_loss"], rel=1e-10)
     assert entry["actual_improvement"] == pytest.approx(
         analyzed.summary["initial_downstream_loss"] - analyzed.summary["final_downstream_loss"], rel=1e-7, abs=1e-12)
@@ -54,7 +68,8 @@ def test_every_candidate_starts_from_the_same_downstream_loss(registry):
     assert len(ends) == 3  # and the runs then differ
     for e in report.candidates:
         assert e["runnable"] and e["score"]["low"] <= e["score"]["mean"] <= e["score"]["high"]
-        assert e["tokens_per_step"] > 0 and e["grad_norm"] > 0 and e["steps"] == 2
+        assert e["tokens_per_step"] > 0 and e["signals"]["grad_norm"] > 0 and e["steps"] == 2
+        assert e["signals"]["random"] == -e["random_rank"] and math.isnan(e["signals"]["second_order_sum"])
     assert sorted(e["random_rank"] for e in report.candidates) == [1, 2, 3]
     assert report.candidates[0]["rank"] == 1
 
@@ -148,25 +163,38 @@ def test_a_diverged_run_is_listed_with_its_reason_not_ranked():
 
 def test_the_validity_line_reads_the_committed_result_for_its_setting(tmp_path):
     path = tmp_path / "screen-validity.json"
-    config = AnalysisConfig(pretrain=("mlm",), batch_size=8, seq_len=64, eval_size=32, head_fit_size=64)
+    squad = tmp_path / "squad.json"
+    squad.write_text("{}")
+    config = AnalysisConfig(pretrain=("mlm",), batch_size=8, seq_len=64, eval_size=32, head_fit_size=64,
+                            downstream_data=str(squad))
     assert "not validated" in validity_line(config, Budget(steps=8), path)  # no result yet
     rho = {"mean": 0.61, "low": 0.52, "high": 0.7, "seeds": 3}
+    # A result of the first design: its data by path, in each seed's figures.
+    seeds = [{"figures": {"per_task": {"qa": {"downstream_data": str(squad)}, "classification": {}}}}]
     path.write_text(json.dumps({"verdict": "confirmed", "setting": {
         "model": "default", "corpus": "default", "budget": 8, "batch_size": 8, "seq_len": 64, "eval_size": 32,
-        "head_fit_size": 64, "outcome_factor": 20}, "figures": {"per_task": {"qa": {"rho": {"screen": rho}}}}}))
+        "head_fit_size": 64, "outcome_factor": 20}, "replicates": seeds,
+        "figures": {"per_task": {"qa": {"rho": {"screen": rho}}}}}))
     line = validity_line(config, Budget(steps=8), path)
     assert "ρ +0.61 [+0.52, +0.70]" in line and "3 seeds" in line and "confirmed" in line
     assert "not validated" in validity_line(config, Budget(steps=12), path)
-    assert "not validated" in validity_line(AnalysisConfig(pretrain=("mlm",), downstream="classification",
-                                                           batch_size=8, seq_len=64, eval_size=32, head_fit_size=64),
-                                            Budget(steps=8), path)
-    assert "not validated" in validity_line(AnalysisConfig(pretrain=("mlm",)), Budget(steps=8), path)
+    assert "not validated" in validity_line(dataclasses.replace(config, optimizer="adamw"), Budget(steps=8), path)
+    # The built-in set is not the data the figure was measured on; nor another file of the same name.
+    builtin = dataclasses.replace(config, downstream_data=None)
+    assert "not validated" in validity_line(builtin, Budget(steps=8), path)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "squad.json").write_text("[]")
+    other = validity_line(dataclasses.replace(config, downstream_data=str(tmp_path / "other" / "squad.json")),
+                          Budget(steps=8), path)
+    assert other.startswith("validity: not validated for this setting") and "ρ" not in other
+    assert "qa on squad.json: model default" in other and "budget 8 steps" in other
     # A task the experiment read with its own sets is validated at those sets, not the common ones.
+    seeds = [{"figures": {"per_task": {"qa": {"downstream_data": str(squad)}, "classification": {}}}}]
     path.write_text(json.dumps({"verdict": "inconclusive", "setting": {
         "model": "default", "corpus": "default", "budget": 8, "batch_size": 8, "seq_len": 64, "eval_size": 32,
         "head_fit_size": 64, "classification_eval_size": 256, "classification_head_fit_size": 512,
-        "outcome_factor": 20}, "figures": {"per_task": {"qa": {"rho": {"screen": rho}},
-                                                        "classification": {"rho": {"screen": rho}}}}}))
+        "outcome_factor": 20}, "replicates": seeds, "figures": {"per_task": {
+            "qa": {"rho": {"screen": rho}}, "classification": {"rho": {"screen": rho}}}}}))
 
     def classification(eval_size, head_fit_size):
         return AnalysisConfig(pretrain=("mlm",), downstream="classification", batch_size=8, seq_len=64,
@@ -174,8 +202,35 @@ def test_the_validity_line_reads_the_committed_result_for_its_setting(tmp_path):
 
     assert "ρ +0.61" in validity_line(classification(256, 512), Budget(steps=8), path)
     line = validity_line(classification(32, 64), Budget(steps=8), path)
-    assert "not validated" in line and "classification: batch_size 8, seq_len 64, eval_size 256" in line
+    assert "not validated" in line and "classification data built-in, batch_size 8, seq_len 64, eval_size 256" in line
     assert "ρ +0.61" in validity_line(config, Budget(steps=8), path)  # qa at its own 32 and 64
+
+
+def test_the_validity_line_reads_the_redesigned_result(tmp_path):
+    corpus, data = tmp_path / "train.txt", tmp_path / "train.tsv"
+    corpus.write_text("a b c\n")
+    data.write_text("sentence\tlabel\n")
+    config = AnalysisConfig(pretrain=("mlm",), downstream="classification", corpus=str(corpus),
+                            downstream_data=str(data), optimizer="adamw", lr=1e-4)
+    figures = {"pairwise_accuracy": {"mean": 0.83, "low": 0.71, "high": 0.9}, "spearman": {"mean": 0.7}}
+    result = {"verdict": "confirmed", "setting": {"signal": "score", "outcome": "accuracy", "candidates_count": 28,
+                                                  "seeds": [0, 1, 2]},
+              "figures": {"validated": [{"task": "sst2", "label": "classification on SST-2",
+                                         "setting": describe(config, "8 steps")}],
+                          "per_task": {"sst2": {"outcomes": {"accuracy": {"signals": {"score": figures}}}}}}}
+    path = tmp_path / "screen-validity.json"
+    path.write_text(json.dumps(result))
+    line = validity_line(config, Budget(steps=8), path)
+    assert "pairwise decision accuracy 0.83 [0.71, 0.90]" in line and "28 candidates and 3 seeds" in line
+    assert "not validated" in validity_line(config, Budget(steps=16), path)
+    data.write_text("sentence\tlabel\nother\t1\n")  # the same file name, other data
+    assert "not validated" in validity_line(config, Budget(steps=8), path)
+
+
+def test_the_committed_result_tells_the_built_in_qa_set_nothing():
+    line = validity_line(AnalysisConfig(pretrain=("mlm",), batch_size=8, seq_len=64, eval_size=32, head_fit_size=64),
+                         Budget(steps=8))
+    assert line.startswith("validity: not validated for this setting") and "ρ" not in line
 
 
 def test_the_random_order_is_seeded(registry):

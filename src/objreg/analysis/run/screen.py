@@ -16,10 +16,11 @@ input tokens of the step's batches (the corrupted rows' non-padding tokens the b
 Candidates are ranked by the mean; a candidate whose interval overlaps the interval of the best
 of its group is tied with it (``=`` in the rank).
 
-Beside the score, the baselines a user could compute without the analyzer: the mean norm of the
-candidate's training gradient on the backbone, its own loss decrease over the run (the mean loss
-of the run's first half less that of its second half), and a seeded random order; and the actual
-change of ``D*`` over the short run.
+Beside the score, every signal of :mod:`objreg.analysis.run.screen_signals` by name (the actual
+drop of ``D*`` per step, the trajectory's first- and, with ``second_order``, second-order sums,
+the raw and preconditioned alignments, a training-speed integral) and the baselines a user could
+compute without the analyzer (the training gradient's norm, the candidate's own loss decrease, a
+seeded random order); and the actual change of ``D*`` over the short run.
 
 Candidates are checked in two passes before any training: names and parameters (each plugin's
 own parameter schema) fail the call at once; whether a valid candidate can run on this model
@@ -40,7 +41,6 @@ from typing import Any, TypedDict
 
 import torch
 
-from objreg.analysis.math.batch_means import batch_means_ci95
 from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import flat_dot, flat_norm, named_shared
 from objreg.analysis.math.refit import RefitDownstream
@@ -49,6 +49,9 @@ from objreg.analysis.probe.attention import derivable_attention
 from objreg.analysis.run.config import DTYPES, AnalysisConfig
 from objreg.analysis.run.loop import Trainer
 from objreg.analysis.run.prepare import FIT_CHUNK, _check_fits, build_model, downstream_sets, redraw_downstream_heads
+from objreg.analysis.run.screen_setting import NOT_VALIDATED
+from objreg.analysis.run.screen_setting import line as validity_for
+from objreg.analysis.run.screen_signals import Probe, Trajectory, interval, lookahead_drops, signals
 from objreg.analysis.run.validation import check_providers
 from objreg.core.errors import DataError, InvalidParameterError
 from objreg.core.registry import Registry
@@ -222,8 +225,8 @@ class ScreenEntry(TypedDict):
     initial_downstream_loss: float | None
     final_downstream_loss: float | None
     actual_improvement: float | None
-    grad_norm: float | None
-    loss_decrease: float | None
+    lookahead: Interval | None  # the actual drop of D* per step over each probe interval, batch-means interval
+    signals: dict[str, float] | None  # every signal by name, higher predicts more transfer (screen_signals)
     random_rank: int | None
     seconds: float
     diverged_at: int | None  # the step at which the run diverged (then not ranked; ``reason`` says how)
@@ -272,37 +275,15 @@ def rank_with_ties(entries: Sequence[ScreenEntry]) -> None:
             entry["rank"], entry["tied"] = position, False
 
 
-#: The settings the experiment fixes, which a screen must share to be the setting it validated.
-VALIDATED_SIZES = ("batch_size", "seq_len", "eval_size", "head_fit_size")
-
-
-def validity_line(config: AnalysisConfig, budget: Budget, path: Path = VALIDITY_RESULT) -> str:
-    """One line: the Spearman ρ the experiment ``screen-validity`` measured between the screen and
-    ``D*`` after 20× longer training, for this setting (model, corpus, task, budget, sizes,
-    optimizer and learning rate as the experiment ran them), or that it is not validated for it."""
+def validity_line(config: AnalysisConfig, budget: Budget, path: Path = VALIDITY_RESULT, probe_every: int = 1) -> str:
+    """One line: what experiment ``screen-validity`` measured in this setting (model, corpus, task and
+    its data, rows and sets, optimizer, learning rate and budget), or that it is not validated for it
+    (:mod:`objreg.analysis.run.screen_setting`)."""
     try:
         result = json.loads(path.read_text())
-        setting, per_task = result["setting"], result["figures"]["per_task"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return "validity: not validated for this setting (no committed result of experiment screen-validity)"
-    defaults = AnalysisConfig(pretrain=("mlm",))
-
-    def ran(task: str, key: str) -> Any:  # a size the experiment set for one task overrides the common one
-        return setting.get(f"{task}_{key}") or setting.get(key)
-
-    same = (config.model == setting.get("model") and config.corpus == setting.get("corpus")
-            and config.downstream in per_task and budget.steps == setting.get("budget")
-            and all(getattr(config, k) == ran(config.downstream, k) for k in VALIDATED_SIZES)
-            and (config.optimizer, config.lr) == (defaults.optimizer, defaults.lr))
-    if not same:
-        tasks = "; ".join(f"{task}: " + ", ".join(f"{k} {ran(task, k)}" for k in VALIDATED_SIZES)
-                          for task in per_task)
-        return (f"validity: not validated for this setting (experiment screen-validity ran model "
-                f"{setting.get('model')}, budget {setting.get('budget')} steps, {tasks})")
-    rho = per_task[config.downstream]["rho"]["screen"]
-    return (f"validity: Spearman ρ {rho['mean']:+.2f} [{rho['low']:+.2f}, {rho['high']:+.2f}] between this "
-            f"setting's screen and {config.downstream}'s D* after {setting.get('outcome_factor')}× the steps, over "
-            f"{rho['seeds']} seeds (experiment screen-validity: {result.get('verdict')})")
+    except (OSError, ValueError):
+        return f"{NOT_VALIDATED} (no committed result of experiment screen-validity)"
+    return validity_for(result, config, str(budget), probe_every)
 
 
 class Loaded:
@@ -345,13 +326,16 @@ def _reason(registry: Registry, candidate: Candidate, config: AnalysisConfig, lo
 
 def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig, loaded: Loaded,
                budget: Budget, probe_every: int, device: torch.device,
-               on_step: Callable[[int], None], start: dict[str, Any], outcome_steps: int | None = None
+               on_step: Callable[[int], None], start: dict[str, Any], outcome_steps: int | None = None,
+               second_order: bool = False, on_outcome: Callable[[torch.nn.Module], None] | None = None
                ) -> dict[str, Any]:
     """Train ``candidate`` alone from the shared start and probe it (module docstring).
 
     ``start``: the re-fitted head at the shared start (``RefitDownstream.state_dict``), filled by
     the first candidate's first probe; every later candidate's first solve starts from it, so the
-    shared start's head is solved from zero once rather than once per candidate."""
+    shared start's head is solved from zero once rather than once per candidate. ``second_order``:
+    also ``½ Δθᵀ∇²D*Δθ`` at each probe (:mod:`objreg.analysis.run.screen_signals`).
+    ``on_outcome``: called with the model after the outcome run (the validity experiment saves it)."""
     objectives = {n: registry.get(n, vocab=loaded.tokenized.vocab, **candidate.params.get(n, {}))
                   for n in candidate.objectives}
     owners = {**{n: o.info.heads for n, o in objectives.items()}, loaded.task.name: loaded.task_heads}
@@ -370,10 +354,8 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
     trainer = Trainer(model, objectives, candidate.weights, loaded.tokenized, downstream, optimizer=config.optimizer,
                       lr=config.lr, batch_size=config.batch_size, seed=config.seed, device=device, steps=steps)
     shared = named_shared(model, None)
-    scores: list[float] = []
+    trajectory = Trajectory()
     per_token: list[float] = []
-    norms: list[float] = []
-    losses: list[float] = []
     tokens: list[int] = []
     started = time.monotonic()
     initial = None
@@ -382,7 +364,7 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
     step = 0
     while step < steps:
         # A time budget runs on to its second probe at least: a rank needs an interval.
-        if budget.seconds is not None and len(scores) >= 2 and time.monotonic() - started >= budget.seconds:
+        if budget.seconds is not None and len(trajectory.probes) >= 2 and time.monotonic() - started >= budget.seconds:
             break
         probed = step % probe_every == 0
         _, batches = trainer.next_batches()
@@ -392,7 +374,7 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
         if not math.isfinite(loss):
             diverged = (step, f"its training loss is {loss}")
             break
-        losses.append(loss)
+        trajectory.losses.append(loss)
         combined = {p: sum(weights[n] * gradients[n][p] for n in gradients) for p in shared}
         count = sum(int((~b.is_padding).sum()) for b in batches.values())
         tokens.append(count)
@@ -403,7 +385,9 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
                 if not math.isfinite(value):
                     diverged = (step, f"its D* is {value}")
                     break
-                gradient, _ = downstream.curvature(model, before).gradient_and_products([])
+                curvature = downstream.curvature(model, before)
+                if not second_order:
+                    gradient, _ = curvature.gradient_and_products([])
             if not start:
                 start.update(downstream.state_dict())
             initial = value if initial is None else initial
@@ -412,13 +396,17 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
                                   f"larger than D* at the start ({initial:.4g})")
                 break
             previous = value
-            norms.append(float(flat_norm(combined)))
         trainer.optimizer.step()
         if not all(bool(torch.isfinite(p).all()) for p in shared.values()):
             diverged = (step, "its weights became infinite or NaN")
             break
         if probed:
             delta = {n: p.detach() - before[n] for n, p in shared.items()}
+            second = None
+            if second_order:  # ∇D* and ∇²D*Δθ at θ_t (the curvature object holds θ_t), one call
+                with Quiet(model), derivable_attention():
+                    gradient, (product,) = curvature.gradient_and_products([delta])
+                second = 0.5 * float(flat_dot(delta, product))
             score = -float(flat_dot(gradient, delta))
             # A step whose first-order prediction moves D* by more than D* itself at the start is far
             # outside the regime where a first-order term predicts anything.
@@ -426,36 +414,38 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
                 diverged = (step, f"its step's predicted change of D* ({-score:+.4g}) is larger than D* at the start "
                                   f"({initial:.4g}): far outside the first-order regime")
                 break
-            scores.append(score)
+            trajectory.probes.append(Probe(
+                step=step, dstar=value, predicted_drop=score, curvature=second,
+                alignment=float(flat_dot(gradient, combined)), dstar_gradient_norm=float(flat_norm(gradient)),
+                gradient_norm=float(flat_norm(combined)), step_norm=float(flat_norm(delta))))
             per_token.append(1000.0 * score / max(count, 1))
         step += 1
         on_step(step)
     spent = time.monotonic() - started
     if diverged is not None:  # nothing after it means anything; D* may not even be defined
-        return {"steps": step, "probes": len(scores), "diverged": diverged, "initial": initial, "seconds": spent}
+        return {"steps": step, "probes": len(trajectory.probes), "diverged": diverged, "initial": initial,
+                "seconds": spent}
     with Quiet(model):
         final = downstream.loss(model)
-    outcome = None
+    outcome = outcome_seconds = None
     if outcome_steps is not None:  # the validity experiment's outcome: the same run, continued unprobed
+        continued = time.monotonic()
         for later in range(step, outcome_steps):
             _, batches = trainer.next_batches()
             trainer.accumulate_gradients(later, batches, candidate.weights, keep=False)
             trainer.optimizer.step()
         with Quiet(model):
             outcome = downstream.loss(model)
-    half = len(losses) // 2
+        outcome_seconds = time.monotonic() - continued
+        if on_outcome is not None:
+            on_outcome(model)
     return {
-        "steps": step, "probes": len(scores), "scores": scores, "per_token": per_token, "diverged": None,
+        "steps": step, "probes": len(trajectory.probes), "diverged": None,
+        "scores": [p.predicted_drop for p in trajectory.probes], "per_token": per_token,
+        "lookahead": lookahead_drops(trajectory, step, final), "signals": signals(trajectory, step, final),
         "tokens_per_step": sum(tokens) / len(tokens), "initial": initial, "final": final,
-        "grad_norm": sum(norms) / len(norms),
-        "loss_decrease": sum(losses[:half]) / half - sum(losses[half:]) / (len(losses) - half),
-        "seconds": spent, "outcome": outcome,
+        "seconds": spent, "outcome": outcome, "outcome_seconds": outcome_seconds,
     }
-
-
-def _interval(values: Sequence[float]) -> Interval:
-    found = batch_means_ci95(values)
-    return {"mean": found["mean"], "low": found["low"], "high": found["high"]}
 
 
 def screen(
@@ -470,6 +460,8 @@ def screen(
     on_step: Callable[[str, int, int | None], None] | None = None,
     on_plan: Callable[[int, int | None], None] | None = None,
     outcome_steps: int | None = None,
+    on_outcome: Callable[[str, torch.nn.Module], None] | None = None,
+    second_order: bool = False,
     stop: Callable[[], bool] | None = None,
     **settings: Any,
 ) -> ScreenReport:
@@ -487,6 +479,11 @@ def screen(
             each (None under a time budget).
         outcome_steps: For the validity experiment: after the budget, train each candidate on,
             unprobed, to this many steps in all, and report ``D*`` there (``outcome_downstream_loss``).
+        on_outcome: With ``outcome_steps``: called with ``(candidate, model)`` after each outcome run
+            (the validity experiment saves the backbone to fine-tune it).
+        second_order: Also take ``½ Δθᵀ∇²D*Δθ`` at every probe, for the signal
+            ``second_order_sum``: one Hessian-vector product of ``D*`` per probe, which costs
+            about 1.6× a probed step's time on the default model (NaN without it).
         stop: Asked before each candidate: True stops the screen there (the report then holds the
             candidates that finished, the others listed as not run, ``stopped`` True). A
             ``KeyboardInterrupt`` inside a candidate's run carries that report as ``screen_report``.
@@ -533,14 +530,16 @@ def screen(
                                                  -e["score"]["mean"] if e["score"] else 0.0))
         config_dict = {k: v for k, v in base.to_dict().items() if k not in OWN_SETTINGS}
         config_dict.update(device=str(device), probe_every=probe_every)
-        return ScreenReport(base.downstream, str(budget), config_dict, ordered, validity_line(base, budget),
-                            time.monotonic() - started, stopped)
+        return ScreenReport(base.downstream, str(budget), config_dict, ordered,
+                            validity_line(base, budget, probe_every=probe_every), time.monotonic() - started, stopped)
 
     def rank() -> None:
         runnable = [e for e in entries if e["runnable"]]
         order = torch.randperm(len(runnable), generator=stream(base.seed, "screen_random_order")).tolist()
         for entry, position in zip(runnable, order):
             entry["random_rank"] = position + 1
+            if entry["signals"] is not None:
+                entry["signals"]["random"] = -float(position + 1)
         rank_with_ties(entries)
 
     current: ScreenEntry | None = None
@@ -559,8 +558,12 @@ def screen(
                 if on_step is not None:
                     on_step(label, done, budget.steps)
 
+            def outcome_model(model: torch.nn.Module, label: str = candidate.label) -> None:
+                if on_outcome is not None:
+                    on_outcome(label, model)
+
             run = _score_run(registry, candidate, base, loaded, budget, probe_every, device, report_step, start,
-                             outcome_steps)
+                             outcome_steps, second_order, outcome_model)
             _fill(entry, run)
             current = None
         rank()
@@ -590,7 +593,7 @@ def _entry(candidate: Candidate, reason: str | None) -> ScreenEntry:
         "reason": reason, "rank": None, "tied": False, "score": None,
         "score_per_1k_tokens": None, "steps": 0, "probes": 0, "tokens_per_step": None,
         "initial_downstream_loss": None, "final_downstream_loss": None, "actual_improvement": None,
-        "grad_norm": None, "loss_decrease": None, "random_rank": None, "seconds": 0.0, "diverged_at": None,
+        "lookahead": None, "signals": None, "random_rank": None, "seconds": 0.0, "diverged_at": None,
     }
 
 
@@ -603,11 +606,12 @@ def _fill(entry: ScreenEntry, run: dict[str, Any]) -> None:
                       "seconds": run["seconds"]})
         return
     entry.update({
-        "score": _interval(run["scores"]), "score_per_1k_tokens": _interval(run["per_token"]),
+        "score": interval(run["scores"]), "score_per_1k_tokens": interval(run["per_token"]),
         "steps": run["steps"], "probes": run["probes"], "tokens_per_step": run["tokens_per_step"],
         "initial_downstream_loss": run["initial"], "final_downstream_loss": run["final"],
-        "actual_improvement": run["initial"] - run["final"], "grad_norm": run["grad_norm"],
-        "loss_decrease": run["loss_decrease"], "seconds": run["seconds"],
+        "actual_improvement": run["initial"] - run["final"], "lookahead": interval(run["lookahead"]),
+        "signals": run["signals"], "seconds": run["seconds"],
     })
     if run["outcome"] is not None:
         entry["outcome_downstream_loss"] = run["outcome"]  # type: ignore[typeddict-unknown-key]
+        entry["outcome_seconds"] = run["outcome_seconds"]  # type: ignore[typeddict-unknown-key]
