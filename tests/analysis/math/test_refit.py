@@ -11,7 +11,8 @@ from torch import nn
 import objreg
 from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import ObjectiveFunction, flat_dot, named_shared
-from objreg.analysis.math.refit import HeadProblem, RefitDownstream, default_l2, fit_head
+from objreg.analysis.math.head_fit import HeadProblem, default_l2, fit_head
+from objreg.analysis.math.refit import RefitDownstream
 from objreg.analysis.run.config import AnalysisConfig
 from objreg.analysis.run.prepare import prepare
 from objreg.core.errors import InvalidParameterError

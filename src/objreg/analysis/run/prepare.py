@@ -24,9 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import count_parameters, shared_parameters
-from objreg.analysis.math.refit import RefitDownstream
+from objreg.analysis.math.refit import make_downstream
 from objreg.analysis.parallel.group import Group
 from objreg.analysis.parallel.launch import check_batch
 from objreg.analysis.run.adaptive import adaptive_rule_of
@@ -131,14 +130,10 @@ def prepare(
     # start the processes apart (as DistributedDataParallel does).
     group.sync_([*model.parameters(), *model.buffers()])
     evaluation_dtype = DTYPES[config.eval_dtype] if config.eval_dtype != "model" else None
-    if refit:
-        downstream: Downstream = RefitDownstream(
-            task, eval_batch.to(device), group=group, evaluation_dtype=evaluation_dtype, head=head,
-            fit_set=Downstream(task, fit_batch.to(device), group=group, evaluation_dtype=evaluation_dtype,
-                               chunk_size=fit_chunk(fit_batch.batch_size, group.world_size),
-                               chunk_tokens=FIT_CHUNK_TOKENS))
-    else:
-        downstream = Downstream(task, eval_batch.to(device), group=group, evaluation_dtype=evaluation_dtype)
+    downstream = make_downstream(task, eval_batch.to(device), head=head, fit=fit_batch.to(device) if refit else None,
+                                 group=group, evaluation_dtype=evaluation_dtype,
+                                 fit_chunk_size=fit_chunk(fit_batch.batch_size, group.world_size),
+                                 fit_chunk_tokens=FIT_CHUNK_TOKENS)
     downstream.check(model)
     trainer = Trainer(
         model, objectives, config.weights, tokenized, downstream,

@@ -41,9 +41,8 @@ from typing import Any, TypedDict
 import torch
 
 from objreg.analysis.math.batch_means import batch_means_ci95
-from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import flat_dot, flat_norm, named_shared
-from objreg.analysis.math.refit import RefitDownstream
+from objreg.analysis.math.refit import make_downstream
 from objreg.analysis.probe.arguments import Quiet
 from objreg.analysis.probe.attention import derivable_attention
 from objreg.analysis.run.config import DTYPES, AnalysisConfig
@@ -359,10 +358,9 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
     head = redraw_downstream_heads(registry, model, loaded.task_heads, config.seed)
     model.to(device=device, dtype=config.torch_dtype)
     evaluation_dtype = DTYPES[config.eval_dtype] if config.eval_dtype != "model" else None
-    downstream = RefitDownstream(
-        loaded.task, loaded.eval_batch.to(device), evaluation_dtype=evaluation_dtype, head=head,
-        fit_set=Downstream(loaded.task, loaded.fit_batch.to(device), evaluation_dtype=evaluation_dtype,
-                           chunk_size=FIT_CHUNK))
+    downstream = make_downstream(loaded.task, loaded.eval_batch.to(device), head=head,
+                                 fit=loaded.fit_batch.to(device), evaluation_dtype=evaluation_dtype,
+                                 fit_chunk_size=FIT_CHUNK)
     downstream.check(model)
     if start:
         downstream.load_state_dict(start)
