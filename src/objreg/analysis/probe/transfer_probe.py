@@ -46,7 +46,7 @@ from objreg.analysis.math.costs import moments_warning
 from objreg.analysis.math.curvature import HVP_METHODS
 from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import ObjectiveFunction, Params, named_shared, requiring_grad
-from objreg.analysis.math.optimizers import _group_of, adam_settings, advance, players, stepped
+from objreg.analysis.math.optimizers import adam_settings, advance, players, shared_group, stepped
 from objreg.analysis.math.per_sample import METHODS as PER_SAMPLE_METHODS
 from objreg.analysis.math.refit import RefitDownstream
 from objreg.analysis.math.shapley import CoalitionMoments
@@ -574,7 +574,7 @@ class TransferProbe:
     # -- internals -------------------------------------------------------------------------------
 
     def _optimizer_settings(self) -> dict[str, Any]:
-        return optimizer_settings(self.optimizer, _group_of(self.optimizer, self.shared_parameters))
+        return optimizer_settings(self.optimizer, shared_group(self.optimizer, self.shared_parameters))
 
     def _remember_shared(self) -> None:
         self._shared_ids = {n: id(p) for n, p in self.shared_parameters.items()}
