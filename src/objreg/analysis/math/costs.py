@@ -21,6 +21,8 @@ prints it for the models of the table.
 from __future__ import annotations
 
 import functools
+import warnings
+from collections.abc import Mapping
 
 import torch
 
@@ -74,6 +76,16 @@ def moments_warning(parameters: int, players: int, dtype: torch.dtype, moments_d
         f"moments_device=\"cpu\" keeps them off the accelerator, fewer objectives need fewer (each one doubles "
         f"them), and plain SGD none; objreg analyze --checkpoint-every N writes them less often "
         f"(docs/performance.md, \"Attribution memory and checkpoints\")")
+
+
+def warn_of_moments(coalitions: CoalitionMoments, shared: Mapping[str, torch.Tensor]) -> None:
+    """Warn (:func:`moments_warning`) where the coalition moments over the ``shared`` parameters
+    would outgrow the optimizer's own state; for the probe's constructor (the warning points at its caller)."""
+    like = next(iter(shared.values()))
+    message = moments_warning(sum(p.numel() for p in shared.values()), len(coalitions.players), like.dtype,
+                              coalitions.dtype, coalitions.device is not None and coalitions.device != like.device)
+    if message is not None:
+        warnings.warn(message, UserWarning, stacklevel=3)
 
 
 #: Runs of benchmarks/probe_memory.py (``objreg analyze``, 3 objectives, CPU; docs/performance.md,

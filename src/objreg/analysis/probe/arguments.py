@@ -121,6 +121,28 @@ def checked_weights(weights: Mapping[str, float] | None, names: list[str]) -> di
     return out
 
 
+def unwrapped_model(model: Any) -> nn.Module:
+    """The module a probe measures: ``DistributedDataParallel``'s module, ``torch.compile``'s
+    original module (the probe's own transforms run the eager module), in any nesting.
+
+    Raises:
+        InvalidParameterError: ``model`` is not a ``torch.nn.Module``.
+    """
+    while isinstance(model, nn.parallel.DistributedDataParallel) or isinstance(
+            getattr(model, "_orig_mod", None), nn.Module):
+        model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model._orig_mod
+    if not isinstance(model, nn.Module):
+        raise InvalidParameterError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    return model
+
+
+def inner_optimizer(optimizer: Any) -> Any:
+    """The optimizer inside wrappers that hold it as ``.optimizer`` (as ``accelerate`` makes), in any nesting."""
+    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
 def user_group(model: nn.Module) -> Group:
     """The user's default process group where one is running (the probe's collectives ride it)."""
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
