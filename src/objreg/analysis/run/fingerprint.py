@@ -4,8 +4,9 @@
 the run wrote, content hashes of the corpus, the downstream data, the model directory and the
 tokenizer, the objreg and torch versions, and every plugin with the distribution (and version)
 it came from and a hash of its module's source (a plugin edited in place keeps its version).
-``tokenizer.json`` is the tokenizer the run used (the ``tokenizers`` JSON; its special-token layout is in ``run.json``): a resumed run reads it from there, never from a cache
-or by training again.
+``tokenizer.json`` is the tokenizer the run used (the ``tokenizers`` JSON; its special-token
+layout is in ``run.json``): a resumed run reads it from there, never from a cache or by training
+again.
 
 A resumed run is checked in stages, each as early as its inputs allow: the settings in
 ``config.json`` (:func:`check_config_unchanged`), then versions, plugins and the tokenizer file,
