@@ -130,3 +130,28 @@ def test_a_claim_not_testable_on_this_hardware_is_kept_out_of_the_counts(tmp_pat
     assert row.split(" | ")[2].endswith("— not counted: not testable on this hardware")
     monkeypatch.delattr(rtd_efficiency, "NOT_TESTABLE_HERE")
     assert "1 confirmed, 0 refuted, 1 inconclusive" in docs.table(results)
+
+
+def test_a_packaged_result_is_written_to_the_docs_and_the_package_alike(tmp_path, monkeypatch):
+    """screen-validity's result is read at run time from objreg/data/: writing it to the
+    repository's docs writes the package's copy too; another result, or another docs folder, not."""
+    target, package = tmp_path / "docs", tmp_path / "package"
+    (target / "experiments" / "results").mkdir(parents=True)
+    package.mkdir()
+    monkeypatch.setattr(docs, "DOCS", target.resolve())
+    monkeypatch.setattr(docs, "PACKAGE_DATA", package)
+    docs.write_result(target, "screen-validity", '{"verdict": "confirmed"}\n')
+    docs.write_result(target, "nsp-vs-sop", "{}\n")
+    assert (package / "screen-validity.json").read_text() == '{"verdict": "confirmed"}\n'
+    assert (target / "experiments" / "results" / "screen-validity.json").read_text() == '{"verdict": "confirmed"}\n'
+    assert not (package / "nsp-vs-sop.json").exists()
+    elsewhere = tmp_path / "other"
+    (elsewhere / "experiments" / "results").mkdir(parents=True)
+    docs.write_result(elsewhere, "screen-validity", "{}\n")
+    assert (package / "screen-validity.json").read_text() == '{"verdict": "confirmed"}\n'
+
+
+def test_every_packaged_result_is_the_committed_one():
+    for name in docs.PACKAGED:
+        committed = docs.DOCS / "experiments" / "results" / f"{name}.json"
+        assert (docs.PACKAGE_DATA / f"{name}.json").read_text() == committed.read_text(), name

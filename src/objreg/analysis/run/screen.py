@@ -35,6 +35,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -65,8 +66,9 @@ MAX_SECONDS = 86_400
 #: What the screen sets itself, so a caller may not.
 OWN_SETTINGS = ("pretrain", "weights", "schedule", "steps", "probe_every", "downstream_head", "spectrum",
                 "attribution_top", "head_warmup_steps")
-#: Where the experiment that validates the screen keeps its result (the repository's docs).
-VALIDITY_RESULT = Path(__file__).resolve().parents[4] / "docs" / "experiments" / "results" / "screen-validity.json"
+#: The result of the experiment that validates the screen, shipped as package data: a copy of
+#: docs/experiments/results/screen-validity.json, which objreg.experiments.docs writes together.
+VALIDITY_RESULT = resources.files("objreg") / "data" / "screen-validity.json"
 
 
 @dataclass(frozen=True)
