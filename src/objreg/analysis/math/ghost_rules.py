@@ -93,7 +93,7 @@ def live_rows_dot(x: torch.Tensor, g: torch.Tensor, d: Params) -> torch.Tensor |
     V, b = d.get("weight"), d.get("bias")
     rows = g.shape[0]
     grad = g.reshape(rows, -1, g.shape[-1])
-    live = (grad.amax(-1) != 0) | (grad.amin(-1) != 0)  # [B, N]; two reductions beat ne(0).any() threefold
+    live = (grad.amax(-1) != 0) | (grad.amin(-1) != 0)  # [B, N]; no [B, N, out] temporary, as ne(0).any() makes
     count = int(live.sum())
     if V is None or 2 * count > live.numel():
         return None

@@ -50,7 +50,7 @@ from objreg.core.errors import InvalidParameterError, ProbeStateError
 from objreg.core.handles import Task
 
 #: ``∇D`` is recomputed every this many steps unless told otherwise: the step it is refreshed on
-#: costs about two training steps, the others a share of one (docs/performance.md, "Probe cost").
+#: costs far more than the steps between (docs/performance.md, "Probe cost", measures both).
 DEFAULT_REFRESH_EVERY = 32
 
 
