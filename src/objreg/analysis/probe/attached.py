@@ -25,7 +25,7 @@ RecordCallback = Callable[[StepRecord], None]
 
 @dataclass
 class Observed:
-    """What :meth:`TransferProbe.observe` was handed for the coming step of an attached probe."""
+    """What :meth:`Attached.observe` was handed for the coming step of an attached probe."""
 
     batches: Mapping[str, Any]
     options: dict[str, Any] = field(default_factory=dict)

@@ -13,8 +13,9 @@ The downstream head is fitted on examples apart from those that define ``D``
 the held-out ones, the fit set is built from the others, and a fit document that repeats a
 sentence of an evaluation document is left out, so no evaluation text is seen while fitting (a
 row split put default evaluation questions verbatim into fit contexts, since the cloze set's
-neighbouring questions share their context sentences: docs/analysis.md counts them). A task's own file
-(``downstream_data``) is split by rows: which of its rows share a source is the task's to know.
+neighbouring questions share their context sentences: docs/analysis.md counts them). A task's
+own file (``downstream_data``) is split by rows: which of its rows share a source is the task's
+to know.
 """
 
 from __future__ import annotations
