@@ -44,7 +44,7 @@ PARTS = [
     ("objreg.analysis.math.refit", None, "fit_head", "refit"),
     ("objreg.analysis.probe.engine", None, "downstream_resolution", "resolution"),
     ("objreg.analysis.math.refit", "RefitDownstream", "curvature", "curvature_setup"),
-    ("objreg.analysis.math.refit", "RefitCurvature", "gradient_and_products", "curvature"),
+    ("objreg.analysis.math.refit_curvature", "RefitCurvature", "gradient_and_products", "curvature"),
     ("objreg.analysis.math.curvature", "Curvature", "gradient_and_products", "curvature"),
     ("objreg.analysis.probe.engine", "Probe", "_per_sample", "per_sample"),
     ("objreg.analysis.math.per_sample", None, "per_sample_sq_norms", "noise_ratio"),

@@ -20,7 +20,7 @@ and corruption). After ``n`` = 1, 4 and 16 steps:
   many of the eight predicted the wrong sign;
 * the trust-region optimum of the first ``n`` records (``summary.counterfactual.best``): its
   ``gain_over_used`` against re-running ``n`` steps with its weights, with the trust radius as
-  given (0.25) and shrunk with the horizon (:func:`objreg.analysis.math.mixture.horizon_radius`).
+  given (0.25) and shrunk with the horizon (:func:`objreg.analysis.math.trust_region.horizon_radius`).
 
 For SGD (lr 5e-3, the default) and Adam (lr 1e-4). docs/analysis.md quotes its table.
 """
@@ -34,7 +34,9 @@ from typing import Any
 import numpy as np
 
 from benchmarks.common import apply_threads, base_parser, emit, machine, rounded
-from objreg.analysis.math.mixture import counterfactual, exact_candidates, horizon_radius, run_model
+from objreg.analysis.math.mixture import counterfactual, exact_candidates
+from objreg.analysis.math.trust_region import horizon_radius
+from objreg.analysis.math.weight_model import run_model
 from objreg.analysis.run.config import AnalysisConfig
 from objreg.analysis.run.prepare import prepare
 from objreg.core.registry import Registry

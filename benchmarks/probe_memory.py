@@ -29,7 +29,7 @@ import time
 from typing import Any
 
 import objreg
-from objreg.analysis.math import counterfactual, curvature, refit
+from objreg.analysis.math import counterfactual, curvature, refit_curvature
 from objreg.analysis.probe import engine, transfer_probe
 from objreg.plugins.models.transformer import PRESETS
 
@@ -113,9 +113,9 @@ WRAPPED: list[tuple[Any, str, str]] = [
     (engine, "decompose", "split"),
     (counterfactual.AdamCounterfactual, "step", "counterfactual_step"),
     (curvature.Curvature, "gradient_and_products", "hvp"),
-    (refit.RefitCurvature, "gradient_and_products", "hvp_refit"),
-    (refit.FeatureChunk, "moved", "features_moved"),
-    (refit.FeatureChunk, "pull", "features_pulled"),
+    (refit_curvature.RefitCurvature, "gradient_and_products", "hvp_refit"),
+    (refit_curvature.FeatureChunk, "moved", "features_moved"),
+    (refit_curvature.FeatureChunk, "pull", "features_pulled"),
     (engine.Probe, "_per_sample", "per_sample"),
     (engine.Probe, "_first_order_errors", "shapley_errors"),
     (engine.Probe, "_spectrum", "spectrum"),

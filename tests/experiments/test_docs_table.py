@@ -151,3 +151,28 @@ def test_a_result_of_an_earlier_design_says_so():
     now = {**result("inverse-frequency", "confirmed", [1.0, 2.0, 3.0]), "rule": inverse_frequency.RULE}
     assert "earlier design" not in docs._row("inverse-frequency", now)
     assert "judged under an earlier design" in docs._row("inverse-frequency", {**now, "rule": "an older rule"})
+
+
+def test_a_packaged_result_is_written_to_the_docs_and_the_package_alike(tmp_path, monkeypatch):
+    """screen-validity's result is read at run time from objreg/data/: writing it to the
+    repository's docs writes the package's copy too; another result, or another docs folder, not."""
+    target, package = tmp_path / "docs", tmp_path / "package"
+    (target / "experiments" / "results").mkdir(parents=True)
+    package.mkdir()
+    monkeypatch.setattr(docs, "DOCS", target.resolve())
+    monkeypatch.setattr(docs, "PACKAGE_DATA", package)
+    docs.write_result(target, "screen-validity", '{"verdict": "confirmed"}\n')
+    docs.write_result(target, "nsp-vs-sop", "{}\n")
+    assert (package / "screen-validity.json").read_text() == '{"verdict": "confirmed"}\n'
+    assert (target / "experiments" / "results" / "screen-validity.json").read_text() == '{"verdict": "confirmed"}\n'
+    assert not (package / "nsp-vs-sop.json").exists()
+    elsewhere = tmp_path / "other"
+    (elsewhere / "experiments" / "results").mkdir(parents=True)
+    docs.write_result(elsewhere, "screen-validity", "{}\n")
+    assert (package / "screen-validity.json").read_text() == '{"verdict": "confirmed"}\n'
+
+
+def test_every_packaged_result_is_the_committed_one():
+    for name in docs.PACKAGED:
+        committed = docs.DOCS / "experiments" / "results" / f"{name}.json"
+        assert (docs.PACKAGE_DATA / f"{name}.json").read_text() == committed.read_text(), name

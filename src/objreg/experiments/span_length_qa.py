@@ -50,6 +50,7 @@ from objreg import IGNORE_INDEX, CorruptedBatch, DataError, Objective
 from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import detached, flat_dot, flat_norm, shared_parameters
 from objreg.analysis.math.gradients import mean_loss_gradient, shared_part
+from objreg.analysis.math.refit import make_downstream
 from objreg.analysis.math.stats import bootstrap_ci95, mean_ci95, seed_for
 from objreg.analysis.parallel.devices import resolve_device
 from objreg.analysis.run.headfit import fit_downstream_head
@@ -148,7 +149,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     setting.status("fitting the qa probe")
     evaluation, fit = split_evaluation(data, config.eval_size, with_fit=True)
     fit_downstream_head(model, task, fit.to(device), config.head_warmup_steps)
-    downstream = Downstream(task, evaluation.to(device))
+    downstream = make_downstream(task, evaluation.to(device))
     downstream.check(model)
 
     setting.status(f"measuring {len(conditions)} span-length conditions on {config.batches} batches")

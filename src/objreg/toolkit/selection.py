@@ -275,11 +275,10 @@ def smallest_keys(keys: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     """``[B, G]`` bool: the ``count[b]`` smallest entries of each row of ``keys``, as the first
     ``count[b]`` places of ``keys.argsort(dim=1)`` would pick them.
 
-    A partial selection of the largest count instead of a sort of the whole row: on the CPU,
-    sorting ``[256, 484]`` keys cost 20 to 30 times a ``topk`` of 29 of them, and numpy's
-    ``partition`` costs a fifth of that ``topk``. A row whose ``count``-th and ``count + 1``-th
-    smallest keys are equal (a tie at the cut: about 3 rows in 100,000 for 500 float32 keys) takes
-    the argsort of that row, so the pick is the sort's in every case.
+    A partial selection of the largest count instead of a sort of the whole row, which costs many
+    times more on the CPU (docs/performance.md has the timings). A row whose ``count``-th and
+    ``count + 1``-th smallest keys are equal (a tie at the cut, rare for float keys) takes the
+    argsort of that row, so the pick is the sort's in every case.
     """
     B, G = keys.shape
     count = count.clamp(0, G)

@@ -11,8 +11,9 @@ import torch
 
 from objreg.analysis.math.counterfactual import AdamCounterfactual, stencil
 from objreg.analysis.math.functional import detached, flat_dot, named_shared
-from objreg.analysis.math.mixture import counterfactual, step_model
+from objreg.analysis.math.mixture import counterfactual
 from objreg.analysis.math.optimizers import adam_settings
+from objreg.analysis.math.weight_model import step_model
 
 NAMES = ["mlm", "sop"]
 USED = {"mlm": 1.0, "sop": 1.0}

@@ -4,10 +4,15 @@ against a brute-force grid."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from objreg.analysis.math.mixture import Quadratic, counterfactual, maximise, step_model, trust_box
+from objreg.analysis.math.mixture import counterfactual, measured_gain_error
+from objreg.analysis.math.trust_region import maximise, trust_box
+from objreg.analysis.math.weight_model import Quadratic, step_model
 from objreg.core.errors import InvalidParameterError
 
 NAMES = ["mlm", "sop"]
@@ -120,3 +125,16 @@ def test_the_run_level_counterfactual_is_labelled_local_and_shrinks_its_trust_re
     last = counterfactual(records[-1:], NAMES, "sgd", lr, radius=0.4, horizon=False)
     assert summary["recent"]["best"] == last["best"] and summary["recent"]["used"] == last["used"]
     assert "recent" not in last
+
+
+def test_the_measured_gain_error_is_the_package_data_docs_quote():
+    """The benchmark's figures live in objreg/data/ (not in the code); docs/analysis.md's summary
+    row quotes the same medians, rounded to percent."""
+    measured = measured_gain_error()
+    assert sorted(measured) == ["adam", "sgd"] and all(m["setting"] for m in measured.values())
+    page = (Path(__file__).resolve().parents[3] / "docs" / "analysis.md").read_text(encoding="utf-8")
+    quoted = re.search(r"median (\d+)% for SGD and (\d+)% for Adam over one step, (\d+)% and (\d+)% over 4, "
+                       r"(\d+)% and (\d+)% over 16", page)
+    assert quoted is not None
+    figures = [round(100 * measured[kind]["by_horizon"][h][0]) for h in (1, 4, 16) for kind in ("sgd", "adam")]
+    assert figures == [int(g) for g in quoted.groups()]

@@ -4,6 +4,9 @@ again at every perturbed point), in float64, on the default model and on a Huggi
 
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 import torch
 from torch import nn
@@ -11,7 +14,8 @@ from torch import nn
 import objreg
 from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import ObjectiveFunction, flat_dot, named_shared
-from objreg.analysis.math.refit import HeadProblem, RefitDownstream, default_l2, fit_head
+from objreg.analysis.math.head_fit import HeadProblem, default_l2, fit_head
+from objreg.analysis.math.refit import RefitDownstream, make_downstream
 from objreg.analysis.run.config import AnalysisConfig
 from objreg.analysis.run.prepare import prepare
 from objreg.core.errors import InvalidParameterError
@@ -217,3 +221,39 @@ def test_a_frozen_head_is_the_frozen_downstream(registry):
     assert report_config["downstream_head"] == "frozen" and "head_warmup" in report_config
     with pytest.raises(InvalidParameterError, match="downstream_head must be one of refit, frozen"):
         AnalysisConfig(pretrain=("mlm",), downstream_head="thawed")
+
+
+def test_make_downstream_builds_d_or_d_star_with_the_fit_sets_chunking(registry):
+    """The one builder: no head gives ``D`` (a frozen head), a head gives ``D*`` on the fit set,
+    chunked by the fit options; the user's own batches are used as given."""
+    model, built = refit_setup(registry, "qa")
+    frozen = make_downstream(built.task, built.batch)
+    assert type(frozen) is Downstream and frozen.evaluation_dtype == torch.float64
+    refit = make_downstream(built.task, built.batch, head=built.head, fit=built.fit_set.batch, fit_chunk_size=3,
+                            fit_chunk_tokens=10_000)
+    assert isinstance(refit, RefitDownstream) and refit.head == built.head
+    assert refit.fit_set.chunk_size == 3 and refit.fit_set.chunk_tokens == 10_000
+    assert max(c.batch_size for c in refit.fit_set.chunks) <= 3 < refit.fit_set.size
+    batches = [torch.ones(2, 3), torch.zeros(1, 3)]
+    user = make_downstream(objreg_callable(lambda model, batch: batch.sum(1)), batches)
+    assert type(user) is Downstream and user.chunks == batches and user.size == 3
+
+
+def test_no_module_builds_d_but_through_make_downstream():
+    """``Downstream`` and ``RefitDownstream`` are constructed in math/downstream.py and
+    math/refit.py only: every other module (the run, the screen, the probe, the experiments)
+    builds ``D`` with :func:`make_downstream`."""
+    source = Path(objreg.__file__).parent
+    builders = {source / "analysis" / "math" / "downstream.py", source / "analysis" / "math" / "refit.py"}
+    found = []
+    for path in sorted(source.rglob("*.py")):
+        if path in builders:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+                owner = node.func.value if isinstance(node.func, ast.Attribute) else None
+                if name in ("Downstream", "RefitDownstream") or (
+                        name == "of_batches" and getattr(owner, "id", "") in ("Downstream", "RefitDownstream")):
+                    found.append(f"{path.relative_to(source)}:{node.lineno}")
+    assert found == []

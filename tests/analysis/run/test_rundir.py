@@ -11,7 +11,8 @@ import pytest
 
 import objreg
 from objreg.analysis.run.checksum import ChecksumError, seal, unseal
-from objreg.analysis.run.fingerprint import absolute_paths, documents_digest
+from objreg.analysis.run.digests import documents_digest
+from objreg.analysis.run.fingerprint import absolute_paths
 from objreg.analysis.run.rundir import LOCK_FILE, claim
 from objreg.toolkit.atomic import atomic_file, remove_stale_temporaries
 

@@ -14,6 +14,8 @@ import torch
 import objreg
 from objreg.analysis.run.config import AnalysisConfig
 from objreg.analysis.run.screen import (
+    VALIDATED_SIZES,
+    VALIDITY_RESULT,
     Budget,
     Candidate,
     _reason,
@@ -159,6 +161,19 @@ def test_a_diverged_run_is_listed_with_its_reason_not_ranked():
     ranks = {e["candidate"]: (e["runnable"], e["rank"]) for e in entries}
     assert ranks == {"b": (True, 1), "a": (True, 2), "nan": (False, None)}
     assert "diverged" in entries[1]["reason"]
+
+
+def test_the_validity_line_reads_the_result_shipped_in_the_package():
+    """By default the line reads objreg/data/screen-validity.json (package data, the committed
+    result's copy), not a path climbed to from the module: the default setting is validated."""
+    shipped = json.loads(VALIDITY_RESULT.read_text())
+    assert shipped["name"] == "screen-validity"
+    setting = shipped["setting"]
+    task = next(iter(shipped["figures"]["per_task"]))
+    config = AnalysisConfig(pretrain=("mlm",), downstream=task, model=setting["model"], corpus=setting["corpus"],
+                            **{k: setting.get(f"{task}_{k}") or setting[k] for k in VALIDATED_SIZES})
+    line = validity_line(config, Budget(steps=setting["budget"]))
+    assert "Spearman ρ" in line and "not validated" not in line
 
 
 def test_the_validity_line_reads_the_committed_result_for_its_setting(tmp_path):

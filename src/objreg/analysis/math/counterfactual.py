@@ -17,7 +17,7 @@ A record cannot hold ``Δθ(α)`` for every ``α``, so the probe evaluates it at
 of weight vectors around the weights used (:func:`stencil`: for every pair of objectives, weight
 moved from one to the other and back, by up to ``radius × Σα``, the total held) and records the
 first- and second-order terms at each. The mixture model fits a quadratic in the weights through
-them (:func:`objreg.analysis.math.mixture.step_model`): exact at the stencil's points (to the Taylor
+them (:func:`objreg.analysis.math.weight_model.step_model`): exact at the stencil's points (to the Taylor
 remainder in ``Δθ``), interpolated between them.
 """
 

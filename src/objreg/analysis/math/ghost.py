@@ -5,7 +5,9 @@ Every module owning shared parameters contributes ``Σ_t ⟨g_{i,t}, (∂y/∂θ
 output gradient times the directional derivative of its output along its own parameters (for
 ``nn.Linear``: ``Σ_t g_{i,t}ᵀ V a_{i,t} + g_{i,t}ᵀ b_V``, and likewise for ``transformers``'
 ``Conv1D``; embeddings and LayerNorm have their own rules; any other module its local ``jvp``; a
-tied weight gets a term at each use, which sums to its one gradient). It needs first derivatives only, so it runs through fused attention kernels.
+tied weight gets a term at each use, which sums to its one gradient; the closed forms:
+:mod:`objreg.analysis.math.ghost_rules`). It needs first derivatives only, so it runs through
+fused attention kernels.
 :class:`GhostDots` also rides along an ordinary training backward, so the update's own pass
 yields the dots too. It attributes gradient by the row it flows through, which is ``∇ℓ_i`` only
 when the model treats rows independently and ``ℓ_i`` depends on its own row alone: never used
@@ -37,6 +39,16 @@ from torch import nn
 from torch.func import functional_call, jvp
 
 from objreg.analysis.math.functional import ObjectiveFunction, Params
+from objreg.analysis.math.ghost_rules import (
+    batched_dot,
+    embedding_dot,
+    is_conv1d,
+    layer_norm_dot,
+    linear_dot,
+    per_example_sum,
+    plain_embedding,
+    use_inner,
+)
 from objreg.core.errors import InvalidParameterError
 
 
@@ -44,62 +56,10 @@ class GhostUnsupportedError(NotImplementedError):
     """The model has a module the ghost rules cannot attribute per example (``auto`` moves on)."""
 
 
-def _batched_dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``[B]``: ``⟨a_i, b_i⟩`` over every dimension but the first (``vecdot``: no ``a * b`` temporary)."""
-    return torch.linalg.vecdot(a.flatten(1), b.flatten(1))
-
-
-def _per_example_sum(g: torch.Tensor, trailing: int) -> torch.Tensor:
-    """``g`` summed over every dimension between the batch and the last ``trailing`` ones."""
-    return g.reshape(g.shape[0], -1, *g.shape[g.dim() - trailing :]).sum(1)
-
-
-def _linear_dot(module: nn.Linear, x: torch.Tensor, g: torch.Tensor, d: dict[str, torch.Tensor]) -> torch.Tensor:
-    """``Σ_t g_tᵀ (V x_t + b_V)``, with the matmul on whichever side gives the smaller product."""
-    V, b = d.get("weight"), d.get("bias")
-    if V is None:
-        return _per_example_sum(g, 1) @ b
-    if V.shape[0] <= V.shape[1]:
-        return _batched_dot(F.linear(x, V, b), g)  # (B, ..., out): V x + b
-    dots = _batched_dot(g @ V, x)  # (B, ..., in): Vᵀ g
-    return dots if b is None else dots + _per_example_sum(g, 1) @ b
-
-
-def _embedding_dot(
-    module: nn.Embedding, ids: torch.Tensor, g: torch.Tensor, d: dict[str, torch.Tensor]
-) -> torch.Tensor:
-    tangent = F.embedding(ids, d["weight"])  # (B, ..., H): the rows of V the example looked up
-    if module.padding_idx is not None:  # that row gets no gradient
-        tangent = tangent.masked_fill((ids == module.padding_idx).unsqueeze(-1), 0.0)
-    return _batched_dot(tangent, g)
-
-
-def _layer_norm_dot(module: nn.LayerNorm, x: torch.Tensor, g: torch.Tensor, d: dict[str, torch.Tensor]) -> torch.Tensor:
-    """``Σ_t g_t · (x̂_t ⊙ V_γ + V_β)``; x̂ is recomputed here rather than kept from the forward."""
-    weight, bias = d.get("weight"), d.get("bias")
-    if weight is None:
-        return _per_example_sum(g, len(module.normalized_shape)).flatten(1) @ bias.flatten()
-    normalised = F.layer_norm(x, module.normalized_shape, None, None, module.eps)
-    tangent = normalised * weight if bias is None else torch.addcmul(bias, normalised, weight)
-    return _batched_dot(tangent, g)
-
-
-def _conv1d(module: nn.Module) -> bool:
-    """``transformers``' ``Conv1D`` (GPT-2's projections): ``x W + b`` with ``W`` stored ``[in, out]``,
-    told by its name so this module never imports ``transformers``."""
-    weight = getattr(module, "weight", None)
-    return type(module).__name__ == "Conv1D" and hasattr(module, "nf") and weight is not None and weight.dim() == 2
-
-
 def _registered_below(path: str, paths: list[str]) -> bool:
     """Whether a module below the one at ``path`` is among ``paths`` (the modules registering a parameter)."""
     prefix = f"{path}." if path else ""
     return any(other != path and other.startswith(prefix) for other in paths)
-
-
-def _plain_embedding(module: nn.Module) -> bool:
-    """An exact ``nn.Embedding`` whose gradient is plain row look-up (no renormalisation or scaling)."""
-    return type(module) is nn.Embedding and module.max_norm is None and not module.scale_grad_by_freq
 
 
 class GhostDots:
@@ -228,7 +188,7 @@ class GhostDots:
         for uses in self.uses.values():
             for i, a in enumerate(uses):
                 for j, b in enumerate(uses[: i + 1]):
-                    inner = _use_inner(a, b)
+                    inner = use_inner(a, b)
                     if inner is None:
                         self.norms_unsupported = "a parameter used both as a dense and as a factored gradient"
                         return None
@@ -245,7 +205,7 @@ class GhostDots:
         def forward_hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
             if self._replaying:
                 return None
-            if _plain_embedding(module) and args and isinstance(args[0], torch.Tensor) and args[0].dim() < 2:
+            if plain_embedding(module) and args and isinstance(args[0], torch.Tensor) and args[0].dim() < 2:
                 raise GhostUnsupportedError(
                     f"ghost dots need per-row embedding look-ups; {type(module).__name__} was called with an index "
                     f"tensor of shape {tuple(args[0].shape)} (positions shared by every row, say): pass ids of "
@@ -288,7 +248,7 @@ class GhostDots:
         b = g.shape[0]
         for local, name in own.items():
             use = None
-            if simple_call and (type(module) is nn.Linear or _conv1d(module)):
+            if simple_call and (type(module) is nn.Linear or is_conv1d(module)):
                 x = args[0].reshape(b, -1, args[0].shape[-1])
                 grad = g.reshape(b, -1, g.shape[-1])
                 if local == "weight":  # nn.Linear stores [out, in]: Σ g xᵀ; Conv1D [in, out]: Σ x gᵀ
@@ -297,13 +257,13 @@ class GhostDots:
                     use = ("dense", grad.sum(1))
             elif simple_call and type(module) is nn.LayerNorm:
                 shape = module.normalized_shape
-                grad = _per_example_sum(g, len(shape))
+                grad = per_example_sum(g, len(shape))
                 if local == "weight":
                     normalised = F.layer_norm(args[0], shape, None, None, module.eps)
-                    use = ("dense", _per_example_sum(g * normalised, len(shape)))
+                    use = ("dense", per_example_sum(g * normalised, len(shape)))
                 elif local == "bias":
                     use = ("dense", grad)
-            elif simple_call and _plain_embedding(module) and local == "weight":
+            elif simple_call and plain_embedding(module) and local == "weight":
                 ids = args[0].reshape(b, -1)
                 grad = g.reshape(b, -1, g.shape[-1])
                 if module.padding_idx is not None:  # that row gets no gradient
@@ -319,40 +279,20 @@ class GhostDots:
     ) -> torch.Tensor:
         simple_call = len(args) == 1 and not kwargs
         if simple_call and type(module) is nn.Linear:
-            return _linear_dot(module, args[0], g, d)
-        if simple_call and _conv1d(module):  # nn.Linear's rule, with the weight's transpose
-            return _linear_dot(module, args[0], g, {k: v.T if k == "weight" else v for k, v in d.items()})
+            return linear_dot(module, args[0], g, d)
+        if simple_call and is_conv1d(module):  # nn.Linear's rule, with the weight's transpose
+            return linear_dot(module, args[0], g, {k: v.T if k == "weight" else v for k, v in d.items()})
         if simple_call and type(module) is nn.LayerNorm:
-            return _layer_norm_dot(module, args[0], g, d)
-        if simple_call and _plain_embedding(module):
-            return _embedding_dot(module, args[0], g, d)
+            return layer_norm_dot(module, args[0], g, d)
+        if simple_call and plain_embedding(module):
+            return embedding_dot(module, args[0], g, d)
         # Any other module: the directional derivative of its output along its own parameters.
         self._replaying = True
         try:
             _, tangent = jvp(lambda p: functional_call(module, p, args, kwargs), (values,), (d,))
         finally:
             self._replaying = False
-        return _batched_dot(tangent, g)
-
-
-def _use_inner(a: tuple, b: tuple) -> torch.Tensor | None:
-    """``[B]``: the per-example inner product of two uses' gradients of one parameter (see
-    :attr:`GhostDots.uses`); None for a dense use against a factored one."""
-    if a[0] == "dense" and b[0] == "dense":
-        return _batched_dot(a[1], b[1])
-    if "dense" in (a[0], b[0]):
-        return None
-    right = torch.bmm(a[2], b[2].transpose(1, 2))  # (B, N_a, N_b): r_t · r_s
-    if a[0] == "factored" and b[0] == "factored":
-        left = torch.bmm(a[1], b[1].transpose(1, 2))  # l_t · l_s
-    elif a[0] == "ids" and b[0] == "ids":
-        left = (a[1].unsqueeze(2) == b[1].unsqueeze(1)).to(right.dtype)  # the same row of the table
-    else:  # a dense left vector against a one-hot one: the dense vector's entry at the id
-        dense, ids = (a, b) if a[0] == "factored" else (b, a)
-        left = torch.gather(dense[1], 2, ids[1].unsqueeze(1).expand(-1, dense[1].shape[1], -1))
-        if dense is b:
-            left = left.transpose(1, 2)
-    return (left * right).sum((1, 2))
+        return batched_dot(tangent, g)
 
 
 def dots_ghost(fn: ObjectiveFunction, shared: Params, direction: Params) -> torch.Tensor:

@@ -99,7 +99,7 @@ STEP_SETTINGS = ("lr", "betas", "eps", "weight_decay", "momentum", "dampening", 
                  "decoupled_weight_decay")
 
 
-def _group_of(optimizer: torch.optim.Optimizer, shared: Mapping[str, nn.Parameter]) -> dict:
+def shared_group(optimizer: torch.optim.Optimizer, shared: Mapping[str, nn.Parameter]) -> dict:
     """The parameter group of the shared parameters; several groups (a loop's decay and no-decay
     groups, say) only where they agree on every setting the step depends on."""
     ids = {id(p) for p in shared.values()}
@@ -119,7 +119,7 @@ def adam_settings(optimizer: torch.optim.Optimizer, shared: Mapping[str, nn.Para
     Raises:
         InvalidParameterError: an optimizer or setting whose step this does not model.
     """
-    group = _group_of(optimizer, shared)
+    group = shared_group(optimizer, shared)
     if isinstance(optimizer, torch.optim.SGD):
         if group["momentum"] or group["weight_decay"] or group.get("maximize"):
             raise InvalidParameterError("the analysis models plain SGD only (no momentum, weight decay or maximize)")
@@ -181,7 +181,7 @@ def decompose(
     """
     settings = adam_settings(optimizer, shared)
     if settings is None:
-        lr = float(_group_of(optimizer, shared)["lr"])
+        lr = float(shared_group(optimizer, shared)["lr"])
         parts = {k: {n: -lr * weights[k] * t for n, t in g.items()} for k, g in gradients.items()}
         rule = f"sgd: Δθ = −η Σ_k α_k g_k with η = {lr:g}; objective k's part is −η α_k g_k (exact, linear)"
         return StepDecomposition(parts, scale=lr, diagonal=None, rule=rule)

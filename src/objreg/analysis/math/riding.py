@@ -40,53 +40,21 @@ differ from an unmeasured step's by rounding.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 from torch.func import functional_call, jvp
 
+from objreg.analysis.math.autograd_graph import depends_on, sequence_now
 from objreg.analysis.math.functional import Params
-from objreg.analysis.math.ghost import GhostDots, GhostUnsupportedError, _batched_dot, _conv1d, _plain_embedding
+from objreg.analysis.math.ghost import GhostDots, GhostUnsupportedError
+from objreg.analysis.math.ghost_rules import batched_dot, is_conv1d, live_rows_dot, plain_embedding
 from objreg.analysis.math.per_example_linear import Slot, per_example_forward
+from objreg.analysis.math.riding_calls import ModuleCall, Segment
+from objreg.analysis.math.rng_replay import replaying_rng, rng_state
 from objreg.core.errors import InvalidParameterError
-
-
-@dataclass
-class _Call:
-    """One call of a module owning measured parameters, waiting for its output's gradient."""
-
-    module: nn.Module
-    values: Params
-    args: tuple
-    kwargs: dict
-    own: dict[str, str]
-    rows: int
-    segment: _Segment | None = None
-    slot: Slot | None = None  # a per-example linear layer's hand-over (``per_example=True``)
-    batch_dim: int = 0  # where the rows are in the output (1: a sequence-first nn.MultiheadAttention)
-    rng: tuple | None = None  # the generators' state as the call began, for its replay (its dropout)
-
-
-@dataclass
-class _Segment:
-    """One marked objective's losses in one pass: its calls' contributions, and ``∂L/∂ℓ``."""
-
-    name: str
-    rows: int
-    contributions: list[list[torch.Tensor]]  # per direction, per call: [rows]
-    cotangent: torch.Tensor | None = None
-    calls: int = 0
-    hooks: list[Any] = field(default_factory=list)
-    #: The measured parameters its losses depend on (their autograd graph), where asked for.
-    depends: set[str] | None = None
-    #: The measured parameters its calls' contractions covered.
-    reached: set[str] = field(default_factory=set)
-    #: The measured parameters its losses use outside every call of a module owning them.
-    outside: set[str] = field(default_factory=set)
 
 
 class RidingDots(GhostDots):
@@ -111,8 +79,8 @@ class RidingDots(GhostDots):
         self.directions = list(directions)
         self.per_example = per_example
         self._patched: list[nn.Module] = []
-        self.pending: list[_Call] = []
-        self.segments: list[_Segment] = []
+        self.pending: list[ModuleCall] = []
+        self.segments: list[Segment] = []
         #: False while the caller runs computations of its own (their calls are not recorded).
         self.recording = True
         #: Names of the parameters whose modules' calls a marked objective's backward reached.
@@ -129,14 +97,14 @@ class RidingDots(GhostDots):
         self._rng: dict[int, tuple] = {}  # a generic module's call → the generators' state at its start
 
     def _attach(self, module: nn.Module, own: dict[str, str]) -> None:
-        linear = type(module) is nn.Linear or _conv1d(module)
+        linear = type(module) is nn.Linear or is_conv1d(module)
         if self.per_example and linear and set(own) <= {"weight", "bias"} and "forward" not in vars(module):
             # Its own forward records the call: no forward hook (a hook sends every call down
             # nn.Module's slower path).
-            module.forward = per_example_forward(module, _conv1d(module), self._opener(own))
+            module.forward = per_example_forward(module, is_conv1d(module), self._opener(own))
             self._patched.append(module)
         else:
-            if not (type(module) in (nn.Linear, nn.LayerNorm) or _conv1d(module) or _plain_embedding(module)):
+            if not (type(module) in (nn.Linear, nn.LayerNorm) or is_conv1d(module) or plain_embedding(module)):
                 # Its contribution replays its forward (a jvp): with the generators as they were
                 # at the call, the replay draws the call's own dropout masks, and the loop's
                 # stream is left as it was.
@@ -145,7 +113,7 @@ class RidingDots(GhostDots):
 
     def _save_rng(self, module: nn.Module, args: tuple) -> None:
         if self._recorded():
-            self._rng[id(module)] = _rng_state(args)
+            self._rng[id(module)] = rng_state(args)
 
     def __enter__(self) -> RidingDots:
         super().__enter__()
@@ -159,12 +127,12 @@ class RidingDots(GhostDots):
 
     def _span_start(self, module: nn.Module, args: tuple) -> None:
         if self._recorded():
-            self._span_starts.setdefault(id(module), []).append(_sequence_now())
+            self._span_starts.setdefault(id(module), []).append(sequence_now())
 
     def _span_end(self, module: nn.Module, names: frozenset[str]) -> None:
         starts = self._span_starts.get(id(module))
         if self._recorded() and starts:
-            self.spans.append((starts.pop(), _sequence_now(), names))
+            self.spans.append((starts.pop(), sequence_now(), names))
 
     def __exit__(self, *exc: object) -> None:
         for module in self._patched:
@@ -190,7 +158,7 @@ class RidingDots(GhostDots):
         calls, self.pending = self.pending, []
         if not calls:
             # Measured parameters it uses whose modules never ran: used outside those modules.
-            unseen = _depends_on(losses, self._measured())[0] - self.called
+            unseen = depends_on(losses, self._measured())[0] - self.called
             if unseen:
                 raise InvalidParameterError(unseen_message([name], sorted(unseen)))
             raise InvalidParameterError(
@@ -202,9 +170,9 @@ class RidingDots(GhostDots):
             raise InvalidParameterError(
                 f"{type(wrong.module).__name__} ran on {wrong.rows} rows but the losses of {name!r} have {rows}: "
                 f"the dots ride a forward whose every module maps the batch's rows (batch first)")
-        segment = _Segment(name, rows, [[] for _ in self.directions], calls=len(calls))
+        segment = Segment(name, rows, [[] for _ in self.directions], calls=len(calls))
         if name not in self.traced:
-            segment.depends, segment.outside = _depends_on(losses, self._measured(), self.spans)
+            segment.depends, segment.outside = depends_on(losses, self._measured(), self.spans)
         for call in calls:
             call.segment = segment
             if call.slot is not None:
@@ -290,7 +258,7 @@ class RidingDots(GhostDots):
                 raise GhostUnsupportedError(f"{type(module).__name__} was called on a tensor of shape {tuple(x.shape)}: "
                                             f"dots riding the backward need every measured module to map the batch's rows")
             slot = Slot()
-            self.pending.append(_Call(module, {}, (x,), {}, own, x.shape[0], slot=slot))
+            self.pending.append(ModuleCall(module, {}, (x,), {}, own, x.shape[0], slot=slot))
             self.called.update(own.values())
             return slot
 
@@ -310,7 +278,7 @@ class RidingDots(GhostDots):
             rng = self._rng.pop(id(module), None)
             if not isinstance(output, torch.Tensor) or not output.requires_grad:
                 return  # nothing of this call is differentiated
-            if _plain_embedding(module) and args and isinstance(args[0], torch.Tensor) and args[0].dim() < 2:
+            if plain_embedding(module) and args and isinstance(args[0], torch.Tensor) and args[0].dim() < 2:
                 raise GhostUnsupportedError(
                     f"dots riding the backward need per-row embedding look-ups; {type(module).__name__} was called "
                     f"with an index tensor of shape {tuple(args[0].shape)} (positions shared by every row, say): "
@@ -318,7 +286,7 @@ class RidingDots(GhostDots):
             if output.dim() == 0:
                 raise GhostUnsupportedError(f"{type(module).__name__} returned a scalar: dots riding the backward "
                                             f"need every module owning measured parameters to map the batch's rows")
-            call = _Call(module, {local: _attribute(module, local) for local in own}, args, kwargs, own,
+            call = ModuleCall(module, {local: _attribute(module, local) for local in own}, args, kwargs, own,
                          output.shape[batch_dim], batch_dim=batch_dim, rng=rng)
             self.pending.append(call)
             self.called.update(own.values())
@@ -326,7 +294,7 @@ class RidingDots(GhostDots):
 
         return forward_hook
 
-    def _contract(self, call: _Call, g: torch.Tensor) -> None:
+    def _contract(self, call: ModuleCall, g: torch.Tensor) -> None:
         segment = call.segment
         if segment is None:  # not a marked objective's (a computation the caller runs under the hooks)
             return
@@ -337,7 +305,7 @@ class RidingDots(GhostDots):
                 d = {local: direction[name] for local, name in call.own.items()}
                 parts.append(self._contribution(call, g, d))
 
-    def _taker(self, call: _Call) -> Callable[[int, torch.Tensor, torch.Tensor | None], None]:
+    def _taker(self, call: ModuleCall) -> Callable[[int, torch.Tensor, torch.Tensor | None], None]:
         """Receives a per-example linear call's gradients chunk by chunk (its slot's ``take``)."""
         segment = call.segment
         own = call.own
@@ -370,16 +338,16 @@ class RidingDots(GhostDots):
 
         return take
 
-    def _contribution(self, call: _Call, g: torch.Tensor, d: Params) -> torch.Tensor:
+    def _contribution(self, call: ModuleCall, g: torch.Tensor, d: Params) -> torch.Tensor:
         module, args = call.module, call.args
-        wide = (type(module) is nn.Linear or _conv1d(module)) and len(args) == 1 and not call.kwargs
+        wide = (type(module) is nn.Linear or is_conv1d(module)) and len(args) == 1 and not call.kwargs
         if wide and g.shape[-1] > args[0].shape[-1]:
             # Conv1D stores its weight [in, out]: nn.Linear's layout is its transpose.
-            linear = {k: v.T if k == "weight" else v for k, v in d.items()} if _conv1d(module) else d
-            sparse = _live_rows_dot(args[0], g, linear)
+            linear = {k: v.T if k == "weight" else v for k, v in d.items()} if is_conv1d(module) else d
+            sparse = live_rows_dot(args[0], g, linear)
             if sparse is not None:
                 return sparse
-        with _replaying_rng(call.rng):
+        with replaying_rng(call.rng):
             if isinstance(module, nn.MultiheadAttention):
                 self._replaying = True
                 try:
@@ -388,7 +356,7 @@ class RidingDots(GhostDots):
                     self._replaying = False
                 if call.batch_dim:
                     tangent, g = tangent.transpose(0, call.batch_dim), g.transpose(0, call.batch_dim)
-                return _batched_dot(tangent, g)
+                return batched_dot(tangent, g)
             return self._dot(module, call.values, args, call.kwargs, g, d)
 
 
@@ -407,75 +375,4 @@ def _attribute(module: nn.Module, dotted: str) -> torch.Tensor:
         module = getattr(module, part)
     return module  # type: ignore[return-value]
 
-
-def _rng_state(args: tuple) -> tuple:
-    """The CPU generator's state, and that of the CUDA device the call runs on (if any)."""
-    device = next((a.device for a in args if isinstance(a, torch.Tensor) and a.is_cuda), None)
-    return torch.get_rng_state(), device, torch.cuda.get_rng_state(device) if device is not None else None
-
-
-@contextmanager
-def _replaying_rng(state: tuple | None) -> Iterator[None]:
-    """Run a call's replay with the generators as they were at the call, and leave them as they are."""
-    if state is None:
-        yield
-        return
-    cpu, device, cuda = state
-    with torch.random.fork_rng(devices=[device] if device is not None else []):
-        torch.set_rng_state(cpu)
-        if device is not None:
-            torch.cuda.set_rng_state(cuda, device)
-        yield
-
-
-def _sequence_now() -> int:
-    """The autograd sequence number the next node created here gets (read off a node made for it)."""
-    return torch.zeros((), requires_grad=True).mul(1).grad_fn._sequence_nr()
-
-
-def _depends_on(losses: torch.Tensor, measured: dict[int, str],
-                spans: list[tuple[int, int, frozenset[str]]] | None = None) -> tuple[set[str], set[str]]:
-    """The measured parameters (``id`` → name) among the leaves of ``losses``' autograd graph, and
-    (with ``spans``) those of them a node created outside every span of their owners uses."""
-    found: set[str] = set()
-    outside: set[str] = set()
-    seen: set[Any] = set()
-    stack = [losses.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        variable = getattr(node, "variable", None)  # an AccumulateGrad node: a leaf
-        if variable is not None and id(variable) in measured:
-            found.add(measured[id(variable)])
-        for next_node, _ in node.next_functions:
-            leaf = getattr(next_node, "variable", None)
-            if spans is not None and leaf is not None and id(leaf) in measured:
-                name, number = measured[id(leaf)], node._sequence_nr()
-                if not any(start < number < end and name in names for start, end, names in spans):
-                    outside.add(name)
-            stack.append(next_node)
-    return found, outside
-
-
-def _live_rows_dot(x: torch.Tensor, g: torch.Tensor, d: Params) -> torch.Tensor | None:
-    """``Σ_t g_tᵀ (V x_t + b_V)`` over the positions whose output gradient is not zero (``V`` in
-    ``nn.Linear``'s ``[out, in]`` layout); None where most positions are live (the dense rule is
-    then cheaper)."""
-    V, b = d.get("weight"), d.get("bias")
-    rows = g.shape[0]
-    grad = g.reshape(rows, -1, g.shape[-1])
-    live = (grad.amax(-1) != 0) | (grad.amin(-1) != 0)  # [B, N]; two reductions beat ne(0).any() threefold
-    count = int(live.sum())
-    if V is None or 2 * count > live.numel():
-        return None
-    example, position = live.nonzero(as_tuple=True)
-    picked = grad[example, position]  # [L, out]
-    inputs = x.reshape(rows, -1, x.shape[-1])[example, position]  # [L, in]
-    per_position = torch.linalg.vecdot(picked @ V, inputs)
-    if b is not None:
-        per_position = per_position + picked @ b
-    return torch.zeros(rows, dtype=per_position.dtype, device=per_position.device).index_add_(
-        0, example, per_position)
 

@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten
 
 from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import CallableLoss, ObjectiveFunction, batch_size_of, requiring_grad
-from objreg.analysis.math.refit import RefitDownstream
+from objreg.analysis.math.refit import make_downstream
 from objreg.analysis.parallel.group import Group, ProcessGroup
 from objreg.core.errors import InvalidParameterError
 from objreg.core.handles import Objective, Task
@@ -121,6 +121,28 @@ def checked_weights(weights: Mapping[str, float] | None, names: list[str]) -> di
     return out
 
 
+def unwrapped_model(model: Any) -> nn.Module:
+    """The module a probe measures: ``DistributedDataParallel``'s module, ``torch.compile``'s
+    original module (the probe's own transforms run the eager module), in any nesting.
+
+    Raises:
+        InvalidParameterError: ``model`` is not a ``torch.nn.Module``.
+    """
+    while isinstance(model, nn.parallel.DistributedDataParallel) or isinstance(
+            getattr(model, "_orig_mod", None), nn.Module):
+        model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model._orig_mod
+    if not isinstance(model, nn.Module):
+        raise InvalidParameterError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    return model
+
+
+def inner_optimizer(optimizer: Any) -> Any:
+    """The optimizer inside wrappers that hold it as ``.optimizer`` (as ``accelerate`` makes), in any nesting."""
+    while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
 def user_group(model: nn.Module) -> Group:
     """The user's default process group where one is running (the probe's collectives ride it)."""
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -142,15 +164,12 @@ def build_downstream(model: nn.Module, downstream: Any, eval_batches: Any, group
                                     "from eval_batches")
     if not names and fit_batches is not None:
         raise InvalidParameterError("fit_batches is for a re-fitted head: give downstream_head too")
-    options = {"group": group, "evaluation_dtype": eval_dtype}
+    options = {"head": names, "group": group, "evaluation_dtype": eval_dtype}
     if isinstance(downstream, Task):
         check_batch("eval_batches", eval_batches, model_device(model))
         if names:
             check_batch("fit_batches", fit_batches, model_device(model))
-            built: Downstream = RefitDownstream(downstream, eval_batches, fit_set=Downstream(downstream, fit_batches,
-                                                **options), head=names, **options)
-        else:
-            built = Downstream(downstream, eval_batches, **options)
+        built = make_downstream(downstream, eval_batches, fit=fit_batches, **options)
         built.check(model)
         return built
     if not callable(downstream):
@@ -159,12 +178,11 @@ def build_downstream(model: nn.Module, downstream: Any, eval_batches: Any, group
     loss = CallableLoss("downstream", downstream, role="downstream loss")
     batches = _batch_list("eval_batches", eval_batches, model)
     _runs_on(loss, "eval_batches", batches, model)
+    fits = None
     if names:
         fits = _batch_list("fit_batches", fit_batches, model)
         _runs_on(loss, "fit_batches", fits, model)
-        fit = Downstream.of_batches(loss, fits, **options)
-        return RefitDownstream.of_batches(loss, batches, head=names, fit_set=fit, **options)
-    return Downstream.of_batches(loss, batches, **options)
+    return make_downstream(loss, batches, fit=fits, **options)
 
 
 def _runs_on(loss: CallableLoss, what: str, batches: list[Any], model: nn.Module) -> None:

@@ -36,13 +36,21 @@ from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import Params, flat_dot, flat_norm, named_shared
 from objreg.analysis.math.riding import RidingDots, unseen_message
 from objreg.analysis.math.stats import mean_ci95
-from objreg.analysis.probe.arguments import Quiet, build_downstream, head_names, reached_by, user_group
+from objreg.analysis.probe.arguments import (
+    Quiet,
+    build_downstream,
+    head_names,
+    inner_optimizer,
+    reached_by,
+    unwrapped_model,
+    user_group,
+)
 from objreg.analysis.records import InRunRecord, RidingAlignment, Staleness
 from objreg.core.errors import InvalidParameterError, ProbeStateError
 from objreg.core.handles import Task
 
 #: ``∇D`` is recomputed every this many steps unless told otherwise: the step it is refreshed on
-#: costs about two training steps, the others a share of one (docs/performance.md, "Probe cost").
+#: costs far more than the steps between (docs/performance.md, "Probe cost", measures both).
 DEFAULT_REFRESH_EVERY = 32
 
 
@@ -78,11 +86,7 @@ class InRunAlignment:
         shared: Sequence[str] | None = None, downstream_head: nn.Module | Sequence[str] | None = None,
         fit_batches: Any = None, per_example: bool = False,
     ):
-        while isinstance(model, nn.parallel.DistributedDataParallel) or isinstance(
-                getattr(model, "_orig_mod", None), nn.Module):
-            model = model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model._orig_mod
-        if not isinstance(model, nn.Module):
-            raise InvalidParameterError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+        model = unwrapped_model(model)
         if isinstance(refresh_every, bool) or not isinstance(refresh_every, int) or refresh_every < 1:
             raise InvalidParameterError(f"refresh_every must be a positive integer (steps between two ∇D), got "
                                         f"{refresh_every!r}")
@@ -189,8 +193,7 @@ class InRunAlignment:
             InvalidParameterError: ``optimizer`` is not an optimizer, or ``on_record`` not callable.
             ProbeStateError: already attached, or inside a :meth:`step` block.
         """
-        while isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):  # accelerate's wrapper
-            optimizer = optimizer.optimizer
+        optimizer = inner_optimizer(optimizer)
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise InvalidParameterError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if on_record is not None and not callable(on_record):

@@ -23,7 +23,8 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
-from objreg.analysis.math.mixture import Quadratic, trust_box
+from objreg.analysis.math.trust_region import trust_box
+from objreg.analysis.math.weight_model import Quadratic
 from objreg.toolkit.atomic import atomic_file
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import math
+from typing import Any
 
 import torch
 
@@ -108,3 +109,13 @@ def mismatch_message(step: int, causes: list[str]) -> str:
     return (f"TransferProbe: the split of step {step} does not describe the step the optimizer took: "
             f"{'; '.join(causes)}; the record is flagged (update.decomposition_flagged) and its parts, first-order "
             f"terms and Taylor prediction are of another step. Usual causes: {'; '.join(LIKELY_CAUSES)}")
+
+
+def flagged(update: Any) -> Any:
+    """``update`` with ``decomposition_flagged`` after ``decomposition_residual`` (the schema's order)."""
+    out = {}
+    for key, value in update.items():
+        out[key] = value
+        if key == "decomposition_residual":
+            out["decomposition_flagged"] = True
+    return out

@@ -32,8 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from objreg.analysis.math.mixture import Quadratic, maximise, step_model, trust_box
 from objreg.analysis.math.stats import standard_error_of
+from objreg.analysis.math.trust_region import maximise, trust_box
+from objreg.analysis.math.weight_model import Quadratic, step_model
 from objreg.analysis.records import StepRecord
 from objreg.core.errors import InvalidParameterError
 

@@ -28,18 +28,13 @@ from objreg.analysis.run.adaptive import adaptive_summary
 from objreg.analysis.run.config import AnalysisConfig
 from objreg.analysis.run.contract import check_contracts
 from objreg.analysis.run.failures import resource_errors
-from objreg.analysis.run.fingerprint import (
-    RunInputs,
-    absolute_paths,
-    check_resumable,
-    check_same_config,
-    write_fingerprint,
-)
+from objreg.analysis.run.fingerprint import absolute_paths, check_resumable, check_same_config, write_fingerprint
 from objreg.analysis.run.loop import StepCallback, Trainer
 from objreg.analysis.run.naming import option, speaks_keywords
 from objreg.analysis.run.overfit import memorising_head
 from objreg.analysis.run.prepare import check, prepare
 from objreg.analysis.run.resume import load_checkpoint, remove_checkpoint, restore, resumed_config, save_checkpoint
+from objreg.analysis.run.run_inputs import RunInputs
 from objreg.analysis.run.rundir import claim
 from objreg.analysis.run.schedules import adaptive_rule
 from objreg.analysis.run.trained import can_save, save_backbone

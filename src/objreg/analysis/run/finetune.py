@@ -9,7 +9,7 @@ rate, batch order from the seed's ``finetune`` stream), then scored on the held-
 task's metric (``objreg_task_metrics``: accuracy for classification, exact match and F1 for
 ``qa``). Beside it, on the same splits, the **linear probe** of ``objreg analyze``: the task head's
 linear part re-fitted on the frozen backbone's features of the training rows (Newton, ``λ = 1/n``,
-:func:`objreg.analysis.math.refit.fit_head`), its held-out loss ``D*`` and its metric.
+:func:`objreg.analysis.math.head_fit.fit_head`), its held-out loss ``D*`` and its metric.
 
 The interval of each metric is a Student-t interval over seeds (each seed's metric pooled over its
 held-out rows); with one seed over folds, and with one seed and one split over rows (which
@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from objreg.analysis.math.refit import HeadProblem, default_l2, fit_head
+from objreg.analysis.math.head_fit import HeadProblem, default_l2, fit_head
 from objreg.analysis.math.stats import mean_ci95
 from objreg.analysis.parallel.devices import resolve_device
 from objreg.analysis.run.prepare import build_model

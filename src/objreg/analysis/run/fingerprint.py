@@ -3,37 +3,39 @@
 ``run.json`` (the fingerprint) holds the resolved settings (paths absolute), the ``config.json``
 the run wrote, content hashes of the corpus, the downstream data, the model directory and the
 tokenizer, the objreg and torch versions, and every plugin with the distribution (and version)
-it came from and a hash of its module's source (a plugin edited in place keeps its version). ``tokenizer.json`` is the tokenizer the run used (the ``tokenizers`` JSON; its
-special-token layout is in ``run.json``): a resumed run reads it from there, never from a cache
-or by training again.
+it came from and a hash of its module's source (a plugin edited in place keeps its version).
+``tokenizer.json`` is the tokenizer the run used (the ``tokenizers`` JSON; its special-token
+layout is in ``run.json``): a resumed run reads it from there, never from a cache or by training
+again.
 
 A resumed run is checked in stages, each as early as its inputs allow: the settings in
 ``config.json`` (:func:`check_config_unchanged`), then versions, plugins and the tokenizer file,
 before anything is loaded (:func:`check_resumable`); the checkpoint's checksum as it is read
-(:mod:`objreg.analysis.run.resume`); the corpus, the downstream data and the model as each is loaded
-(:class:`RunInputs`); and last the run's ``config`` section as rebuilt (vocabulary size, data
-sizes, device, parameter counts), which must equal the one it started with
-(:func:`check_same_config`).
+(:mod:`objreg.analysis.run.resume`); the corpus, the downstream data and the model as each is
+loaded (:mod:`objreg.analysis.run.run_inputs`); and last the run's ``config`` section as rebuilt
+(vocabulary size, data sizes, device, parameter counts), which must equal the one it started
+with (:func:`check_same_config`). The hashes: :mod:`objreg.analysis.run.digests`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import sys
-import types
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from objreg.analysis.run.digests import source_digest, text_digest
 from objreg.core.errors import DataError
 from objreg.core.registry import Registry
 from objreg.toolkit.atomic import atomic_file
-from objreg.toolkit.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from objreg.analysis.run.run_inputs import RunInputs
 
 FINGERPRINT = "run.json"
 TOKENIZER = "tokenizer.json"
@@ -86,16 +88,7 @@ def plugin_code(registry: Registry) -> dict[str, str]:
     """Every plugin's name → SHA-256 of its module's source file (``unknown`` where it has none)."""
     pm = registry.pm
     names = sorted({*pm.origins, *registry.objectives(), *registry.tasks()})
-    return {name: _source_digest(pm.get_plugin(name)) for name in names}
-
-
-def _source_digest(plugin: Any) -> str:
-    module = plugin if isinstance(plugin, types.ModuleType) else sys.modules.get(type(plugin).__module__)
-    path = getattr(module, "__file__", None)
-    try:
-        return file_digest(Path(path)) if path else "unknown"
-    except OSError:
-        return "unknown"
+    return {name: source_digest(pm.get_plugin(name)) for name in names}
 
 
 def objreg_version() -> str:
@@ -106,182 +99,6 @@ def objreg_version() -> str:
         return version("objreg")
     except PackageNotFoundError:
         return "0+unknown"
-
-
-def documents_digest(documents: Any) -> str:
-    """SHA-256 of a corpus's documents (sentence and document boundaries included)."""
-    digest = hashlib.sha256(b"objreg-corpus-v1\n")
-    for document in documents:
-        for sentence in document:
-            digest.update(sentence.encode("utf-8", "surrogatepass"))
-            digest.update(b"\x1f")
-        digest.update(b"\x1e")
-    return digest.hexdigest()
-
-
-def tensors_digest(batch: Any, extra: str = "") -> str:
-    """SHA-256 of a batch's tensors (each field's name, dtype, shape and values)."""
-    digest = hashlib.sha256(b"objreg-batch-v1\n" + extra.encode())
-    fields = batch._asdict() if hasattr(batch, "_asdict") else dict(vars(batch))
-    extras = fields.pop("extras", {}) or {}
-    for name, value in [*sorted(fields.items()), *sorted((f"extras.{k}", v) for k, v in extras.items())]:
-        if isinstance(value, torch.Tensor):
-            tensor = value.detach().cpu().contiguous()
-            digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}\n".encode())
-            digest.update(tensor.numpy().tobytes() if tensor.dtype != torch.bfloat16 else tensor.float().numpy().tobytes())
-    return digest.hexdigest()
-
-
-def file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def directory_digest(path: Path) -> str:
-    """SHA-256 over the names and contents of the regular files directly in ``path``."""
-    digest = hashlib.sha256(b"objreg-directory-v1\n")
-    for entry in sorted(path.iterdir()):
-        if entry.is_file():
-            digest.update(entry.name.encode("utf-8", "surrogatepass") + b"\0" + file_digest(entry).encode() + b"\n")
-    return digest.hexdigest()
-
-
-def tokenizer_layout(tokenizer: Any) -> tuple[str, dict[str, Any]] | None:
-    """``(tokenizers JSON, special-token layout)`` of an objreg :class:`Tokenizer` (what
-    :func:`tokenizer_from` rebuilds it from); None for another kind of tokenizer."""
-    backend = getattr(tokenizer, "backend", None)
-    if type(tokenizer) is not Tokenizer or not hasattr(backend, "to_str"):
-        return None
-    vocab = tokenizer.vocab
-
-    def token(i: int) -> str:
-        return backend.id_to_token(i)
-
-    layout = {
-        "name": tokenizer.name,
-        **{k: token(getattr(vocab, f"{k}_id")) for k in ("pad", "unk", "cls", "sep", "mask")},
-        "sentinels": [token(i) for i in vocab.sentinel_ids],
-        "named": {k: token(i) for k, i in vocab.named_ids.items()},
-    }
-    return backend.to_str(), layout
-
-
-def tokenizer_from(text: str, layout: Mapping[str, Any]) -> Tokenizer:
-    from tokenizers import Tokenizer as Backend
-
-    return Tokenizer(
-        Backend.from_str(text), pad=layout["pad"], unk=layout["unk"], cls=layout["cls"], sep=layout["sep"],
-        mask=layout["mask"], sentinels=tuple(layout["sentinels"]), named=dict(layout["named"]), name=layout["name"],
-    )
-
-
-class RunInputs:
-    """What a run loads, fingerprinted as it is loaded, through :meth:`registry`.
-
-    Fresh (``expected`` None): records the hashes; with ``keep``, writes the tokenizer into the run
-    directory. Resumed: the tokenizer comes from the run directory, and each hash must equal the
-    one the run recorded, else :class:`DataError` names what changed.
-    """
-
-    def __init__(self, run_dir: Path | None, expected: Mapping[str, Any] | None = None, keep: bool = False):
-        self.run_dir = run_dir
-        self.expected = expected
-        self.keep = keep and run_dir is not None
-        self.found: dict[str, Any] = {}
-
-    @classmethod
-    def resumed(cls, run_dir: Path) -> RunInputs:
-        return cls(run_dir, read_fingerprint(run_dir)["inputs"])
-
-    def registry(self, registry: Registry) -> Registry:
-        """``registry`` with its corpus, tokenizer, task data and model loads going through this."""
-        return _RecordingRegistry(registry, self)
-
-    def record(self, key: str, value: Any, what: str) -> None:
-        self.found[key] = value
-        if self.expected is None or key not in self.expected or self.expected[key] == value:
-            return
-        raise DataError(
-            f"cannot resume {str(self.run_dir)!r}: {what} changed since the run started (its content hash differs); "
-            f"resume with the original, or start a new run"
-        )
-
-    def tokenizer(self, load: Callable[[], Any]) -> Any:
-        if self.expected is not None and self.expected.get("tokenizer_layout") is not None:
-            assert self.run_dir is not None
-            path = self.run_dir / TOKENIZER
-            try:
-                text = path.read_text(encoding="utf-8")
-            except OSError as e:
-                raise DataError(f"cannot resume {str(self.run_dir)!r}: cannot read {TOKENIZER}: {e.strerror}") from None
-            self.record("tokenizer", _text_digest(text), f"the tokenizer kept in {TOKENIZER}")
-            self.found["tokenizer_layout"] = self.expected["tokenizer_layout"]
-            try:
-                return tokenizer_from(text, self.expected["tokenizer_layout"])
-            except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception for a bad file
-                raise DataError(f"cannot resume {str(self.run_dir)!r}: {TOKENIZER} cannot be read ({e})") from None
-        tokenizer = load()
-        kept = tokenizer_layout(tokenizer)
-        if kept is None:
-            self.found["tokenizer"] = self.found["tokenizer_layout"] = None
-            return tokenizer
-        text, layout = kept
-        self.record("tokenizer", _text_digest(text), "the tokenizer")
-        self.found["tokenizer_layout"] = layout
-        if self.keep:
-            assert self.run_dir is not None
-            with atomic_file(self.run_dir / TOKENIZER, "w") as f:
-                f.write(text)
-        return tokenizer
-
-
-def _text_digest(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-class _RecordingRegistry(Registry):
-    """A registry that loads through its original and tells a :class:`RunInputs` what it loaded.
-    It shares the original's state (a shallow copy), so validation is not repeated."""
-
-    def __init__(self, registry: Registry, inputs: RunInputs):  # noqa: D107 - no Registry.__init__: no revalidation
-        self.__dict__.update(vars(registry))
-        self._inputs = inputs
-
-    def load_corpus(self, name: str, cache_dir: Path) -> Any:
-        corpus = super().load_corpus(name, cache_dir)
-        self._inputs.record("corpus", documents_digest(corpus.documents), f"the corpus {name!r}")
-        return corpus
-
-    def load_tokenizer(self, model: str, corpus: Any, cache_dir: Path) -> Any:
-        return self._inputs.tokenizer(lambda: Registry.load_tokenizer(self, model, corpus, cache_dir))
-
-    def load_model(self, model: str, vocab: Any, heads: Any, config: Mapping[str, Any], generator: Any) -> Any:
-        path = Path(model).expanduser()
-        if path.is_dir():
-            self._inputs.record("model", directory_digest(path), f"the model directory {model!r}")
-        return super().load_model(model, vocab, heads, config, generator)
-
-    def get_task(self, name: str, **params: Any) -> Any:
-        task = super().get_task(name, **params)
-        original = task.task_data
-        inputs = self._inputs
-        calls = iter(range(1 << 30))
-
-        def task_data(source: str | None, *args: Any, **kwargs: Any) -> Any:
-            # Building the evaluation and head-fit sets may ask for task data several times, always
-            # in the same order: each call's result is recorded under its own key.
-            data = original(source, *args, **kwargs)
-            what = f"the downstream data {source!r}" if source else f"the built-in data of task {name!r}"
-            n = next(calls)
-            inputs.record("downstream" if n == 0 else f"downstream.{n}",
-                          tensors_digest(data.batch, repr(data.heads)), what)
-            return data
-
-        task.task_data = task_data  # type: ignore[method-assign]
-        return task
 
 
 def write_fingerprint(run_dir: Path, config: Any, report_config: Mapping[str, Any], inputs: RunInputs,
@@ -377,7 +194,7 @@ def check_resumable(run_dir: Path, registry: Registry) -> None:
     if inputs.get("tokenizer_layout") is not None:
         path = Path(run_dir) / TOKENIZER
         try:
-            digest = _text_digest(path.read_text(encoding="utf-8"))
+            digest = text_digest(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError) as e:
             raise DataError(f"cannot resume {shown!r}: its {TOKENIZER} cannot be read ({_reason(e)})") from None
         if digest != inputs.get("tokenizer"):

@@ -1,6 +1,8 @@
 """Everything a run needs before its first step, loaded through the registry: the corpus, the
 tokenizer, the objectives, the downstream data, the model with its fitted downstream head, and
-the trainer; plus the report's ``config`` section, which records what was loaded.
+the trainer; plus the report's ``config`` section, which records what was loaded. Two steps
+``objreg screen`` shares: :func:`load` (task, corpus, tokenizer, downstream sets) and
+:func:`start_model` (the model with its heads, the re-fitted head drawn anew).
 
 Names and parameters are checked first (:func:`check`), so an unknown objective fails in
 milliseconds, before anything heavy is loaded.
@@ -10,23 +12,24 @@ The downstream head is fitted on examples apart from those that define ``D``
 ``downstream_data``), the split is by **document**: evaluation documents are evenly spaced over
 the held-out ones, the fit set is built from the others, and a fit document that repeats a
 sentence of an evaluation document is left out, so no evaluation text is seen while fitting (a
-row split put 23 of the 64 default evaluation questions verbatim into fit contexts, since the
-cloze set's neighbouring questions share their context sentences). A task's own file
-(``downstream_data``) is split by rows: which of its rows share a source is the task's to know.
+row split put default evaluation questions verbatim into fit contexts, since the cloze set's
+neighbouring questions share their context sentences: docs/analysis.md counts them). A task's
+own file (``downstream_data``) is split by rows: which of its rows share a source is the task's
+to know.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import count_parameters, shared_parameters
-from objreg.analysis.math.refit import RefitDownstream
+from objreg.analysis.math.refit import make_downstream
 from objreg.analysis.parallel.group import Group
 from objreg.analysis.parallel.launch import check_batch
 from objreg.analysis.run.adaptive import adaptive_rule_of
@@ -58,7 +61,7 @@ def check(config: AnalysisConfig, registry: Registry) -> torch.device:
     device = config.resolved_device()
     registry.get_task(config.downstream, **config.objective_params.get(config.downstream, {}))
     for name in config.pretrain:
-        _check_fits(registry.get(name, **config.objective_params.get(name, {})).info, config)
+        check_fits(registry.get(name, **config.objective_params.get(name, {})).info, config)
     return device
 
 
@@ -80,30 +83,17 @@ def prepare(
     if group.device is not None:  # several processes: each on its own device (cuda:LOCAL_RANK)
         device = group.device
     check_batch(config.batch_size, group)
-    task = registry.get_task(config.downstream, **config.objective_params.get(config.downstream, {}))
-
-    status(f"loading corpus {config.corpus!r}")
-    corpus = registry.load_corpus(config.corpus, cache)
-    status(f"loading tokenizer for model {config.model!r}")
-    tokenizer = registry.load_tokenizer(config.model, corpus, cache)
-    pretrain_corpus, heldout = corpus.split()
-    if config.char_noise > 0:
-        # Pre-training text only (the held-out set defines D), from its own seeded stream.
-        noise = stream(config.seed, "char_noise")
-        pretrain_corpus = noisy_corpus(pretrain_corpus, config.char_noise, noise)
-    tokenized = TokenizedCorpus(tokenizer, pretrain_corpus, config.seq_len)
+    refit = config.downstream_head == "refit"
+    loaded = load(config, registry, cache, config.head_fit_size if refit or config.head_warmup_steps else 0, status)
+    task, corpus, tokenizer, tokenized = loaded.task, loaded.corpus, loaded.tokenizer, loaded.tokenized
+    eval_batch, fit_batch, split = loaded.eval_batch, loaded.fit_batch, loaded.split
     # The corpus vocabulary carries token counts (the inverse_frequency masking policy).
     objectives = {
         name: registry.get(name, vocab=tokenized.vocab, **config.objective_params.get(name, {}))
         for name in config.pretrain
     }
     for objective in objectives.values():  # a causal objective on an encoder-decoder, before loading it
-        objective.check_architecture(getattr(tokenizer, "architecture", "encoder"))
-
-    status(f"loading downstream data for {config.downstream!r}")
-    refit = config.downstream_head == "refit"
-    fit_size = config.head_fit_size if refit or config.head_warmup_steps else 0
-    eval_batch, fit_batch, task_heads, split = downstream_sets(task, config, heldout.documents, tokenizer, fit_size)
+        objective.check_architecture(loaded.architecture)
     if config.downstream_data is not None:
         check_unseen(eval_batch, tokenizer.vocab, corpus_sentences(tokenized),
                      f"--downstream-data {config.downstream_data}", config.corpus)
@@ -113,10 +103,7 @@ def prepare(
             f"head_fit_size gives {fit_batch.batch_size} fit examples for {group.world_size} processes: the "
             f"re-fitted head needs at least one per process; use head_fit_size ≥ {group.world_size}")
     status(f"building model {config.model!r}")
-    owners = {**{n: o.info.heads for n, o in objectives.items()}, task.name: task_heads}
-    model = build_model(registry, config.model, tokenizer.vocab, owners, config.seed)
-    head = redraw_downstream_heads(registry, model, task_heads, config.seed) if refit else ()
-    model.to(device=device, dtype=config.torch_dtype)
+    model, head = start_model(registry, config, loaded, objectives, device, refit)
 
     warmup: list[float] = []
     if refit:
@@ -131,14 +118,10 @@ def prepare(
     # start the processes apart (as DistributedDataParallel does).
     group.sync_([*model.parameters(), *model.buffers()])
     evaluation_dtype = DTYPES[config.eval_dtype] if config.eval_dtype != "model" else None
-    if refit:
-        downstream: Downstream = RefitDownstream(
-            task, eval_batch.to(device), group=group, evaluation_dtype=evaluation_dtype, head=head,
-            fit_set=Downstream(task, fit_batch.to(device), group=group, evaluation_dtype=evaluation_dtype,
-                               chunk_size=fit_chunk(fit_batch.batch_size, group.world_size),
-                               chunk_tokens=FIT_CHUNK_TOKENS))
-    else:
-        downstream = Downstream(task, eval_batch.to(device), group=group, evaluation_dtype=evaluation_dtype)
+    downstream = make_downstream(task, eval_batch.to(device), head=head, fit=fit_batch.to(device) if refit else None,
+                                 group=group, evaluation_dtype=evaluation_dtype,
+                                 fit_chunk_size=fit_chunk(fit_batch.batch_size, group.world_size),
+                                 fit_chunk_tokens=FIT_CHUNK_TOKENS)
     downstream.check(model)
     trainer = Trainer(
         model, objectives, config.weights, tokenized, downstream,
@@ -167,7 +150,7 @@ def prepare(
            {"head_warmup": {"examples": fit_batch.batch_size, "loss_before": warmup[0] if warmup else None,
                             "loss_after": warmup[-1] if warmup else None, **split}}),
         "objective_params": {n: dict(o.params) for n, o in objectives.items()},
-        "architecture": getattr(tokenizer, "architecture", "encoder"),
+        "architecture": loaded.architecture,
         "objective_attention": {n: o.info.pattern for n, o in objectives.items()},
         "optimizer_hyperparameters": {
             k: list(v) if isinstance(v, tuple) else v
@@ -176,6 +159,57 @@ def prepare(
         },
     }
     return trainer, report_config
+
+
+@dataclass
+class Loaded:
+    """What a run loads before it builds a model (:func:`load`): the downstream task, the corpus,
+    its tokenizer and tokenized pre-training text, and the task's evaluation and fit sets with its
+    heads and how they were split. ``objreg screen`` loads it once for all its candidates."""
+
+    task: Task
+    corpus: Any
+    tokenizer: Tokenizer
+    tokenized: TokenizedCorpus
+    eval_batch: CorruptedBatch
+    fit_batch: CorruptedBatch
+    task_heads: tuple[HeadSpec, ...]
+    split: dict[str, Any]
+
+    @property
+    def architecture(self) -> str:
+        return getattr(self.tokenizer, "architecture", "encoder")
+
+
+def load(config: AnalysisConfig, registry: Registry, cache: Path, fit_size: int,
+         status: Callable[[str], None] = lambda _: None) -> Loaded:
+    """Load the task, the corpus, the tokenizer and the downstream sets (``fit_size``: the head-fit
+    examples wanted, 0 for none); ``status`` is called as each stage starts."""
+    task = registry.get_task(config.downstream, **config.objective_params.get(config.downstream, {}))
+    status(f"loading corpus {config.corpus!r}")
+    corpus = registry.load_corpus(config.corpus, cache)
+    status(f"loading tokenizer for model {config.model!r}")
+    tokenizer = registry.load_tokenizer(config.model, corpus, cache)
+    pretrain_corpus, heldout = corpus.split()
+    if config.char_noise > 0:
+        # Pre-training text only (the held-out set defines D), from its own seeded stream.
+        pretrain_corpus = noisy_corpus(pretrain_corpus, config.char_noise, stream(config.seed, "char_noise"))
+    tokenized = TokenizedCorpus(tokenizer, pretrain_corpus, config.seq_len)
+    status(f"loading downstream data for {config.downstream!r}")
+    eval_batch, fit_batch, task_heads, split = downstream_sets(task, config, heldout.documents, tokenizer, fit_size)
+    return Loaded(task, corpus, tokenizer, tokenized, eval_batch, fit_batch, task_heads, split)
+
+
+def start_model(registry: Registry, config: AnalysisConfig, loaded: Loaded, objectives: Mapping[str, Any],
+                device: torch.device, refit: bool) -> tuple[nn.Module, tuple[str, ...]]:
+    """The model a run starts from, with the heads of ``objectives`` and of the task, on ``device``
+    in the run's dtype; and, with ``refit``, the names of the re-fitted head's parameters (the
+    task's heads drawn anew: :func:`redraw_downstream_heads`), else none."""
+    owners = {**{n: o.info.heads for n, o in objectives.items()}, loaded.task.name: loaded.task_heads}
+    model = build_model(registry, config.model, loaded.tokenizer.vocab, owners, config.seed)
+    head = redraw_downstream_heads(registry, model, loaded.task_heads, config.seed) if refit else ()
+    model.to(device=device, dtype=config.torch_dtype)
+    return model, head
 
 
 def build_model(
@@ -278,7 +312,8 @@ def split_evaluation(data: CorruptedBatch, eval_size: int, with_fit: bool) -> tu
     return data.select(chosen), data.select(torch.nonzero(rest).flatten())
 
 
-def _check_fits(info: Any, config: AnalysisConfig) -> None:
+def check_fits(info: Any, config: AnalysisConfig) -> None:
+    """Refuse an objective (its ``info``) whose shortest sequence is longer than the run's."""
     if config.seq_len < info.min_seq_len:
         raise InvalidParameterError(
             f"--seq-len {config.seq_len} is too short for {info.name!r}, which needs at least {info.min_seq_len} tokens"

@@ -36,19 +36,19 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any, TypedDict
 
 import torch
 
-from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import flat_dot, flat_norm, named_shared
-from objreg.analysis.math.refit import RefitDownstream
+from objreg.analysis.math.refit import make_downstream
 from objreg.analysis.probe.arguments import Quiet
 from objreg.analysis.probe.attention import derivable_attention
 from objreg.analysis.run.config import DTYPES, AnalysisConfig
 from objreg.analysis.run.loop import Trainer
-from objreg.analysis.run.prepare import FIT_CHUNK, _check_fits, build_model, downstream_sets, redraw_downstream_heads
+from objreg.analysis.run.prepare import FIT_CHUNK, Loaded, check_fits, load, start_model
 from objreg.analysis.run.screen_setting import NOT_VALIDATED
 from objreg.analysis.run.screen_setting import line as validity_for
 from objreg.analysis.run.screen_signals import Probe, Trajectory, interval, lookahead_drops, signals
@@ -56,7 +56,6 @@ from objreg.analysis.run.validation import check_providers
 from objreg.core.errors import DataError, InvalidParameterError
 from objreg.core.registry import Registry
 from objreg.toolkit.cache import cache_dir
-from objreg.toolkit.noise import noisy_corpus
 from objreg.toolkit.randomness import stream
 
 #: Steps per candidate when no budget is given (docs/performance.md: 8 candidates on the default
@@ -70,8 +69,9 @@ MAX_SECONDS = 86_400
 #: What the screen sets itself, so a caller may not.
 OWN_SETTINGS = ("pretrain", "weights", "schedule", "steps", "probe_every", "downstream_head", "spectrum",
                 "attribution_top", "head_warmup_steps")
-#: Where the experiment that validates the screen keeps its result (the repository's docs).
-VALIDITY_RESULT = Path(__file__).resolve().parents[4] / "docs" / "experiments" / "results" / "screen-validity.json"
+#: The result of the experiment that validates the screen, shipped as package data: a copy of
+#: docs/experiments/results/screen-validity.json, which objreg.experiments.docs writes together.
+VALIDITY_RESULT = resources.files("objreg") / "data" / "screen-validity.json"
 
 
 @dataclass(frozen=True)
@@ -286,33 +286,12 @@ def validity_line(config: AnalysisConfig, budget: Budget, path: Path = VALIDITY_
     return validity_for(result, config, str(budget), probe_every)
 
 
-class Loaded:
-    """What every candidate shares: corpus, tokenizer, task and its evaluation and fit sets."""
-
-    def __init__(self, config: AnalysisConfig, registry: Registry, cache: Path, status: Callable[[str], None]):
-        from objreg.toolkit.tokenizer import TokenizedCorpus
-
-        self.task = registry.get_task(config.downstream, **config.objective_params.get(config.downstream, {}))
-        status(f"loading corpus {config.corpus!r}")
-        corpus = registry.load_corpus(config.corpus, cache)
-        status(f"loading tokenizer for model {config.model!r}")
-        self.tokenizer = registry.load_tokenizer(config.model, corpus, cache)
-        pretrain_corpus, heldout = corpus.split()
-        if config.char_noise > 0:  # as analyze does: the pre-training text only, from its own stream
-            pretrain_corpus = noisy_corpus(pretrain_corpus, config.char_noise, stream(config.seed, "char_noise"))
-        self.tokenized = TokenizedCorpus(self.tokenizer, pretrain_corpus, config.seq_len)
-        status(f"loading downstream data for {config.downstream!r}")
-        self.eval_batch, self.fit_batch, self.task_heads, _ = downstream_sets(
-            self.task, config, heldout.documents, self.tokenizer, config.head_fit_size)
-        self.architecture = getattr(self.tokenizer, "architecture", "encoder")
-
-
 def _reason(registry: Registry, candidate: Candidate, config: AnalysisConfig, loaded: Loaded) -> str | None:
     """Why ``candidate`` cannot run here (analyze's own checks), or None."""
     try:
         for name in candidate.objectives:
             objective = registry.get(name, vocab=loaded.tokenized.vocab, **candidate.params.get(name, {}))
-            _check_fits(objective.info, config)
+            check_fits(objective.info, config)
             objective.check_architecture(loaded.architecture)
             # A missing special token or an objective the corpus cannot feed fails on its first batch.
             sample = loaded.tokenized.sample(2, torch.Generator().manual_seed(0),
@@ -338,15 +317,11 @@ def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig,
     ``on_outcome``: called with the model after the outcome run (the validity experiment saves it)."""
     objectives = {n: registry.get(n, vocab=loaded.tokenized.vocab, **candidate.params.get(n, {}))
                   for n in candidate.objectives}
-    owners = {**{n: o.info.heads for n, o in objectives.items()}, loaded.task.name: loaded.task_heads}
-    model = build_model(registry, config.model, loaded.tokenizer.vocab, owners, config.seed)
-    head = redraw_downstream_heads(registry, model, loaded.task_heads, config.seed)
-    model.to(device=device, dtype=config.torch_dtype)
+    model, head = start_model(registry, config, loaded, objectives, device, refit=True)
     evaluation_dtype = DTYPES[config.eval_dtype] if config.eval_dtype != "model" else None
-    downstream = RefitDownstream(
-        loaded.task, loaded.eval_batch.to(device), evaluation_dtype=evaluation_dtype, head=head,
-        fit_set=Downstream(loaded.task, loaded.fit_batch.to(device), evaluation_dtype=evaluation_dtype,
-                           chunk_size=FIT_CHUNK))
+    downstream = make_downstream(loaded.task, loaded.eval_batch.to(device), head=head,
+                                 fit=loaded.fit_batch.to(device), evaluation_dtype=evaluation_dtype,
+                                 fit_chunk_size=FIT_CHUNK)
     downstream.check(model)
     if start:
         downstream.load_state_dict(start)
@@ -514,7 +489,7 @@ def screen(
     base = AnalysisConfig(pretrain=(parsed[0].objectives[0],), downstream=downstream or "qa", **settings)
     check_providers(base, registry)
     device = base.resolved_device()
-    loaded = Loaded(base, registry, cache or cache_dir(), status)
+    loaded = load(base, registry, cache or cache_dir(), base.head_fit_size, status)
     reasons = {c.label: _reason(registry, c, base, loaded) for c in parsed}
     if all(reasons.values()):
         raise InvalidParameterError("no candidate can run here: " + "; ".join(f"{k}: {v}" for k, v in reasons.items()))

@@ -1,21 +1,32 @@
-"""The probed step's peak memory of the cost table: fitted to the measured runs, printed in docs/performance.md."""
+"""benchmarks/peak_model.py, the probed step's peak memory: fitted to the measured runs, printed in docs/performance.md."""
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from objreg.analysis.math import costs
+REPO = Path(__file__).resolve().parents[2]
+DOCS = REPO / "docs"
 
-DOCS = Path(__file__).resolve().parents[3] / "docs"
+
+def _load() -> object:
+    """benchmarks/peak_model.py, loaded from its file (the benchmarks are not an installed package)."""
+    spec = importlib.util.spec_from_file_location("peak_model", REPO / "benchmarks" / "peak_model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+peak_model = _load()
 
 
 def test_the_fit_is_the_least_squares_fit_of_the_runs():
     """Each setting's (a, b, c) against numpy's least squares in float64 on the same runs."""
-    for (optimizer, head), (a, b, c) in costs.probe_peak().items():
-        runs = [r for r in costs.PEAK_RUNS if r[:2] == (optimizer, head)]
+    for (optimizer, head), (a, b, c) in peak_model.probe_peak().items():
+        runs = [r for r in peak_model.PEAK_RUNS if r[:2] == (optimizer, head)]
         design = np.array([[4.0 * p, 4.0 * f * t * h * n, 2.0**30] for _, _, p, h, n, f, t, _ in runs])
         expected = np.linalg.lstsq(design, np.array([r[7] for r in runs], dtype=np.float64), rcond=None)[0]
         assert (a, b, c) == pytest.approx(tuple(expected), rel=1e-6)
@@ -23,20 +34,20 @@ def test_the_fit_is_the_least_squares_fit_of_the_runs():
 
 def test_the_linear_model_holds_for_every_run_of_the_re_fitted_head_under_adamw():
     """More runs than unknowns: the fitted line passes within 3% of each measured peak."""
-    runs = [r for r in costs.PEAK_RUNS if r[:2] == ("adamw", "refit")]
+    runs = [r for r in peak_model.PEAK_RUNS if r[:2] == ("adamw", "refit")]
     assert len(runs) > 3
     for _, _, p, h, n, f, t, peak in runs:
-        predicted = costs.probe_peak_bytes(p, "adamw", "refit", costs.activation_bytes(f, t, h, n))
+        predicted = peak_model.probe_peak_bytes(p, "adamw", "refit", peak_model.activation_bytes(f, t, h, n))
         assert predicted == pytest.approx(peak, rel=0.03)
 
 
 def test_the_re_fitted_head_and_adam_cost_the_most_per_parameter():
     """The re-fitted head's curvature holds a second set of products, and Adam's step takes more
     directions than SGD's (its parts and the counterfactual's stencil)."""
-    a = {setting: fitted[0] for setting, fitted in costs.probe_peak().items()}
+    a = {setting: fitted[0] for setting, fitted in peak_model.probe_peak().items()}
     assert a[("adamw", "refit")] > a[("adamw", "frozen")]
     assert a[("adamw", "refit")] > a[("sgd", "refit")]
 
 
 def test_the_peak_table_is_the_one_in_the_docs():
-    assert costs.peak_table() in (DOCS / "performance.md").read_text(encoding="utf-8")
+    assert peak_model.peak_table() in (DOCS / "performance.md").read_text(encoding="utf-8")
