@@ -10,5 +10,6 @@ memory (:mod:`.costs`); the Taylor terms (:mod:`.taylor`) and ``D``'s resolution
 (:mod:`.resolution`); Adam's exact one-step counterfactual (:mod:`.counterfactual`); the change
 as a quadratic in the weights (:mod:`.weight_model`), its trust-region optimum
 (:mod:`.trust_region`) and the run's counterfactual (:mod:`.mixture`); the spectrum
-(:mod:`.spectrum`); intervals (:mod:`.stats`, :mod:`.batch_means`); checks shared by the kept
+(:mod:`.spectrum`); intervals (:mod:`.stats`, :mod:`.batch_means`); how well one ranking predicts another
+(:mod:`.ranking`); checks shared by the kept
 states (:mod:`.state_checks`). Imports :mod:`objreg.analysis.parallel` and nothing above it."""
