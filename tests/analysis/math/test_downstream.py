@@ -96,3 +96,13 @@ def test_a_float32_model_is_evaluated_in_float64_at_its_current_parameters(qa):
     own = Downstream(task, batch, evaluation_dtype=None)
     assert own.unit_roundoff(model) == 2.0**-24
     assert own.loss(model) == pytest.approx(moved, rel=1e-5) and own.loss(model) != moved
+
+
+def test_a_set_with_nothing_to_trim_is_not_checked(qa):
+    """Every row as long as the padded set (SQuAD's full windows): the chunks are the padded rows
+    themselves, so the check evaluates nothing (a model is not even looked at)."""
+    task, batch, _ = qa
+    full = batch._replace(is_padding=torch.zeros_like(batch.is_padding))
+    downstream = Downstream(task, full, chunk_size=4)
+    assert downstream.tokens == full.input_ids.numel()
+    assert downstream.check(None) and downstream.compact

@@ -152,7 +152,14 @@ class Downstream:
 
     def check(self, model: nn.Module) -> bool:
         """Use the trimmed chunks only if they give the padded set's per-example losses (to
-        rounding); returns whether they do (decided together by every process)."""
+        rounding); returns whether they do (decided together by every process). Where no chunk
+        was trimmed (every row as long as the padded set's: a SQuAD set of full windows), the
+        chunks hold the padded set's own rows and columns and there is nothing to compare: every
+        process sees the same chunks, so all of them skip it alike."""
+        width = self.batch.input_ids.shape[1] if self.batch is not None else None
+        if width is not None and all(c.input_ids.shape[1] == width for c in self.chunks):
+            self.compact = True
+            return True
         shared = detached(named_shared(model, self.shared))
         spans = self._spans()[self.group.rank :: self.group.world_size]
         with torch.no_grad():
