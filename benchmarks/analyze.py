@@ -163,7 +163,7 @@ def parts(cache: str, extra: list[str], threads: int | None) -> dict[str, Any]:
         seconds = sum(v for k, v in cpu.items() if k.split("/")[-1] == part and part not in k.split("/")[:-1])
         if seconds:
             table[part] = {"cpu_s": rounded(seconds), "peak_mib": rounded(max(v for k, v in peak.items()
-                                                                                if k.split("/")[-1] == part), 1)}
+                                                                                if k.split("/")[-1] == part))}
     table["training"] = {"cpu_s": rounded(top.get("step", 0.0) - inside("step") + cpu.get("step/batches", 0.0)
                                           + cpu.get("step/gradients", 0.0))}
     table["other"] = {"cpu_s": rounded(measured["total_cpu_s"] - sum(top.values()))}
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     extra = (minilm_arguments() if args.model == "minilm" else []) + args.extra.split()
     repeats = args.repeats or (1 if args.model == "minilm" else 3)
     threads = {"torch_threads_in_subprocess": args.threads or "torch default"}
-    load_before = os.getloadavg()[0]
+    load_before, checkout = os.getloadavg()[0], commit()  # the code the runs import: taken before them
     with tempfile.TemporaryDirectory(prefix="objreg-bench-cache-") as cache:
         if args.only_parts:
             timed: dict[str, Any] = {}
@@ -219,9 +219,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "command": " ".join(["objreg", *COMMAND, *extra]),
         **timed,
         "target_cpu_s": TARGETS[args.model][0],
-        "peak_rss_mib": rounded(peak, 1),
+        "peak_rss_mib": rounded(peak),
         "target_peak_mib": TARGETS[args.model][1],
-        "commit": commit(),
+        "commit": checkout,
         **({"parts": by_part} if by_part else {}),
     }
     emit(result, args.json, [(k, v) for k, v in result.items() if not isinstance(v, (dict, list))])
