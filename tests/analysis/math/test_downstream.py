@@ -96,3 +96,37 @@ def test_a_float32_model_is_evaluated_in_float64_at_its_current_parameters(qa):
     own = Downstream(task, batch, evaluation_dtype=None)
     assert own.unit_roundoff(model) == 2.0**-24
     assert own.loss(model) == pytest.approx(moved, rel=1e-5) and own.loss(model) != moved
+
+
+def test_a_set_with_nothing_to_trim_is_not_checked(qa):
+    """Every row as long as the padded set (SQuAD's full windows): the chunks are the padded rows
+    themselves, so the check evaluates nothing (a model is not even looked at)."""
+    task, batch, _ = qa
+    full = batch._replace(is_padding=torch.zeros_like(batch.is_padding))
+    downstream = Downstream(task, full, chunk_size=4)
+    assert downstream.tokens == full.input_ids.numel()
+    assert downstream.check(None) and downstream.compact
+
+
+def test_only_the_trimmed_chunks_are_checked(qa, monkeypatch):
+    """Chunks as wide as the padded set hold its own rows and columns: the check evaluates the
+    trimmed chunks' rows alone (padded and trimmed), and still uses the compact chunks."""
+    task, batch, model = qa
+    full = batch.is_padding.clone()
+    full[: batch.batch_size // 2] = False  # the first half of the rows fill the width
+    downstream = Downstream(task, batch._replace(is_padding=full), chunk_size=4)
+    widths = [c.input_ids.shape[1] for c in downstream.chunks]
+    short = sum(c.batch_size for c in downstream.chunks if c.input_ids.shape[1] < batch.input_ids.shape[1])
+    assert 0 < short < batch.batch_size and max(widths) == batch.input_ids.shape[1]
+    import objreg.analysis.math.downstream as module
+
+    evaluated = []
+    original = module.ObjectiveFunction
+
+    def counting(model, task, chunk, **options):
+        evaluated.append(chunk.batch_size)
+        return original(model, task, chunk, **options)
+
+    monkeypatch.setattr(module, "ObjectiveFunction", counting)
+    assert downstream.check(model) and downstream.compact
+    assert sum(evaluated) == 2 * short  # those rows padded, then in their trimmed chunks

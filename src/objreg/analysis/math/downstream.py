@@ -152,28 +152,42 @@ class Downstream:
 
     def check(self, model: nn.Module) -> bool:
         """Use the trimmed chunks only if they give the padded set's per-example losses (to
-        rounding); returns whether they do (decided together by every process)."""
-        shared = detached(named_shared(model, self.shared))
-        spans = self._spans()[self.group.rank :: self.group.world_size]
-        with torch.no_grad():
-            rows = torch.cat([self.order[s] for s in spans]) if spans else self.order[:0]
-            padded = ObjectiveFunction(model, self.task, self.batch.select(rows), shared=self.shared)(shared) \
-                if spans else None
-            try:
-                compact = torch.cat([ObjectiveFunction(model, self.task, c, shared=self.shared)(shared)
-                                     for c in self.local_chunks])
-                tolerance = 1e-9 if compact.dtype == torch.float64 else 1e-4
-                agrees = padded is None or (compact.shape == padded.shape and bool(
-                    torch.allclose(compact, padded, rtol=tolerance, atol=tolerance * float(padded.abs().max()))
-                ))
-            except (RuntimeError, IndexError, ValueError):
-                agrees = False
+        rounding); returns whether they do (decided together by every process). Only the chunks
+        that were trimmed are compared: one as wide as the padded set holds the padded set's own
+        rows and columns (SQuAD's full windows), so there is nothing to compare there; where no
+        chunk was trimmed at all, every process sees that alike and none evaluates anything."""
+        width = self.batch.input_ids.shape[1] if self.batch is not None else None
+        if width is not None and all(c.input_ids.shape[1] == width for c in self.chunks):
+            self.compact = True
+            return True
+        local = list(zip(self._spans(), self.chunks))[self.group.rank :: self.group.world_size]
+        cut = [(s, c) for s, c in local if c.input_ids.shape[1] < width]
+        agrees = bool(local) and not cut  # this process's chunks are all untrimmed: nothing to compare
+        if not agrees:
+            agrees = self._trimmed_agree(model, [s for s, _ in cut], [c for _, c in cut])
         disagreeing = self.group.all_reduce_sum(torch.tensor(0.0 if agrees else 1.0))
         self.compact = float(disagreeing) == 0.0
         if not self.compact:
             self.order = torch.arange(self.batch.batch_size)
             self.chunks = [self.batch.select(rows) for rows in self._spans()]
         return self.compact
+
+    def _trimmed_agree(self, model: nn.Module, spans: list[slice], chunks: list[Any]) -> bool:
+        """Whether ``chunks`` give the per-example losses of their rows (``spans``) padded."""
+        shared = detached(named_shared(model, self.shared))
+        with torch.no_grad():
+            rows = torch.cat([self.order[s] for s in spans]) if spans else self.order[:0]
+            padded = ObjectiveFunction(model, self.task, self.batch.select(rows), shared=self.shared)(shared) \
+                if spans else None
+            try:
+                compact = torch.cat([ObjectiveFunction(model, self.task, c, shared=self.shared)(shared)
+                                     for c in chunks])
+                tolerance = 1e-9 if compact.dtype == torch.float64 else 1e-4
+                return padded is None or (compact.shape == padded.shape and bool(
+                    torch.allclose(compact, padded, rtol=tolerance, atol=tolerance * float(padded.abs().max()))
+                ))
+            except (RuntimeError, IndexError, ValueError):
+                return False
 
     def functions(self, model: nn.Module) -> list[ObjectiveFunction]:
         """This process's share of ``D`` as per-chunk functions of the shared parameters (all of

@@ -156,10 +156,17 @@ def fit_head(problem: HeadProblem, start: Params, rows: int, l2: float, group: G
     def objective(x: torch.Tensor) -> torch.Tensor:
         return problem.total(unflattened(x, like)) / rows
 
+    def chunk_objective(call: Callable[[Params], torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+        return lambda x: call(unflattened(x, like)).sum() / rows
+
     def derivatives(x: torch.Tensor) -> tuple[float, torch.Tensor, torch.Tensor]:
         value = objective(x).detach()
         gradient = torch.func.grad(objective)(x)
-        hessian = torch.func.hessian(objective)(x)
+        # Chunk by chunk: forward mode carries one tangent per head parameter, and over the whole
+        # fit set at once those tangents' intermediates leave the cache; the sum is the same
+        # Hessian to rounding (docs/performance.md, the MiniLM job).
+        hessian = sum((torch.func.hessian(chunk_objective(call))(x) for call in problem.calls),
+                      torch.zeros(x.numel(), x.numel(), dtype=x.dtype, device=x.device))
         value, gradient, hessian = group.all_reduce_sum((value, gradient, hessian))
         identity = torch.eye(x.numel(), dtype=x.dtype, device=x.device)
         return (float(value) + l2 / 2 * float(x @ x), gradient + l2 * x, hessian + l2 * identity)
