@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from pathlib import Path
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
