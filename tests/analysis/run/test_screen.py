@@ -18,13 +18,13 @@ from objreg.analysis.run.screen import (
     VALIDITY_RESULT,
     Budget,
     Candidate,
-    _reason,
     parse_budget,
     parse_candidates,
     rank_with_ties,
     screen,
     validity_line,
 )
+from objreg.analysis.run.screen_run import unrunnable_reason
 from objreg.analysis.run.screen_setting import describe
 
 #: A small float64 setting: rows, sets and a re-fitted head small enough for a test.
@@ -131,15 +131,15 @@ def test_settings_the_screen_sets_are_refused(registry):
         screen("mlm", "qa", registry=registry, steps=3)
 
 
-def test_a_causal_candidate_on_an_encoder_decoder_is_listed_with_its_reason(registry, tokenizer, texts):
+def test_a_causal_candidate_on_an_encoder_decoder_is_listed_with_itsunrunnable_reason(registry, tokenizer, texts):
     corpus = objreg.Corpus("tiny", tuple(tuple(objreg.split_sentences(t)) for t in texts * 4))
     loaded = SimpleNamespace(tokenized=objreg.TokenizedCorpus(tokenizer, corpus, 40), architecture="encoder-decoder")
     config = AnalysisConfig(pretrain=("mlm",), seq_len=40)
     clm = Candidate("clm", ("clm",), {})
-    assert "does not run on an encoder-decoder" in _reason(registry, clm, config, loaded)
-    assert _reason(registry, Candidate("t5", ("t5",), {}), config, loaded) is None
+    assert "does not run on an encoder-decoder" in unrunnable_reason(registry, clm, config, loaded)
+    assert unrunnable_reason(registry, Candidate("t5", ("t5",), {}), config, loaded) is None
     loaded.architecture = "encoder"
-    assert _reason(registry, clm, config, loaded) is None
+    assert unrunnable_reason(registry, clm, config, loaded) is None
 
 
 def _entry(name, mean, low, high):

@@ -13,7 +13,8 @@ import objreg
 from objreg.analysis.math.refit import RefitDownstream
 from objreg.analysis.run import screen as screen_module
 from objreg.analysis.run.loop import Trainer
-from objreg.analysis.run.screen import MAX_STEPS, parse_budget, rank_with_ties, screen
+from objreg.analysis.run.screen import parse_budget, rank_with_ties, screen
+from objreg.analysis.run.screen_candidates import MAX_SECONDS, MAX_STEPS
 
 SMALL = {"batch_size": 4, "seq_len": 48, "eval_size": 8, "head_fit_size": 16, "dtype": "float64"}
 
@@ -137,7 +138,7 @@ def test_an_interval_that_is_not_a_number_is_not_ranked(score):
 
 def test_the_largest_budgets_are_accepted():
     assert parse_budget(MAX_STEPS).steps == MAX_STEPS
-    assert parse_budget(f"{screen_module.MAX_SECONDS}s").seconds == screen_module.MAX_SECONDS
+    assert parse_budget(f"{MAX_SECONDS}s").seconds == MAX_SECONDS
 
 
 @pytest.mark.parametrize("candidates, message", [

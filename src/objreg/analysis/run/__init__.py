@@ -7,5 +7,6 @@ directory: ownership (:mod:`.rundir`), what the numbers depend on (:mod:`.finger
 hashes :mod:`.digests`, the inputs hashed as they load :mod:`.run_inputs`), sealed checkpoints
 and resuming (:mod:`.checksum`, :mod:`.resume`), resource failures (:mod:`.failures`) and the
 trained backbone a run leaves (:mod:`.trained`). ``objreg screen``'s short runs
-(:mod:`.screen`), their signals (:mod:`.screen_signals`) and the setting its validity is read
+(:mod:`.screen`): the candidates and budget (:mod:`.screen_candidates`), one candidate's run
+(:mod:`.screen_run`), their signals (:mod:`.screen_signals`) and the setting its validity is read
 for (:mod:`.screen_setting`); ``objreg finetune``'s fine-tunes and linear probe (:mod:`.finetune`)."""

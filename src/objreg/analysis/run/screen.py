@@ -34,7 +34,7 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -42,163 +42,31 @@ from typing import Any, TypedDict
 
 import torch
 
-from objreg.analysis.math.functional import flat_dot, flat_norm, named_shared
-from objreg.analysis.math.refit import make_downstream
-from objreg.analysis.probe.arguments import Quiet
-from objreg.analysis.probe.attention import derivable_attention
-from objreg.analysis.run.config import DTYPES, AnalysisConfig
-from objreg.analysis.run.loop import Trainer
-from objreg.analysis.run.prepare import FIT_CHUNK, Loaded, check_fits, load, start_model
+from objreg.analysis.run.config import AnalysisConfig
+from objreg.analysis.run.prepare import load
+from objreg.analysis.run.screen_candidates import (
+    DEFAULT_BUDGET,
+    Budget,
+    Candidate,
+    parse_budget,
+    parse_candidates,
+)
+from objreg.analysis.run.screen_run import score_run, unrunnable_reason
 from objreg.analysis.run.screen_setting import NOT_VALIDATED
 from objreg.analysis.run.screen_setting import line as validity_for
-from objreg.analysis.run.screen_signals import Probe, Trajectory, interval, lookahead_drops, signals
+from objreg.analysis.run.screen_signals import interval
 from objreg.analysis.run.validation import check_providers
-from objreg.core.errors import DataError, InvalidParameterError
+from objreg.core.errors import InvalidParameterError
 from objreg.core.registry import Registry
 from objreg.toolkit.cache import cache_dir
 from objreg.toolkit.randomness import stream
 
-#: Steps per candidate when no budget is given (docs/performance.md: 8 candidates on the default
-#: model in a few minutes on two CPU cores).
-DEFAULT_BUDGET = 8
-#: The most steps a budget may give, and a time budget may run (it stops at its time first unless
-#: steps are very cheap).
-MAX_STEPS = 10_000
-#: The longest time budget per candidate: a day.
-MAX_SECONDS = 86_400
 #: What the screen sets itself, so a caller may not.
 OWN_SETTINGS = ("pretrain", "weights", "schedule", "steps", "probe_every", "downstream_head", "spectrum",
                 "attribution_top", "head_warmup_steps")
 #: The result of the experiment that validates the screen, shipped as package data: a copy of
 #: docs/experiments/results/screen-validity.json, which objreg.experiments.docs writes together.
 VALIDITY_RESULT = resources.files("objreg") / "data" / "screen-validity.json"
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One candidate: its ``label`` as given, its objectives with their parameters (as strings,
-    validated by the plugins), and their weights (equal, summing to 1)."""
-
-    label: str
-    objectives: tuple[str, ...]
-    params: Mapping[str, Mapping[str, str]]
-
-    @property
-    def weights(self) -> dict[str, float]:
-        return dict.fromkeys(self.objectives, 1.0 / len(self.objectives))
-
-
-@dataclass(frozen=True)
-class Budget:
-    """Steps per candidate, or seconds per candidate (then steps run until the time is spent)."""
-
-    steps: int | None = None
-    seconds: float | None = None
-
-    def __str__(self) -> str:
-        return f"{self.steps} steps" if self.steps is not None else f"{self.seconds:g}s"
-
-
-def parse_budget(budget: int | str | Budget) -> Budget:
-    """``12`` or ``"12"``: steps; ``"90s"``: seconds per candidate.
-
-    Raises:
-        InvalidParameterError: anything else, or a budget that is not positive.
-    """
-    if isinstance(budget, Budget):
-        return budget
-    if isinstance(budget, bool):
-        raise InvalidParameterError(f"budget must be a number of steps or seconds like 90s, got {budget!r}")
-    if isinstance(budget, int):
-        if budget < 2:
-            raise InvalidParameterError(f"budget must be at least 2 steps (an interval needs two probes), got {budget}")
-        if budget > MAX_STEPS:
-            raise InvalidParameterError(f"budget must be at most {MAX_STEPS} steps per candidate (a screen is a short "
-                                        f"run; analyze trains longer), got {budget}")
-        return Budget(steps=budget)
-    text = str(budget).strip()
-    try:
-        if text.endswith("s"):
-            seconds = float(text[:-1])
-            if not math.isfinite(seconds) or seconds <= 0:
-                raise ValueError
-            if seconds > MAX_SECONDS:
-                raise InvalidParameterError(f"budget must be at most {MAX_SECONDS}s per candidate (a screen is a short "
-                                            f"run; analyze trains longer), got {budget!r}")
-            return Budget(seconds=seconds)
-        return parse_budget(int(text))
-    except InvalidParameterError:  # a ValueError too, but already the message to give
-        raise
-    except ValueError:
-        raise InvalidParameterError(
-            f"budget must be a number of steps (at least 2, e.g. 12) or of seconds per candidate (e.g. 90s), "
-            f"got {budget!r}") from None
-
-
-def parse_candidates(candidates: str | Sequence[str], registry: Registry) -> list[Candidate]:
-    """Candidates from ``"mlm,mlm:mask_prob=0.4,mlm+sop"`` (or a list of such entries), each
-    objective and parameter checked against its plugin.
-
-    Grammar: candidates separated by ``,``; a mixture's objectives by ``+``; an objective's
-    parameters follow it after ``:``, each ``NAME=VALUE``, several separated by ``:``.
-
-    Raises:
-        InvalidParameterError: no candidate, a malformed entry, an unknown objective or parameter,
-            a bad parameter value, an objective repeated within a mixture, or a candidate repeated.
-    """
-    if isinstance(candidates, str):
-        entries = candidates.split(",")
-    elif isinstance(candidates, Sequence):
-        entries = list(candidates)
-        wrong = [e for e in entries if not isinstance(e, str)]
-        if wrong:
-            wrong = wrong[0]
-            raise InvalidParameterError(f"every candidate must be a string like 'mlm', 'mlm:mask_prob=0.4' or "
-                                        f"'mlm+sop'; got {wrong!r} ({type(wrong).__name__})")
-    else:
-        raise InvalidParameterError(f"candidates must be a comma-separated string or a list of strings, got "
-                                    f"{type(candidates).__name__}")
-    entries = [e.strip() for e in entries if e.strip()]
-    if not entries:
-        raise InvalidParameterError("no candidate given: name at least one, e.g. --candidates mlm,clm,sop")
-    parsed: list[Candidate] = []
-    seen: dict[frozenset, str] = {}  # what each candidate trains on, after its plugins' parsing → its label
-    for entry in entries:
-        objectives: list[str] = []
-        params: dict[str, dict[str, str]] = {}
-        resolved: dict[str, str] = {}
-        for part in entry.split("+"):
-            name, *assignments = [p.strip() for p in part.split(":")]
-            if not name:
-                raise InvalidParameterError(f"malformed candidate {entry!r}: expected OBJECTIVE[:PARAM=VALUE...]"
-                                            f"[+OBJECTIVE...], e.g. mlm:mask_prob=0.4 or mlm+sop")
-            if name in objectives:
-                raise InvalidParameterError(f"candidate {entry!r} names {name!r} twice")
-            given: dict[str, str] = {}
-            for assignment in assignments:
-                key, sep, value = assignment.partition("=")
-                if not sep or not key.strip() or not value.strip():
-                    raise InvalidParameterError(f"malformed parameter {assignment!r} in candidate {entry!r}: "
-                                                f"expected NAME=VALUE, e.g. mlm:mask_prob=0.4")
-                if key.strip() in given:
-                    raise InvalidParameterError(f"candidate {entry!r} gives {name}'s parameter {key.strip()!r} twice")
-                given[key.strip()] = value.strip()
-            # Unknown names, unknown parameters and bad values, in the plugin's words; its parsed
-            # parameters (defaults filled in) tell two spellings of one candidate apart.
-            resolved[name] = repr(sorted(registry.get(name, **given).params.items()))
-            objectives.append(name)
-            if given:
-                params[name] = given
-        label = "+".join(o + "".join(f":{k}={v}" for k, v in params.get(o, {}).items()) for o in objectives)
-        if any(c.label == label for c in parsed):
-            raise InvalidParameterError(f"candidate {label!r} is given twice")
-        same = frozenset(resolved.items())  # a mixture's order and a parameter's spelling aside
-        if same in seen:
-            raise InvalidParameterError(f"candidates {seen[same]!r} and {label!r} are the same objective(s) with the "
-                                        f"same parameters (defaults included): screen each once")
-        seen[same] = label
-        parsed.append(Candidate(label, tuple(objectives), params))
-    return parsed
 
 
 class Interval(TypedDict):
@@ -286,143 +154,6 @@ def validity_line(config: AnalysisConfig, budget: Budget, path: Path = VALIDITY_
     return validity_for(result, config, str(budget), probe_every)
 
 
-def _reason(registry: Registry, candidate: Candidate, config: AnalysisConfig, loaded: Loaded) -> str | None:
-    """Why ``candidate`` cannot run here (analyze's own checks), or None."""
-    try:
-        for name in candidate.objectives:
-            objective = registry.get(name, vocab=loaded.tokenized.vocab, **candidate.params.get(name, {}))
-            check_fits(objective.info, config)
-            objective.check_architecture(loaded.architecture)
-            # A missing special token or an objective the corpus cannot feed fails on its first batch.
-            sample = loaded.tokenized.sample(2, torch.Generator().manual_seed(0),
-                                             min_sentences=objective.info.min_sentences, what=name)
-            if not objective.prepares:
-                objective.corrupt(sample, torch.Generator().manual_seed(0))
-    except (InvalidParameterError, DataError) as error:
-        return str(error)
-    return None
-
-
-def _score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig, loaded: Loaded,
-               budget: Budget, probe_every: int, device: torch.device,
-               on_step: Callable[[int], None], start: dict[str, Any], outcome_steps: int | None = None,
-               second_order: bool = False, on_outcome: Callable[[torch.nn.Module], None] | None = None
-               ) -> dict[str, Any]:
-    """Train ``candidate`` alone from the shared start and probe it (module docstring).
-
-    ``start``: the re-fitted head at the shared start (``RefitDownstream.state_dict``), filled by
-    the first candidate's first probe; every later candidate's first solve starts from it, so the
-    shared start's head is solved from zero once rather than once per candidate. ``second_order``:
-    also ``½ Δθᵀ∇²D*Δθ`` at each probe (:mod:`objreg.analysis.run.screen_signals`).
-    ``on_outcome``: called with the model after the outcome run (the validity experiment saves it)."""
-    objectives = {n: registry.get(n, vocab=loaded.tokenized.vocab, **candidate.params.get(n, {}))
-                  for n in candidate.objectives}
-    model, head = start_model(registry, config, loaded, objectives, device, refit=True)
-    evaluation_dtype = DTYPES[config.eval_dtype] if config.eval_dtype != "model" else None
-    downstream = make_downstream(loaded.task, loaded.eval_batch.to(device), head=head,
-                                 fit=loaded.fit_batch.to(device), evaluation_dtype=evaluation_dtype,
-                                 fit_chunk_size=FIT_CHUNK)
-    downstream.check(model)
-    if start:
-        downstream.load_state_dict(start)
-    steps = budget.steps if budget.steps is not None else MAX_STEPS
-    trainer = Trainer(model, objectives, candidate.weights, loaded.tokenized, downstream, optimizer=config.optimizer,
-                      lr=config.lr, batch_size=config.batch_size, seed=config.seed, device=device, steps=steps)
-    shared = named_shared(model, None)
-    trajectory = Trajectory()
-    per_token: list[float] = []
-    tokens: list[int] = []
-    started = time.monotonic()
-    initial = None
-    previous = None  # D* at the previous probe
-    diverged: tuple[int, str] | None = None
-    step = 0
-    while step < steps:
-        # A time budget runs on to its second probe at least: a rank needs an interval.
-        if budget.seconds is not None and len(trajectory.probes) >= 2 and time.monotonic() - started >= budget.seconds:
-            break
-        probed = step % probe_every == 0
-        _, batches = trainer.next_batches()
-        weights = candidate.weights
-        step_losses, gradients = trainer.accumulate_gradients(step, batches, weights, keep=True)
-        loss = sum(weights[n] * v for n, v in step_losses.items())
-        if not math.isfinite(loss):
-            diverged = (step, f"its training loss is {loss}")
-            break
-        trajectory.losses.append(loss)
-        combined = {p: sum(weights[n] * gradients[n][p] for n in gradients) for p in shared}
-        count = sum(int((~b.is_padding).sum()) for b in batches.values())
-        tokens.append(count)
-        if probed:
-            before = {n: p.detach().clone() for n, p in shared.items()}
-            with Quiet(model), derivable_attention():
-                value = downstream.loss(model)
-                if not math.isfinite(value):
-                    diverged = (step, f"its D* is {value}")
-                    break
-                curvature = downstream.curvature(model, before)
-                if not second_order:
-                    gradient, _ = curvature.gradient_and_products([])
-            if not start:
-                start.update(downstream.state_dict())
-            initial = value if initial is None else initial
-            if previous is not None and initial > 0 and abs(value - previous) > initial:
-                diverged = (step, f"D* went from {previous:.4g} to {value:.4g} in {probe_every} step(s), a change "
-                                  f"larger than D* at the start ({initial:.4g})")
-                break
-            previous = value
-        trainer.optimizer.step()
-        if not all(bool(torch.isfinite(p).all()) for p in shared.values()):
-            diverged = (step, "its weights became infinite or NaN")
-            break
-        if probed:
-            delta = {n: p.detach() - before[n] for n, p in shared.items()}
-            second = None
-            if second_order:  # ∇D* and ∇²D*Δθ at θ_t (the curvature object holds θ_t), one call
-                with Quiet(model), derivable_attention():
-                    gradient, (product,) = curvature.gradient_and_products([delta])
-                second = 0.5 * float(flat_dot(delta, product))
-            score = -float(flat_dot(gradient, delta))
-            # A step whose first-order prediction moves D* by more than D* itself at the start is far
-            # outside the regime where a first-order term predicts anything.
-            if not math.isfinite(score) or (initial > 0 and abs(score) > initial):
-                diverged = (step, f"its step's predicted change of D* ({-score:+.4g}) is larger than D* at the start "
-                                  f"({initial:.4g}): far outside the first-order regime")
-                break
-            trajectory.probes.append(Probe(
-                step=step, dstar=value, predicted_drop=score, curvature=second,
-                alignment=float(flat_dot(gradient, combined)), dstar_gradient_norm=float(flat_norm(gradient)),
-                gradient_norm=float(flat_norm(combined)), step_norm=float(flat_norm(delta))))
-            per_token.append(1000.0 * score / max(count, 1))
-        step += 1
-        on_step(step)
-    spent = time.monotonic() - started
-    if diverged is not None:  # nothing after it means anything; D* may not even be defined
-        return {"steps": step, "probes": len(trajectory.probes), "diverged": diverged, "initial": initial,
-                "seconds": spent}
-    with Quiet(model):
-        final = downstream.loss(model)
-    outcome = outcome_seconds = None
-    if outcome_steps is not None:  # the validity experiment's outcome: the same run, continued unprobed
-        continued = time.monotonic()
-        for later in range(step, outcome_steps):
-            _, batches = trainer.next_batches()
-            trainer.accumulate_gradients(later, batches, candidate.weights, keep=False)
-            trainer.optimizer.step()
-        with Quiet(model):
-            outcome = downstream.loss(model)
-        outcome_seconds = time.monotonic() - continued
-        if on_outcome is not None:
-            on_outcome(model)
-    return {
-        "steps": step, "probes": len(trajectory.probes), "diverged": None,
-        "scores": [p.predicted_drop for p in trajectory.probes], "per_token": per_token,
-        "lookahead": lookahead_drops(trajectory, step, final), "signals": signals(trajectory, step, final),
-        "tokens_per_step": sum(tokens) / len(tokens), "initial": initial, "final": final,
-        "seconds": spent, "outcome": outcome, "outcome_seconds": outcome_seconds,
-    }
-
-
 def screen(
     candidates: str | Sequence[str],
     downstream: str | None = None,
@@ -490,7 +221,7 @@ def screen(
     check_providers(base, registry)
     device = base.resolved_device()
     loaded = load(base, registry, cache or cache_dir(), base.head_fit_size, status)
-    reasons = {c.label: _reason(registry, c, base, loaded) for c in parsed}
+    reasons = {c.label: unrunnable_reason(registry, c, base, loaded) for c in parsed}
     if all(reasons.values()):
         raise InvalidParameterError("no candidate can run here: " + "; ".join(f"{k}: {v}" for k, v in reasons.items()))
     if on_plan is not None:
@@ -537,7 +268,7 @@ def screen(
                 if on_outcome is not None:
                     on_outcome(label, model)
 
-            run = _score_run(registry, candidate, base, loaded, budget, probe_every, device, report_step, start,
+            run = score_run(registry, candidate, base, loaded, budget, probe_every, device, report_step, start,
                              outcome_steps, second_order, outcome_model)
             _fill(entry, run)
             current = None
