@@ -115,7 +115,6 @@ WRAPPED: list[tuple[Any, str, str]] = [
     (curvature.Curvature, "gradient_and_products", "hvp"),
     (refit_curvature.RefitCurvature, "gradient_and_products", "hvp_refit"),
     (refit_curvature.FeatureChunk, "moved", "features_moved"),
-    (refit_curvature.FeatureChunk, "pull", "features_pulled"),
     (engine.Probe, "_per_sample", "per_sample"),
     (engine.Probe, "_first_order_errors", "shapley_errors"),
     (engine.Probe, "_spectrum", "spectrum"),
