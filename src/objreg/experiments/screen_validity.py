@@ -44,7 +44,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -169,18 +168,7 @@ def parts(config: Config) -> list[tuple[int, int]]:
 def tiny_model(folder: Path) -> Path:
     """A 2-layer, 32-wide BERT with all-MiniLM-L6-v2's tokenizer files, its weights drawn from the
     stream ``new_weights`` of seed 0 (the quick setting's model)."""
-    import transformers
-
-    bert = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                   intermediate_size=64, max_position_embeddings=128)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(stream_seed(0, "new_weights"))
-        transformers.BertModel(bert, add_pooling_layer=False).save_pretrained(folder)
-    source = Path(_support.minilm())
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt"):
-        if (source / name).is_file():
-            shutil.copy(source / name, folder / name)
-    return folder
+    return _support.tiny_bert(folder, stream_seed(0, "new_weights"))
 
 
 def _task_files(config: Config, task: str, seed: int, folder: Path):
