@@ -65,9 +65,10 @@ def main(argv: list[str] | None = None) -> objreg.AlignmentReport:
     model, objectives, optimizer = setup.model, setup.objectives, setup.optimizer
     weights = {name: 1.0 for name in objectives}
     evaluation = setup.probe.downstream  # D: the evaluation set, and the fit set the head is re-fitted on
-    probe = objreg.TransferProbe(model, objectives, evaluation.task, optimizer, eval_batches=evaluation.batch,
-                                 downstream_head=list(evaluation.head), fit_batches=evaluation.fit_set.batch,
-                                 weights=weights, shared=list(setup.shared), seed=args.seed, steps=args.steps)
+    probe = objreg.make_probe(model, evaluation.task, objectives=objectives, optimizer=optimizer,
+                              eval_batches=evaluation.batch, downstream_head=list(evaluation.head),
+                              fit_batches=evaluation.fit_set.batch, weights=weights, shared=list(setup.shared),
+                              settings=objreg.ProbeSettings(seed=args.seed), steps=args.steps)
     writer = objreg.RunWriter(args.out)
     writer.start_steps()
     scalars = objreg.TensorBoardScalars(args.out / "tensorboard") if args.tensorboard else None

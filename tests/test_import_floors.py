@@ -172,7 +172,7 @@ def test_analysis_keeps_its_modules_in_rooms():
 
 
 def test_the_probe_and_its_outputs_load_none_of_the_run():
-    code = ("import sys; from objreg import TransferProbe, RunWriter, TensorBoardScalars; "
+    code = ("import sys; from objreg import make_probe, ProbeSettings, TransferProbe, RunWriter, TensorBoardScalars; "
             "print([m for m in sys.modules if m.startswith('objreg.analysis.run')])")
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600, check=True)

@@ -11,7 +11,8 @@ The public API. Plugin authors import from here (and from :mod:`objreg.toolkit`)
 
 Importing objreg loads the hook markers, the errors and the plugin manager only. Everything else
 loads on first use: the contract's types and the toolkit (they need torch), the analyzer
-(``analyze``, ``AnalysisConfig``, ``AlignmentReport``, ``TransferProbe``, ``InRunAlignment``, ``RunWriter``,
+(``analyze``, ``AnalysisConfig``, ``AlignmentReport``, ``make_probe``, ``ProbeSettings``, ``TransferProbe``,
+``InRunAlignment``, ``RunWriter``,
 ``TensorBoardScalars``, ``ProbeCallback``) and the experiments.
 """
 
@@ -43,7 +44,9 @@ from objreg.toolkit.cache import cache_dir
 if TYPE_CHECKING:
     from objreg.analysis.probe.hf_callback import ProbeCallback
     from objreg.analysis.probe.in_run import InRunAlignment
+    from objreg.analysis.probe.make import make_probe
     from objreg.analysis.probe.report import AlignmentReport
+    from objreg.analysis.probe.settings import ProbeSettings
     from objreg.analysis.probe.tensorboard import TensorBoardScalars
     from objreg.analysis.probe.transfer_probe import TransferProbe
     from objreg.analysis.probe.writer import RunWriter
@@ -108,6 +111,8 @@ _LAZY = {
     "FineTuneReport": ("objreg.analysis.run.finetune", "FineTuneReport"),
     "FineTuneSchedule": ("objreg.analysis.run.finetune", "Schedule"),
     "AlignmentReport": ("objreg.analysis.probe.report", "AlignmentReport"),
+    "make_probe": ("objreg.analysis.probe.make", "make_probe"),
+    "ProbeSettings": ("objreg.analysis.probe.settings", "ProbeSettings"),
     "TransferProbe": ("objreg.analysis.probe.transfer_probe", "TransferProbe"),
     "InRunAlignment": ("objreg.analysis.probe.in_run", "InRunAlignment"),
     "ProbeCallback": ("objreg.analysis.probe.hf_callback", "ProbeCallback"),
@@ -160,6 +165,7 @@ __all__ = [
     "PluginError",
     "PluginFailure",
     "ProbeCallback",
+    "ProbeSettings",
     "ProbeStateError",
     "Provider",
     "Registry",
@@ -188,6 +194,7 @@ __all__ = [
     "hookspec",
     "list_objectives",
     "list_tasks",
+    "make_probe",
     "masks",
     "prepare",
     "screen",

@@ -206,3 +206,64 @@ class ShardedRecord(TypedDict):
     downstream_loss_after: float
     actual_delta: float
     update: ShardedUpdate
+
+
+class SummaryAlignment(TypedDict):
+    """One objective's alignment over the run (``summary.alignment.<k>``, docs/analysis.md)."""
+
+    dot: float  # mean over the probes of the mean per-example dot with ∇D
+    ci95: list[float]  # its interval, widened for the trajectory's autocorrelation
+    effective_probes: float
+    lag1_autocorrelation: float  # raw; 0 below three probes
+    cosine: float  # the pooled cosine: the probes' gradients laid end to end against ∇D's
+    mean_probe_cosine: float
+    update_cosine: float
+    conflict_fraction: float
+    grad_norm: float
+    first_order_contribution: float  # Σ_t the objective's part's first-order improvement
+    sign_disagreements: int  # probes where the raw gradient and the part disagree on the sign
+    second_order_share: NotRequired[float]
+    predicted_contribution: NotRequired[float]
+
+
+class TaylorError(TypedDict):
+    first_order: float  # |first-order term − actual improvement|
+    first_plus_second_order: float
+    scale: float  # Σ_t |∇D·Δθ_t|, a scale that does not cancel
+    scaled: dict[str, float | None]  # the errors over the scale
+    rounding_floor: float
+
+
+class TaylorRegime(TypedDict):
+    inside: bool
+    steps_outside: list[int]
+    max_second_to_first: float | None
+    rule: str
+
+
+class Summary(TypedDict):
+    """The run's summary (``AlignmentReport.summary``): improvements are positive when ``D`` falls."""
+
+    alignment: dict[str, SummaryAlignment]
+    second_order: ByName  # mean S_ij over the probes, by pair "i,j"
+    first_order_term: float
+    second_order_term: float
+    predicted_improvement: float
+    actual_improvement: float
+    taylor_relative_error: float | None  # None where the actual improvement is not resolved
+    first_order_relative_error: float | None
+    taylor_error: TaylorError
+    taylor_regime: TaylorRegime
+    contributions: dict[str, ByName]  # "first_order", "second_order": summed by part
+    correlation: dict[str, dict[str, float | None]]  # Pearson r and Spearman ρ of per-probe predictions with the actual changes
+    decomposition_residual: float
+    max_conditioning: float | None
+    update_rule: str
+    initial_downstream_loss: float
+    final_downstream_loss: float
+    probes: int
+    weights_by_step: dict[str, list[float]]
+    spectrum: list[dict[str, object]]
+    attribution: NotRequired[dict[str, object]]  # with attribution_top > 0
+    counterfactual: NotRequired[dict[str, object]]  # objreg analyze: the mixture's model (math.mixture)
+    adaptive: NotRequired[dict[str, object]]  # objreg analyze with an adaptive schedule

@@ -28,7 +28,7 @@ from torch import nn
 import objreg
 from objreg.analysis.math.curvature import HVP_METHODS
 from objreg.analysis.math.per_sample import METHODS as PER_SAMPLE_METHODS
-from objreg.analysis.records import StepRecord
+from objreg.analysis.records import StepRecord, Summary
 from objreg.core.errors import InvalidParameterError, ProbeStateError
 
 
@@ -213,6 +213,18 @@ def test_records_have_the_typed_schema_of_analyze(tiny_trainer, optimizer):
         conforms(json.loads(json.dumps(record)), StepRecord)  # as steps.jsonl holds it
     with pytest.raises(AssertionError):
         conforms({**records[0], "alignment": {"tokens": {"dot": 1.0}}}, StepRecord)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_the_report_summary_has_its_typed_schema(optimizer):
+    model, opt = make(optimizer)
+    probe = new_probe(model, opt, spectrum=1, steps=3)
+    train(model, opt, 3, probe)
+    summary = probe.report("task").summary
+    conforms(summary, Summary, "summary")
+    conforms(json.loads(json.dumps(summary)), Summary, "summary")
+    with pytest.raises(AssertionError):
+        conforms({**summary, "probes": "three"}, Summary, "summary")
 
 
 def test_clipped_gradients_are_split_by_what_the_optimizer_steps_on():

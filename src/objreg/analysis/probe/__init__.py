@@ -1,5 +1,6 @@
-"""The probes a researcher puts in their own training loop. :class:`~.transfer_probe.TransferProbe`
-(:mod:`.transfer_probe`): its arguments checked (:mod:`.arguments`), its measurements
+"""The probes a researcher puts in their own training loop, made by :func:`~.make.make_probe`
+(:mod:`.make`; its mode chooses the probe, its numeric settings are :mod:`.settings`'
+``ProbeSettings``). :class:`~.transfer_probe.TransferProbe` (:mod:`.transfer_probe`): its arguments checked (:mod:`.arguments`), its measurements
 (:mod:`.engine`), attached to the optimizer (:mod:`.attached`, through :mod:`.optimizer_hooks`),
 checkpointed (:mod:`.checkpoint`, the state's checks :mod:`.state`), the objectives' own
 gradients (:mod:`.objective_gradients`) with the loop's forward replayed (:mod:`.replay`) and its

@@ -80,6 +80,8 @@ class InRunAlignment:
     forward pass and before the backward. :attr:`records` holds one record per step.
     """
 
+    mode = "in_run"  # objreg.make_probe's name for it
+
     def __init__(
         self, model: nn.Module, downstream: Callable[[nn.Module, Any], torch.Tensor] | Task | Downstream, *,
         eval_batches: Any = None, refresh_every: int = DEFAULT_REFRESH_EVERY,

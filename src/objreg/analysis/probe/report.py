@@ -12,7 +12,7 @@ from typing import Any
 
 from objreg.analysis.math.stats import autocorrelated_mean_ci95, correlation
 from objreg.analysis.math.taylor import REGIME_RULE, inside_regime, pair_key, relative_error
-from objreg.analysis.records import StepRecord
+from objreg.analysis.records import StepRecord, Summary
 
 #: The summed relative errors are reported only where the actual improvement is at least this
 #: share of ``Σ_t |∇D·Δθ_t|``.
@@ -28,7 +28,7 @@ class AlignmentReport:
     downstream: str
     config: dict[str, Any]
     steps: list[StepRecord] = field(default_factory=list)
-    summary: dict[str, Any] = field(default_factory=dict)
+    summary: Summary = field(default_factory=dict)  # type: ignore[assignment]  # filled by summarise
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -50,7 +50,7 @@ def summarise(
     weights_by_step: list[dict[str, float]] | None = None,
     update_rule: str = "",
     attribution: dict[str, Any] | None = None,
-) -> dict[str, Any]:
+) -> Summary:
     """The run's summary from its probe records (plus what the trainer kept: the weight of every
     step, the update rule, the example scores).
 
@@ -106,7 +106,7 @@ def summarise(
     outside = [s["step"] for s in steps if not s["taylor"]["inside_regime"]]
     ratios = [s["taylor"]["second_to_first"] for s in steps if s["taylor"]["second_to_first"] is not None]
     conditioning = [s["update"]["conditioning"] for s in steps if s["update"]["conditioning"] is not None]
-    summary = {
+    summary: Summary = {
         "alignment": alignment,
         "second_order": {key: _mean(s["second_order"][key] for s in steps) for key in steps[0]["second_order"]},
         "first_order_term": first_term,

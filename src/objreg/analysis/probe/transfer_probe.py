@@ -35,17 +35,14 @@ import torch
 from torch import nn
 
 from objreg.analysis.math.costs import warn_of_moments
-from objreg.analysis.math.curvature import HVP_METHODS
 from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import Params, named_shared
 from objreg.analysis.math.optimizers import adam_settings, advance, players
-from objreg.analysis.math.per_sample import METHODS as PER_SAMPLE_METHODS
 from objreg.analysis.math.shapley import CoalitionMoments
 from objreg.analysis.probe.arguments import (
     Quiet,
     build_downstream,
     check_batches,
-    check_choice,
     check_given_losses,
     check_gradients,
     checked_weights,
@@ -65,6 +62,7 @@ from objreg.analysis.probe.objective_gradients import objective_gradients, reach
 from objreg.analysis.probe.optimizer_hooks import step_counter
 from objreg.analysis.probe.replay import LoopForward, forward_seer, replayed
 from objreg.analysis.probe.report import AlignmentReport, summarise
+from objreg.analysis.probe.settings import ProbeSettings
 from objreg.analysis.probe.split_check import (
     flagged,
     gradient_cause,
@@ -145,6 +143,8 @@ class TransferProbe(Attached, Checkpointed):
         InvalidParameterError: an argument the probe cannot use (the message names it).
     """
 
+    mode = "full"  # objreg.make_probe's name for it
+
     def __init__(
         self, model: nn.Module, objectives: Mapping[str, LossFn | Objective], downstream: LossFn | Task | Downstream,
         optimizer: torch.optim.Optimizer, *, eval_batches: Any = None, weights: Mapping[str, float] | None = None,
@@ -163,32 +163,32 @@ class TransferProbe(Attached, Checkpointed):
             raise InvalidParameterError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
         losses = loss_functions(objectives, batch_coupled)
         self.weights = checked_weights(weights, list(losses))
-        check_choice("per_sample_method", per_sample_method, PER_SAMPLE_METHODS)
-        check_choice("hvp_method", hvp_method, HVP_METHODS)
-        if eval_dtype is not None and not (isinstance(eval_dtype, torch.dtype) and eval_dtype.is_floating_point):
-            raise InvalidParameterError(f"eval_dtype must be a floating torch.dtype or None, got {eval_dtype!r}")
+        self.settings = settings = ProbeSettings(
+            per_sample_method=per_sample_method, hvp_method=hvp_method, eval_dtype=eval_dtype, seed=seed,
+            spectrum=spectrum, counterfactual_radius=counterfactual_radius, strict=strict,
+            moments_dtype=moments_dtype, moments_device=moments_device)
         self.model, self.optimizer = model, optimizer
         group = user_group(model) if not isinstance(downstream, Downstream) else downstream.group
-        self.downstream = build_downstream(model, downstream, eval_batches, group, eval_dtype, downstream_head,
-                                           fit_batches)
+        self.downstream = build_downstream(model, downstream, eval_batches, group, settings.eval_dtype,
+                                           downstream_head, fit_batches)
         names = shared_names(model, shared, self.downstream, optimizer,
                              check_reach=not isinstance(downstream, Downstream))
         self.downstream.shared = names
-        self.engine = Probe(model, losses, self.downstream, seed=seed, steps=steps if steps is not None else 0,
-                            per_sample_method=per_sample_method, hvp_method=hvp_method, spectrum=spectrum,
-                            decode=decode, shared=names, local_batches=not whole_batches,
-                            counterfactual_radius=counterfactual_radius)
+        self.engine = Probe(model, losses, self.downstream, seed=settings.seed, steps=steps if steps is not None else 0,
+                            per_sample_method=settings.per_sample_method, hvp_method=settings.hvp_method,
+                            spectrum=settings.spectrum, decode=decode, shared=names, local_batches=not whole_batches,
+                            counterfactual_radius=settings.counterfactual_radius)
         self._narrow = shared is None  # the default: narrowed to what some objective reaches, on first use
         self._shared_given = None if shared is None else tuple(names)  # a state must measure the same
-        settings = adam_settings(optimizer, self.shared_parameters)  # an unsupported optimizer fails here
+        adam = adam_settings(optimizer, self.shared_parameters)  # an unsupported optimizer fails here
         self.coalitions = None
         # Under Adam a probe made after the optimizer's first step needs the state_dict of the
         # probe that saw those steps (checked at the first measure or track).
         self._needs_state = False
-        if settings is not None:
+        if adam is not None:
             self._needs_state = any(optimizer.state.get(p) for p in self.shared_parameters.values())
-            self.coalitions = CoalitionMoments(players(list(losses), settings), seed=seed, dtype=moments_dtype,
-                                               device=moments_device)
+            self.coalitions = CoalitionMoments(players(list(losses), adam), seed=settings.seed,
+                                               dtype=settings.moments_dtype, device=settings.moments_device)
             warn_of_moments(self.coalitions, self.shared_parameters)
         self.records: list[StepRecord] = []
         self._tracked_at: int | None = None
@@ -196,7 +196,7 @@ class TransferProbe(Attached, Checkpointed):
         self._start_detached()
         # Every optimizer step counted (whoever calls it), so a finish that is not one step after
         # its measure is seen; the shared parameters as measured, so changes to them are refused.
-        self.strict = bool(strict)
+        self.strict = settings.strict
         self._steps_taken = 0
         self._open_measure_at: int | None = None
         self._warned = False
@@ -319,15 +319,28 @@ class TransferProbe(Attached, Checkpointed):
         self.records.append(record)
         return record
 
-    def report(self, downstream: str = "downstream", config: Mapping[str, Any] | None = None) -> AlignmentReport:
+    def report(self, downstream: str = "downstream", config: Mapping[str, Any] | None = None, *,
+               weights_by_step: Sequence[Mapping[str, float]] | None = None, attribution_top: int = 0
+               ) -> AlignmentReport:
         """:attr:`records` as an ``objreg.AlignmentReport`` (its summary as ``objreg analyze`` makes
-        it; ``summary.weights_by_step`` lists the measured steps' weights)."""
+        it, less the run's own parts: the mixture's counterfactual and an adaptive schedule's).
+
+        Args:
+            downstream: The downstream task's name, as the report names it.
+            config: What the report's ``config`` holds (the probe adds its methods).
+            weights_by_step: Every step's weights, for ``summary.weights_by_step`` (default: the
+                measured steps').
+            attribution_top: With N > 0, ``summary.attribution`` lists each objective's N
+                highest- and lowest-scoring examples (objreg objectives with ``decode``).
+        """
         if not self.records:
             raise ProbeStateError("report() summarises the finished records and there are none yet: measure() and "
                                   "finish() a step first (or attach() the probe and train)")
         names = list(self.engine.objectives)
-        summary = summarise(names, self.records, weights_by_step=[r["weights"] for r in self.records],
-                            update_rule=self.engine.update_rule)
+        by_step = weights_by_step if weights_by_step is not None else [r["weights"] for r in self.records]
+        summary = summarise(names, self.records, weights_by_step=[dict(w) for w in by_step],
+                            update_rule=self.engine.update_rule,
+                            attribution=self.engine.attribution_report(attribution_top) if attribution_top else None)
         config = {**(config or {}), "per_sample_method": ",".join(sorted(self.engine.methods_used)),
                   "hvp_method": self.engine.hvp_method}
         return AlignmentReport(pretrain=names, downstream=downstream, config=config, steps=list(self.records),

@@ -21,7 +21,7 @@ from typing import Any
 from objreg.analysis.math.mixture import counterfactual
 from objreg.analysis.parallel.group import Group
 from objreg.analysis.parallel.launch import check_same_settings, from_environment
-from objreg.analysis.probe.report import AlignmentReport, summarise
+from objreg.analysis.probe.report import AlignmentReport
 from objreg.analysis.probe.writer import RunWriter
 from objreg.analysis.records import StepRecord
 from objreg.analysis.run.adaptive import adaptive_summary
@@ -211,7 +211,7 @@ def _run_claimed(
 
     status("training with probes")
     trainer.run(record_step)
-    report = build_report(config, report_config, trainer, trainer.probe.records)
+    report = build_report(config, report_config, trainer)
     if writing:
         if can_save(trainer.model):
             status("saving the trained model")
@@ -247,29 +247,17 @@ def _warn_if_overfitted(report_config: dict[str, Any], record: StepRecord) -> No
         warnings.warn(message, stacklevel=2)
 
 
-def build_report(
-    config: AnalysisConfig, report_config: dict[str, Any], trainer: Trainer, records: list[StepRecord]
-) -> AlignmentReport:
-    """The report of a finished run."""
-    probe = trainer.probe.engine
-    report_config = {
-        **report_config,
-        "per_sample_method": ",".join(sorted(probe.methods_used)),
-        "hvp_method": probe.hvp_method,
-    }
-    summary = summarise(
-        list(config.pretrain), records,
-        weights_by_step=trainer.weights_by_step, update_rule=probe.update_rule,
-        attribution=probe.attribution_report(config.attribution_top) if config.attribution_top else None,
-    )
-    summary["counterfactual"] = counterfactual(records, list(config.pretrain), config.optimizer, config.lr,
+def build_report(config: AnalysisConfig, report_config: dict[str, Any], trainer: Trainer) -> AlignmentReport:
+    """The report of a finished run: the probe's, with the run's own parts added (the mixture's
+    counterfactual, an adaptive schedule's summary)."""
+    report = trainer.probe.report(config.downstream, report_config, weights_by_step=trainer.weights_by_step,
+                                  attribution_top=config.attribution_top)
+    summary = report.summary
+    summary["counterfactual"] = counterfactual(report.steps, list(config.pretrain), config.optimizer, config.lr,
                                                radius=config.trust_radius, low=config.min_weight,
                                                high=config.max_weight)
     rule = adaptive_rule(config.schedule)
     if rule is not None:
         summary["adaptive"] = adaptive_summary(rule, list(config.pretrain), trainer.weights_by_step,
                                                summary["counterfactual"])
-    return AlignmentReport(
-        pretrain=list(config.pretrain), downstream=config.downstream, config=report_config, steps=records,
-        summary=summary,
-    )
+    return report

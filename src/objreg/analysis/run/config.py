@@ -13,6 +13,7 @@ import torch
 from objreg.analysis.math.curvature import HVP_METHODS
 from objreg.analysis.math.per_sample import METHODS as PER_SAMPLE_METHODS
 from objreg.analysis.parallel.devices import resolve_device
+from objreg.analysis.probe.settings import ProbeSettings
 from objreg.analysis.run.adaptive import check_options
 from objreg.analysis.run.naming import speaks_keywords
 from objreg.analysis.run.schedules import parse_schedules
@@ -219,6 +220,11 @@ class AnalysisConfig:
     @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
+
+    def probe_settings(self) -> ProbeSettings:
+        """The settings the run's probe computes with (its seed the run's)."""
+        return ProbeSettings(per_sample_method=self.per_sample_method, hvp_method=self.hvp_method, seed=self.seed,
+                             spectrum=self.spectrum, counterfactual_radius=self.trust_radius)
 
     def resolved_device(self) -> torch.device:
         """The device to run on; asking for CUDA where there is none is an error."""

@@ -38,6 +38,7 @@ from objreg.analysis.math.functional import SHARED_PREFIX, Params, shared_parame
 from objreg.analysis.math.gradients import accumulate, check_finite, mean_loss_gradient, shared_part
 from objreg.analysis.math.optimizers import make_optimizer
 from objreg.analysis.math.shapley import CoalitionMoments
+from objreg.analysis.probe.settings import ProbeSettings
 from objreg.analysis.probe.transfer_probe import TransferProbe
 from objreg.analysis.records import StepRecord
 from objreg.analysis.run.adaptive import Rule
@@ -60,9 +61,10 @@ class Trainer:
         schedules: Weight multiplier per objective (constant when absent).
         adaptive: An adaptive rule (:mod:`objreg.analysis.run.adaptive`) that sets the weights from
             the probes instead: told each finished probe record, asked for each step's weights.
-        per_sample_method, hvp_method, spectrum, decode, counterfactual_radius: What the probe
-            measures with (:class:`~objreg.analysis.probe.engine.Probe`).
-        seed: Seeds data and corruption streams and the probe's statistics.
+        probe_settings: How the probe computes (:class:`~objreg.analysis.probe.settings.ProbeSettings`;
+            default: its defaults, seeded with ``seed``).
+        decode: Token ids to text, for the probe's example attribution.
+        seed: Seeds data and corruption streams.
     """
 
     def __init__(
@@ -81,12 +83,9 @@ class Trainer:
         steps: int,
         probe_every: int = 1,
         schedules: Mapping[str, Schedule] | None = None,
-        per_sample_method: str = "auto",
-        hvp_method: str = "auto",
-        spectrum: int = 0,
+        probe_settings: ProbeSettings | None = None,
         decode: Callable[[Sequence[int]], str] | None = None,
         adaptive: Rule | None = None,
-        counterfactual_radius: float = 0.25,
     ):
         self.model = model
         self.objectives = dict(objectives)
@@ -110,10 +109,10 @@ class Trainer:
         self.shared = shared_parameters(model)
         # The public probe, on whole batches (each process takes its share of the rows); under
         # Adam it keeps the coalition moments of the step's split, advanced every step.
+        settings = probe_settings if probe_settings is not None else ProbeSettings(seed=seed)
         self.probe = TransferProbe(
             model, self.objectives, downstream, self.optimizer, weights=self.weights, shared=list(self.shared),
-            per_sample_method=per_sample_method, hvp_method=hvp_method, seed=seed, steps=steps, spectrum=spectrum,
-            decode=decode, whole_batches=True, counterfactual_radius=counterfactual_radius,
+            steps=steps, decode=decode, whole_batches=True, **settings.as_arguments(),
         )
         self.next_step = 0
         self.adaptive = adaptive

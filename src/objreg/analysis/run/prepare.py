@@ -127,8 +127,7 @@ def prepare(
         model, objectives, config.weights, tokenized, downstream,
         optimizer=config.optimizer, lr=config.lr, batch_size=config.batch_size, seed=config.seed,
         device=device, steps=config.steps, probe_every=config.probe_every, schedules=config.schedule,
-        per_sample_method=config.per_sample_method, hvp_method=config.hvp_method, spectrum=config.spectrum,
-        decode=tokenizer.decode, adaptive=adaptive_rule_of(config), counterfactual_radius=config.trust_radius,
+        probe_settings=config.probe_settings(), decode=tokenizer.decode, adaptive=adaptive_rule_of(config),
     )
     report_config = {
         **config.to_dict(),

@@ -1,0 +1,136 @@
+"""``make_probe``: the one way to create a probe; its ``mode`` chooses what it measures and how.
+
+=========  ==============================================  ======================================
+mode       what it is                                      its class
+=========  ==============================================  ======================================
+``full``   everything ``objreg analyze`` measures at a      :class:`~.transfer_probe.TransferProbe`
+           step: per-example dots, ``S`` by Hessian-vector
+           products, the step's split, the Taylor check
+``in_run`` every example's ``⟨∇ℓ_i, ∇D⟩`` from the loop's   :class:`~.in_run.InRunAlignment`
+           own backward, ``∇D`` refreshed every few steps
+``sharded`` a model sharded with FSDP2                     :class:`~.sharded.ShardedProbe`
+=========  ==============================================  ======================================
+
+The arguments every mode shares keep one name and meaning (``eval_batches``, ``fit_batches``,
+``downstream_head``, ``shared``, ``weights``); what only some modes take is refused, by name, in
+the others, so an argument never does nothing unsaid. The classes stay importable under their own
+names; :func:`make_probe` is what the docs show (docs/probe.md, "One front door").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+from objreg.analysis.probe.in_run import InRunAlignment
+from objreg.analysis.probe.settings import ProbeSettings
+from objreg.analysis.probe.sharded import ShardedProbe
+from objreg.analysis.probe.transfer_probe import TransferProbe
+from objreg.core.errors import InvalidParameterError
+
+MODES = ("full", "in_run", "sharded")
+
+#: What each mode takes beyond the shared arguments (its class's keyword arguments of those names).
+MODE_OPTIONS = {
+    "full": ("steps", "batch_coupled", "whole_batches", "decode"),
+    "in_run": ("refresh_every", "per_example"),
+    "sharded": (),
+}
+
+Probe = TransferProbe | InRunAlignment | ShardedProbe
+
+
+def make_probe(
+    model: nn.Module,
+    downstream: Any,
+    *,
+    mode: str = "full",
+    objectives: Mapping[str, Any] | None = None,
+    optimizer: Any = None,
+    eval_batches: Any = None,
+    weights: Mapping[str, float] | None = None,
+    shared: Any = None,
+    downstream_head: Any = None,
+    fit_batches: Any = None,
+    settings: ProbeSettings | None = None,
+    **options: Any,
+) -> Probe:
+    """Create a probe of ``model``'s training against ``downstream``.
+
+    Args:
+        model: The trained module (a ``DistributedDataParallel`` wrapper is unwrapped; for
+            ``sharded``, the ``fully_shard``-ed model).
+        downstream: ``fn(model, batch) -> [B]``, the downstream per-example loss, or an objreg ``Task``.
+        mode: ``full``, ``in_run`` or ``sharded`` (module docstring).
+        objectives: Name → per-example loss ``fn(model, batch) -> [B]`` (or an objreg
+            ``Objective``). ``full`` and ``sharded`` need them; ``in_run`` takes none (the loop
+            names each objective's losses with ``probe.losses(name, losses)``).
+        optimizer: The loop's optimizer. ``full`` and ``sharded`` need it; ``in_run`` takes it
+            in ``probe.attach(optimizer)``, if at all.
+        eval_batches: The fixed evaluation set defining ``D`` (one batch or a list).
+        weights: The loop's objective weights ``α_k`` (``full``, ``sharded``; default 1).
+        shared: The parameters measured on (default: every trainable parameter both ``D`` and
+            some objective reach).
+        downstream_head, fit_batches: Re-fit the downstream head at every probed point (``D*``)
+            on ``fit_batches`` (``full``, ``in_run``).
+        settings: How the probe computes (:class:`~objreg.analysis.probe.settings.ProbeSettings`;
+            ``full`` only: the other modes take none).
+        **options: What only this mode takes (:data:`MODE_OPTIONS`): ``full``: ``steps``,
+            ``batch_coupled``, ``whole_batches``, ``decode``; ``in_run``: ``refresh_every``,
+            ``per_example``.
+
+    Returns:
+        The probe: a :class:`~.transfer_probe.TransferProbe`, :class:`~.in_run.InRunAlignment` or
+        :class:`~.sharded.ShardedProbe`; its ``mode`` attribute names the mode.
+
+    Raises:
+        InvalidParameterError: an unknown mode, or an argument the mode does not take or needs
+            (the message names it and what the mode takes).
+    """
+    if mode not in MODES:
+        raise InvalidParameterError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    unknown = sorted(set(options) - set(MODE_OPTIONS[mode]))
+    if unknown:
+        takes = ", ".join(MODE_OPTIONS[mode]) or "no options of its own"
+        raise InvalidParameterError(f"mode {mode} does not take {', '.join(unknown)} (it takes {takes})")
+    if settings is not None and not isinstance(settings, ProbeSettings):
+        raise InvalidParameterError(f"settings must be an objreg.ProbeSettings, got {type(settings).__name__}")
+    given = {"objectives": objectives, "optimizer": optimizer, "weights": weights, "shared": shared,
+             "downstream_head": downstream_head, "fit_batches": fit_batches}
+    if mode == "full":
+        _require(mode, objectives=objectives, optimizer=optimizer)
+        return TransferProbe(model, objectives, downstream, optimizer, eval_batches=eval_batches, weights=weights,
+                             shared=shared, downstream_head=downstream_head, fit_batches=fit_batches,
+                             **(settings or ProbeSettings()).as_arguments(), **options)
+    _refuse_settings(mode, settings)
+    if mode == "in_run":
+        _refuse(mode, given, ("objectives", "optimizer", "weights"),
+                "the loop names each objective's losses with probe.losses(name, losses), and "
+                "probe.attach(optimizer) takes the optimizer")
+        return InRunAlignment(model, downstream, eval_batches=eval_batches, shared=shared,
+                              downstream_head=downstream_head, fit_batches=fit_batches, **options)
+    _require(mode, objectives=objectives, optimizer=optimizer)
+    _refuse(mode, given, ("shared", "downstream_head", "fit_batches"),
+            "it measures every trainable parameter of the sharded model, against the head as it is")
+    return ShardedProbe(model, objectives, downstream, optimizer, eval_batches=eval_batches, weights=weights)
+
+
+def _require(mode: str, **needed: Any) -> None:
+    missing = [name for name, value in needed.items() if value is None]
+    if missing:
+        raise InvalidParameterError(f"mode {mode} needs {' and '.join(missing)}")
+
+
+def _refuse(mode: str, given: Mapping[str, Any], names: tuple[str, ...], why: str) -> None:
+    present = [name for name in names if given[name] is not None]
+    if present:
+        raise InvalidParameterError(f"mode {mode} does not take {', '.join(present)}: {why}")
+
+
+def _refuse_settings(mode: str, settings: ProbeSettings | None) -> None:
+    changed = settings.changed() if settings is not None else {}
+    if changed:
+        raise InvalidParameterError(f"mode {mode} takes no probe settings (they set how the full probe computes), "
+                                    f"got {', '.join(sorted(changed))}")
