@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> objreg.AlignmentReport:
     weights = {name: 1.0 for name in objectives}
     evaluation = setup.probe.downstream  # D: the evaluation set, and the fit set the head is re-fitted on
     probe = objreg.make_probe(model, evaluation.task, objectives=objectives, optimizer=optimizer,
-                              eval_batches=evaluation.batch, downstream_head=list(evaluation.head),
+                              eval_batches=evaluation.batch, refit_head=list(evaluation.head),
                               fit_batches=evaluation.fit_set.batch, weights=weights, shared=list(setup.shared),
                               settings=objreg.ProbeSettings(seed=args.seed), steps=args.steps)
     writer = objreg.RunWriter(args.out)

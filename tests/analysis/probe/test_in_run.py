@@ -165,9 +165,9 @@ def test_a_refitted_head_rides_the_gradient_of_the_refitted_loss():
     """The mean dot is ``⟨g_k, ∇D*⟩``: the transfer probe's, whose ``∇D*`` its own tests check."""
     model, opt = make()
     alignment = InRunAlignment(model, task_loss, eval_batches=EVAL, refresh_every=1,
-                               downstream_head=model.task_head, fit_batches=FIT)
+                               refit_head=model.task_head, fit_batches=FIT)
     probe = objreg.TransferProbe(model, LOSSES, task_loss, opt, eval_batches=EVAL, weights=WEIGHTS,
-                                 downstream_head=model.task_head, fit_batches=FIT, shared=list(BODY)).attach(opt)
+                                 refit_head=model.task_head, fit_batches=FIT, shared=list(BODY)).attach(opt)
     alignment.attach(opt)
     generator = torch.Generator().manual_seed(1)
     for _ in range(2):

@@ -78,7 +78,7 @@ def test_a_float32_model_fed_float_inputs_gives_the_float64_d(eval_batches):
 def test_a_float32_model_fed_float_inputs_refits_its_head_on_the_float64_copy():
     model, opt = build()
     probe = objreg.TransferProbe(model, {"aux": aux_loss}, task_loss, opt, eval_batches=[sample(1, 9)],
-                                 fit_batches=[sample(4, 16)], downstream_head=model.head)
+                                 fit_batches=[sample(4, 16)], refit_head=model.head)
     record = one_step(model, opt, probe, sample(3, 8))
     # The same probe on the model made float64 by hand (inputs too) gives the same D* to rounding.
     wide, wide_opt = build(torch.float64)
@@ -88,7 +88,7 @@ def test_a_float32_model_fed_float_inputs_refits_its_head_on_the_float64_copy():
         return {"x": batch["x"].double(), "y": batch["y"]}
 
     reference = objreg.TransferProbe(wide, {"aux": aux_loss}, task_loss, wide_opt, eval_batches=[widen(sample(1, 9))],
-                                     fit_batches=[widen(sample(4, 16))], downstream_head=wide.head)
+                                     fit_batches=[widen(sample(4, 16))], refit_head=wide.head)
     expected = one_step(wide, wide_opt, reference, widen(sample(3, 8)))
     assert record["downstream_loss"] == pytest.approx(expected["downstream_loss"], rel=1e-10)
 
@@ -116,7 +116,7 @@ def test_a_fixed_set_that_is_not_finite_is_refused_naming_it(case):
     change, where = NOT_FINITE[case]
     model, opt = build(torch.float64)
     options = {"eval_batches": [sample(1, 9, dtype=torch.float64)], "fit_batches": [sample(4, 16, dtype=torch.float64)],
-               "downstream_head": model.head, **change}
+               "refit_head": model.head, **change}
     with pytest.raises(InvalidParameterError, match=where + " holds a NaN or infinite value"):
         objreg.TransferProbe(model, {"aux": aux_loss}, task_loss, opt, **options)
 
@@ -144,7 +144,7 @@ def test_a_set_the_downstream_loss_cannot_read_is_one_line_naming_the_batch(case
     key, batches, message = BAD_SETS[case]
     model, opt = build(torch.float64)
     options = {"eval_batches": [sample(1, 9, dtype=torch.float64)], "fit_batches": [sample(4, 16, dtype=torch.float64)],
-               "downstream_head": model.head, key: batches()}
+               "refit_head": model.head, key: batches()}
     with pytest.raises(InvalidParameterError, match=message) as error:
         objreg.TransferProbe(model, {"aux": aux_loss}, task_loss, opt, **options)
     assert "\n" not in str(error.value)

@@ -361,7 +361,7 @@ def refitted_loss(model, body=None):
 
 def test_a_refitted_head_gives_the_independently_refitted_loss_and_its_slope():
     model, opt = make("sgd", lr=1e-4)
-    probe = new_probe(model, opt, downstream_head=model.task_head, fit_batches=FIT)
+    probe = new_probe(model, opt, refit_head=model.task_head, fit_batches=FIT)
     body = {n: p.detach().clone() for n, p in model.named_parameters() if n.startswith(("embed", "body"))}
     _, records = train(model, opt, 1, probe)
     record = records[0]
@@ -389,18 +389,18 @@ def test_a_refitted_head_gives_the_independently_refitted_loss_and_its_slope():
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"downstream_head": "task_head.weight"}, "downstream_head must be the head module or a list"),
-    ({"downstream_head": ["task_head.nope"]}, "parameters the model does not have: 'task_head.nope'"),
-    ({"downstream_head": nn.Linear(2, 2)}, "must be a module of the model"),
-    ({"downstream_head": ["task_head.weight"], "fit_batches": None}, "downstream_head needs fit_batches"),
+    ({"refit_head": "task_head.weight"}, "refit_head must be the head module or a list"),
+    ({"refit_head": ["task_head.nope"]}, "parameters the model does not have: 'task_head.nope'"),
+    ({"refit_head": nn.Linear(2, 2)}, "must be a module of the model"),
+    ({"refit_head": ["task_head.weight"], "fit_batches": None}, "refit_head needs fit_batches"),
     ({"fit_batches": FIT}, "fit_batches is for a re-fitted head"),
 ])
 def test_bad_refit_arguments_give_one_clear_error(change, message):
     model, opt = make("sgd")
-    options = {"downstream_head": model.task_head, "fit_batches": FIT, **change}
+    options = {"refit_head": model.task_head, "fit_batches": FIT, **change}
     options = {k: v for k, v in options.items() if v is not None}
-    if "downstream_head" not in change and "fit_batches" in change:
-        options.pop("downstream_head")
+    if "refit_head" not in change and "fit_batches" in change:
+        options.pop("refit_head")
     with pytest.raises(InvalidParameterError, match=message):
         new_probe(model, opt, **options)
 
@@ -454,7 +454,7 @@ def test_a_loop_checkpointed_after_step_2_resumes_to_the_uninterrupted_records(o
     run = attached_steps if attached else explicit_steps
 
     def start(model, opt):
-        refit = {"downstream_head": model.task_head, "fit_batches": FIT} if head == "refit" else {}
+        refit = {"refit_head": model.task_head, "fit_batches": FIT} if head == "refit" else {}
         probe = new_probe(model, opt, **refit)
         return probe.attach(opt, every=2) if attached else probe
 

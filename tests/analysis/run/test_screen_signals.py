@@ -6,12 +6,13 @@ import math
 
 import pytest
 
-from objreg.analysis.run.screen_signals import SIGNALS, Probe, Trajectory, gaps, lookahead_drops, signals
+from objreg.analysis.probe.first_order import FirstOrderRecord
+from objreg.analysis.run.screen_signals import SIGNALS, Trajectory, gaps, lookahead_drops, signals
 
 
 def probe(step, dstar, drop, curvature=None, alignment=1.0, g=1.0, grad=1.0, norm=1.0):
-    return Probe(step=step, dstar=dstar, predicted_drop=drop, curvature=curvature, alignment=alignment,
-                 dstar_gradient_norm=g, gradient_norm=grad, step_norm=norm)
+    return FirstOrderRecord(step=step, downstream_loss=dstar, predicted_drop=drop, second_order=curvature,
+                            alignment=alignment, downstream_grad_norm=g, gradient_norm=grad, step_norm=norm)
 
 
 #: Probes at steps 0, 2 and 4 of a 5-step run ending at D* = 1.0.

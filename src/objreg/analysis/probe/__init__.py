@@ -7,7 +7,8 @@ gradients (:mod:`.objective_gradients`) with the loop's forward replayed (:mod:`
 rescaled weights (:mod:`.clipping`), its checks at each step (:mod:`.step_checks`) and of the step
 it split (:mod:`.split_check`), attention it can differentiate (:mod:`.attention`), example scores
 (:mod:`.attribution`). ``InRunAlignment``, first order at the step's own cost (:mod:`.in_run`);
-the probe of a sharded model (:mod:`.sharded`). The outputs: the report (:mod:`.report`), a run
+the probe of a sharded model (:mod:`.sharded`); the first-order probe ``objreg screen`` ranks by
+(:mod:`.first_order`). The outputs: the report (:mod:`.report`), a run
 directory's files (:mod:`.writer`, :mod:`.plots`), TensorBoard scalars (:mod:`.tensorboard`) and
 the Hugging Face ``Trainer`` callback (:mod:`.hf_callback`). The records' types are
 :mod:`objreg.analysis.records`. Imports :mod:`objreg.analysis.math` and below, never

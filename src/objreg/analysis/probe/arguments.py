@@ -160,10 +160,10 @@ def build_downstream(model: nn.Module, downstream: Any, eval_batches: Any, group
         raise InvalidParameterError("eval_batches is required: the fixed evaluation set that defines D")
     names = head_names(model, head)
     if names and fit_batches is None:
-        raise InvalidParameterError("downstream_head needs fit_batches: the examples the head is re-fitted on, apart "
+        raise InvalidParameterError("refit_head needs fit_batches: the examples the head is re-fitted on, apart "
                                     "from eval_batches")
     if not names and fit_batches is not None:
-        raise InvalidParameterError("fit_batches is for a re-fitted head: give downstream_head too")
+        raise InvalidParameterError("fit_batches is for a re-fitted head: give refit_head too")
     options = {"head": names, "group": group, "evaluation_dtype": eval_dtype}
     if isinstance(downstream, Task):
         check_batch("eval_batches", eval_batches, model_device(model))
@@ -227,15 +227,15 @@ def head_names(model: nn.Module, head: Any) -> tuple[str, ...]:
         owned = {id(p) for p in head.parameters()}
         names = tuple(n for n, p in params.items() if id(p) in owned)
         if not names:
-            raise InvalidParameterError("downstream_head must be a module of the model (its parameters are re-fitted); "
+            raise InvalidParameterError("refit_head must be a module of the model (its parameters are re-fitted); "
                                         "this one has no parameter of the model")
         return names
     if isinstance(head, (str, bytes)) or not isinstance(head, Sequence) or not head:
-        raise InvalidParameterError(f"downstream_head must be the head module or a list of its parameter names, got "
+        raise InvalidParameterError(f"refit_head must be the head module or a list of its parameter names, got "
                                     f"{type(head).__name__}")
     missing = [n for n in head if n not in params]
     if missing:
-        raise InvalidParameterError(f"downstream_head names {len(missing)} parameters the model does not have: "
+        raise InvalidParameterError(f"refit_head names {len(missing)} parameters the model does not have: "
                                     f"{', '.join(map(repr, missing[:5]))}")
     return tuple(head)
 

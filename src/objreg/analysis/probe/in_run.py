@@ -68,7 +68,7 @@ class InRunAlignment:
         refresh_every: Recompute ``∇D`` every this many steps (1: every step).
         shared: Names of the parameters measured on (default: every trainable parameter ``D``
             reaches, a re-fitted head's own parameters left out).
-        downstream_head, fit_batches: Re-fit the downstream head at every refresh (``D*``), as
+        refit_head, fit_batches: Re-fit the downstream head at every refresh (``D*``), as
             :class:`~objreg.analysis.probe.transfer_probe.TransferProbe` does.
         per_example: Linear layers form their weight gradients example by example inside the
             step and the dots come out of those (:mod:`~objreg.analysis.math.per_example_linear`):
@@ -85,7 +85,7 @@ class InRunAlignment:
     def __init__(
         self, model: nn.Module, downstream: Callable[[nn.Module, Any], torch.Tensor] | Task | Downstream, *,
         eval_batches: Any = None, refresh_every: int = DEFAULT_REFRESH_EVERY,
-        shared: Sequence[str] | None = None, downstream_head: nn.Module | Sequence[str] | None = None,
+        shared: Sequence[str] | None = None, refit_head: nn.Module | Sequence[str] | None = None,
         fit_batches: Any = None, per_example: bool = False,
     ):
         model = unwrapped_model(model)
@@ -98,7 +98,7 @@ class InRunAlignment:
         self.refresh_every = refresh_every
         self.per_example = per_example
         group = downstream.group if isinstance(downstream, Downstream) else user_group(model)
-        self.downstream = build_downstream(model, downstream, eval_batches, group, None, downstream_head,
+        self.downstream = build_downstream(model, downstream, eval_batches, group, None, refit_head,
                                            fit_batches)
         self.shared = self._shared_names(shared)
         # The default set is narrowed, at the first step, to what the loop's objectives reach

@@ -9,10 +9,13 @@ mode       what it is                                      its class
 ``in_run`` every example's ``⟨∇ℓ_i, ∇D⟩`` from the loop's   :class:`~.in_run.InRunAlignment`
            own backward, ``∇D`` refreshed every few steps
 ``sharded`` a model sharded with FSDP2                     :class:`~.sharded.ShardedProbe`
+``first_order`` the step's first-order predicted drop       :class:`~.first_order.FirstOrderProbe`
+           ``−∇D·Δθ`` at the cost of one gradient of ``D``
+           (``objreg screen``'s)
 =========  ==============================================  ======================================
 
 The arguments every mode shares keep one name and meaning (``eval_batches``, ``fit_batches``,
-``downstream_head``, ``shared``, ``weights``); what only some modes take is refused, by name, in
+``refit_head``, ``shared``, ``weights``); what only some modes take is refused, by name, in
 the others, so an argument never does nothing unsaid. The classes stay importable under their own
 names; :func:`make_probe` is what the docs show (docs/probe.md, "One front door").
 """
@@ -24,22 +27,24 @@ from typing import Any
 
 from torch import nn
 
+from objreg.analysis.probe.first_order import FirstOrderProbe
 from objreg.analysis.probe.in_run import InRunAlignment
 from objreg.analysis.probe.settings import ProbeSettings
 from objreg.analysis.probe.sharded import ShardedProbe
 from objreg.analysis.probe.transfer_probe import TransferProbe
 from objreg.core.errors import InvalidParameterError
 
-MODES = ("full", "in_run", "sharded")
+MODES = ("full", "in_run", "sharded", "first_order")
 
 #: What each mode takes beyond the shared arguments (its class's keyword arguments of those names).
 MODE_OPTIONS = {
     "full": ("steps", "batch_coupled", "whole_batches", "decode"),
     "in_run": ("refresh_every", "per_example"),
     "sharded": (),
+    "first_order": ("second_order",),
 }
 
-Probe = TransferProbe | InRunAlignment | ShardedProbe
+Probe = TransferProbe | InRunAlignment | ShardedProbe | FirstOrderProbe
 
 
 def make_probe(
@@ -52,7 +57,7 @@ def make_probe(
     eval_batches: Any = None,
     weights: Mapping[str, float] | None = None,
     shared: Any = None,
-    downstream_head: Any = None,
+    refit_head: Any = None,
     fit_batches: Any = None,
     settings: ProbeSettings | None = None,
     **options: Any,
@@ -63,27 +68,29 @@ def make_probe(
         model: The trained module (a ``DistributedDataParallel`` wrapper is unwrapped; for
             ``sharded``, the ``fully_shard``-ed model).
         downstream: ``fn(model, batch) -> [B]``, the downstream per-example loss, or an objreg ``Task``.
-        mode: ``full``, ``in_run`` or ``sharded`` (module docstring).
+        mode: ``full``, ``in_run``, ``sharded`` or ``first_order`` (module docstring).
         objectives: Name → per-example loss ``fn(model, batch) -> [B]`` (or an objreg
             ``Objective``). ``full`` and ``sharded`` need them; ``in_run`` takes none (the loop
-            names each objective's losses with ``probe.losses(name, losses)``).
+            names each objective's losses with ``probe.losses(name, losses)``), nor does
+            ``first_order`` (it reads the step off the parameters).
         optimizer: The loop's optimizer. ``full`` and ``sharded`` need it; ``in_run`` takes it
-            in ``probe.attach(optimizer)``, if at all.
+            in ``probe.attach(optimizer)``, if at all; ``first_order`` takes none.
         eval_batches: The fixed evaluation set defining ``D`` (one batch or a list).
         weights: The loop's objective weights ``α_k`` (``full``, ``sharded``; default 1).
         shared: The parameters measured on (default: every trainable parameter both ``D`` and
             some objective reach).
-        downstream_head, fit_batches: Re-fit the downstream head at every probed point (``D*``)
-            on ``fit_batches`` (``full``, ``in_run``).
+        refit_head, fit_batches: Re-fit the downstream head at every probed point (``D*``)
+            on ``fit_batches`` (``full``, ``in_run``, ``first_order``).
         settings: How the probe computes (:class:`~objreg.analysis.probe.settings.ProbeSettings`;
             ``full`` only: the other modes take none).
         **options: What only this mode takes (:data:`MODE_OPTIONS`): ``full``: ``steps``,
             ``batch_coupled``, ``whole_batches``, ``decode``; ``in_run``: ``refresh_every``,
-            ``per_example``.
+            ``per_example``; ``first_order``: ``second_order``.
 
     Returns:
-        The probe: a :class:`~.transfer_probe.TransferProbe`, :class:`~.in_run.InRunAlignment` or
-        :class:`~.sharded.ShardedProbe`; its ``mode`` attribute names the mode.
+        The probe: a :class:`~.transfer_probe.TransferProbe`, :class:`~.in_run.InRunAlignment`,
+        :class:`~.sharded.ShardedProbe` or :class:`~.first_order.FirstOrderProbe`; its ``mode``
+        attribute names the mode.
 
     Raises:
         InvalidParameterError: an unknown mode, or an argument the mode does not take or needs
@@ -98,11 +105,11 @@ def make_probe(
     if settings is not None and not isinstance(settings, ProbeSettings):
         raise InvalidParameterError(f"settings must be an objreg.ProbeSettings, got {type(settings).__name__}")
     given = {"objectives": objectives, "optimizer": optimizer, "weights": weights, "shared": shared,
-             "downstream_head": downstream_head, "fit_batches": fit_batches}
+             "refit_head": refit_head, "fit_batches": fit_batches}
     if mode == "full":
         _require(mode, objectives=objectives, optimizer=optimizer)
         return TransferProbe(model, objectives, downstream, optimizer, eval_batches=eval_batches, weights=weights,
-                             shared=shared, downstream_head=downstream_head, fit_batches=fit_batches,
+                             shared=shared, refit_head=refit_head, fit_batches=fit_batches,
                              **(settings or ProbeSettings()).as_arguments(), **options)
     _refuse_settings(mode, settings)
     if mode == "in_run":
@@ -110,9 +117,14 @@ def make_probe(
                 "the loop names each objective's losses with probe.losses(name, losses), and "
                 "probe.attach(optimizer) takes the optimizer")
         return InRunAlignment(model, downstream, eval_batches=eval_batches, shared=shared,
-                              downstream_head=downstream_head, fit_batches=fit_batches, **options)
+                              refit_head=refit_head, fit_batches=fit_batches, **options)
+    if mode == "first_order":
+        _refuse(mode, given, ("objectives", "optimizer", "weights"),
+                "it reads the step the loop took off the parameters, before and after optimizer.step()")
+        return FirstOrderProbe(model, downstream, eval_batches=eval_batches, shared=shared, refit_head=refit_head,
+                               fit_batches=fit_batches, **options)
     _require(mode, objectives=objectives, optimizer=optimizer)
-    _refuse(mode, given, ("shared", "downstream_head", "fit_batches"),
+    _refuse(mode, given, ("shared", "refit_head", "fit_batches"),
             "it measures every trainable parameter of the sharded model, against the head as it is")
     return ShardedProbe(model, objectives, downstream, optimizer, eval_batches=eval_batches, weights=weights)
 

@@ -36,13 +36,17 @@ class ProbeSettings:
         seed: Seeds the bootstrap intervals (and the spectrum's start); an integer ≥ 0.
         spectrum: How many top eigenvalues of ``H_D`` to take (0: none).
         counterfactual_radius: Under Adam, how far from the weights used the record's exact
-            counterfactual points reach, as a share of the weights' total: > 0 (no point moves a
+            counterfactual points (``counterfactual.points``) reach, as a share of the weights' total: > 0 (no point moves a
             weight below 0, so beyond 1 it reaches no farther).
-        strict: Raise where a record would be flagged because its split does not describe the
-            step the optimizer took (default: flag it and warn once).
-        moments_dtype, moments_device: Under Adam, the dtype and device the coalition moments of
-            the step's split are kept in (:class:`~objreg.analysis.math.shapley.CoalitionMoments`,
-            which checks them).
+        strict: Raise :class:`~objreg.core.errors.ProbeStateError` where a record would be
+            flagged because its split does not describe the step the optimizer took (default:
+            flag the record, ``update.decomposition_flagged``, and warn once;
+            :mod:`objreg.analysis.probe.split_check`).
+        moments_dtype, moments_device: Under Adam, the dtype (None: the parameters'; or
+            ``torch.bfloat16``, stochastically rounded) and the device (None: the parameters';
+            ``"cpu"``) the coalition moments of the step's split are kept in
+            (:class:`~objreg.analysis.math.shapley.CoalitionMoments`, which checks them; a warning
+            says when they would outgrow the optimizer's own state: :mod:`objreg.analysis.math.costs`).
 
     Raises:
         InvalidParameterError: a value out of its range (the message names it and what is allowed).

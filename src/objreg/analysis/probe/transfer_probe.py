@@ -107,37 +107,22 @@ class TransferProbe(Attached, Checkpointed):
         weights: The loop's objective weights ``α_k`` (its loss is ``Σ_k α_k mean(ℓ_k)``; default 1).
         shared: The parameters measured on: a list of names, or a filter ``(name, parameter) ->
             bool``. Default: every trainable parameter both ``D`` and some objective reach.
-        per_sample_method: ``auto`` (as ``objreg analyze``: ghost, then jvp, double backward,
-            the per-example loop), or one of them, or ``vmap``
-            (:data:`objreg.analysis.math.per_sample.METHODS`).
-        hvp_method: ``auto``, ``forward_over_reverse`` or ``double_backward``
-            (:data:`objreg.analysis.math.curvature.HVP_METHODS`).
-        eval_dtype: The dtype ``D`` itself is evaluated in (a copy of the model); None: the model's.
-        seed: Seeds the bootstrap intervals (and the spectrum's start).
+        per_sample_method, hvp_method, eval_dtype, seed, spectrum, strict, counterfactual_radius,
+        moments_dtype, moments_device: How the probe computes: the fields of
+            :class:`~objreg.analysis.probe.settings.ProbeSettings` (kept as ``probe.settings``),
+            which documents and checks them.
         steps: The run's length; with ``spectrum``, the top of ``H_D``'s spectrum is taken on
             steps 0 and ``steps − 1``.
-        spectrum: How many top eigenvalues of ``H_D`` to take (0: none).
         batch_coupled: Names of objectives whose example losses depend on other rows.
         whole_batches: Every process is given the whole batch and takes its share of the rows
             (``objreg analyze``); default: each process's own rows, as data-parallel loops do.
         decode: Token ids to text (example attribution of objreg objectives).
-        downstream_head: Re-fit the downstream head at every probed point (``D`` becomes ``D*``,
+        refit_head: Re-fit the downstream head at every probed point (``D`` becomes ``D*``,
             the evaluation loss of the head fitted to the features the backbone has now): the head
             module, or the names of its parameters (those its output is linear in); None: ``D``
             reads the head as it is (frozen). :mod:`objreg.analysis.math.refit`, docs/probe.md.
-        fit_batches: With ``downstream_head``: the examples the head is fitted on, apart from
+        fit_batches: With ``refit_head``: the examples the head is fitted on, apart from
             ``eval_batches`` (one batch or a list, like ``eval_batches``).
-        strict: Raise :class:`~objreg.core.errors.ProbeStateError` where a record would be
-            flagged because its split does not describe the step the optimizer took (default:
-            flag the record, ``update.decomposition_flagged``, and warn once;
-            :mod:`objreg.analysis.probe.split_check`).
-        counterfactual_radius: Under Adam, how far from the weights used (a share of their total)
-            the record's exact counterfactual points reach (``counterfactual.points``).
-        moments_dtype, moments_device: Under Adam, the dtype (None: the parameters'; or
-            ``torch.bfloat16``, stochastically rounded) and the device (None: the parameters';
-            ``"cpu"``) the coalition moments of the step's split are kept in
-            (:class:`~objreg.analysis.math.shapley.CoalitionMoments`; a warning says when they
-            would outgrow the optimizer's own state: :mod:`objreg.analysis.math.costs`).
 
     Raises:
         InvalidParameterError: an argument the probe cannot use (the message names it).
@@ -153,7 +138,7 @@ class TransferProbe(Attached, Checkpointed):
         steps: int | None = None, spectrum: int = 0, batch_coupled: Sequence[str] = (), whole_batches: bool = False,
         decode: Callable[[Sequence[int]], str] | None = None, strict: bool = False,
         counterfactual_radius: float = 0.25,
-        downstream_head: nn.Module | Sequence[str] | None = None, fit_batches: Any = None,
+        refit_head: nn.Module | Sequence[str] | None = None, fit_batches: Any = None,
         moments_dtype: torch.dtype | None = None, moments_device: torch.device | str | None = None,
     ):
         model = unwrapped_model(model)
@@ -170,7 +155,7 @@ class TransferProbe(Attached, Checkpointed):
         self.model, self.optimizer = model, optimizer
         group = user_group(model) if not isinstance(downstream, Downstream) else downstream.group
         self.downstream = build_downstream(model, downstream, eval_batches, group, settings.eval_dtype,
-                                           downstream_head, fit_batches)
+                                           refit_head, fit_batches)
         names = shared_names(model, shared, self.downstream, optimizer,
                              check_reach=not isinstance(downstream, Downstream))
         self.downstream.shared = names

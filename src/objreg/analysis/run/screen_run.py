@@ -12,15 +12,14 @@ from typing import Any
 
 import torch
 
-from objreg.analysis.math.functional import flat_dot, flat_norm, named_shared
+from objreg.analysis.math.functional import named_shared
 from objreg.analysis.math.refit import make_downstream
-from objreg.analysis.probe.arguments import Quiet
-from objreg.analysis.probe.attention import derivable_attention
+from objreg.analysis.probe.first_order import FirstOrderProbe
 from objreg.analysis.run.config import DTYPES, AnalysisConfig
 from objreg.analysis.run.loop import Trainer
 from objreg.analysis.run.prepare import FIT_CHUNK, Loaded, check_fits, start_model
 from objreg.analysis.run.screen_candidates import MAX_STEPS, Budget, Candidate
-from objreg.analysis.run.screen_signals import Probe, Trajectory, lookahead_drops, signals
+from objreg.analysis.run.screen_signals import Trajectory, lookahead_drops, signals
 from objreg.core.errors import DataError, InvalidParameterError
 from objreg.core.registry import Registry
 
@@ -68,6 +67,7 @@ def score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig, 
     trainer = Trainer(model, objectives, candidate.weights, loaded.tokenized, downstream, optimizer=config.optimizer,
                       lr=config.lr, batch_size=config.batch_size, seed=config.seed, device=device, steps=steps)
     shared = named_shared(model, None)
+    probe = FirstOrderProbe(model, downstream, shared=list(shared), second_order=second_order)
     trajectory = Trajectory()
     per_token: list[float] = []
     tokens: list[int] = []
@@ -93,15 +93,11 @@ def score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig, 
         count = sum(int((~b.is_padding).sum()) for b in batches.values())
         tokens.append(count)
         if probed:
-            before = {n: p.detach().clone() for n, p in shared.items()}
-            with Quiet(model), derivable_attention():
-                value = downstream.loss(model)
-                if not math.isfinite(value):
-                    diverged = (step, f"its D* is {value}")
-                    break
-                curvature = downstream.curvature(model, before)
-                if not second_order:
-                    gradient, _ = curvature.gradient_and_products([])
+            measured = probe.measure(step, combined)
+            value = measured.downstream_loss
+            if not math.isfinite(value):
+                diverged = (step, f"its D* is {value}")
+                break
             if not start:
                 start.update(downstream.state_dict())
             initial = value if initial is None else initial
@@ -115,23 +111,15 @@ def score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig, 
             diverged = (step, "its weights became infinite or NaN")
             break
         if probed:
-            delta = {n: p.detach() - before[n] for n, p in shared.items()}
-            second = None
-            if second_order:  # ∇D* and ∇²D*Δθ at θ_t (the curvature object holds θ_t), one call
-                with Quiet(model), derivable_attention():
-                    gradient, (product,) = curvature.gradient_and_products([delta])
-                second = 0.5 * float(flat_dot(delta, product))
-            score = -float(flat_dot(gradient, delta))
+            record = probe.finish(measured)
+            score = record.predicted_drop
             # A step whose first-order prediction moves D* by more than D* itself at the start is far
             # outside the regime where a first-order term predicts anything.
             if not math.isfinite(score) or (initial > 0 and abs(score) > initial):
                 diverged = (step, f"its step's predicted change of D* ({-score:+.4g}) is larger than D* at the start "
                                   f"({initial:.4g}): far outside the first-order regime")
                 break
-            trajectory.probes.append(Probe(
-                step=step, dstar=value, predicted_drop=score, curvature=second,
-                alignment=float(flat_dot(gradient, combined)), dstar_gradient_norm=float(flat_norm(gradient)),
-                gradient_norm=float(flat_norm(combined)), step_norm=float(flat_norm(delta))))
+            trajectory.probes.append(record)
             per_token.append(1000.0 * score / max(count, 1))
         step += 1
         on_step(step)
@@ -139,8 +127,7 @@ def score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig, 
     if diverged is not None:  # nothing after it means anything; D* may not even be defined
         return {"steps": step, "probes": len(trajectory.probes), "diverged": diverged, "initial": initial,
                 "seconds": spent}
-    with Quiet(model):
-        final = downstream.loss(model)
+    final = probe.loss()
     outcome = outcome_seconds = None
     if outcome_steps is not None:  # the validity experiment's outcome: the same run, continued unprobed
         continued = time.monotonic()
@@ -148,8 +135,7 @@ def score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig, 
             _, batches = trainer.next_batches()
             trainer.accumulate_gradients(later, batches, candidate.weights, keep=False)
             trainer.optimizer.step()
-        with Quiet(model):
-            outcome = downstream.loss(model)
+        outcome = probe.loss()
         outcome_seconds = time.monotonic() - continued
         if on_outcome is not None:
             on_outcome(model)
