@@ -208,6 +208,19 @@ class ShardedRecord(TypedDict):
     update: ShardedUpdate
 
 
+
+class FirstOrderRecord(TypedDict):
+    """One step of :class:`~objreg.analysis.probe.first_order.FirstOrderProbe` (``objreg screen``'s)."""
+
+    step: int
+    downstream_loss: float  # D before the step
+    predicted_drop: float  # −∇D·Δθ
+    second_order: float | None  # ½ Δθᵀ H_D Δθ (second_order=True)
+    alignment: float | None  # ∇D·g, g the gradient the loop stepped along (where given)
+    downstream_grad_norm: float  # ‖∇D‖
+    gradient_norm: float | None  # ‖g‖ (where given)
+    step_norm: float  # ‖Δθ‖
+
 class SummaryAlignment(TypedDict):
     """One objective's alignment over the run (``summary.alignment.<k>``, docs/analysis.md)."""
 

@@ -129,16 +129,16 @@ def test_first_order_mode_gives_the_drop_and_curvature_of_the_step_by_autograd(s
     curvature = torch.autograd.grad(sum((g * d).sum() for g, d in zip(reached, delta) if g is not None), params,
                                     allow_unused=True)
     curvature = [torch.zeros_like(p) if c is None else c for p, c in zip(params, curvature)]
-    assert record.downstream_loss == pytest.approx(float(value), rel=1e-12)
-    assert record.predicted_drop == pytest.approx(drop, rel=1e-10)
-    assert record.alignment == pytest.approx(sum(float((g * loop[n]).sum()) for n, g in zip(names, gradient)),
+    assert record["downstream_loss"] == pytest.approx(float(value), rel=1e-12)
+    assert record["predicted_drop"] == pytest.approx(drop, rel=1e-10)
+    assert record["alignment"] == pytest.approx(sum(float((g * loop[n]).sum()) for n, g in zip(names, gradient)),
                                              rel=1e-10)
-    assert record.step_norm == pytest.approx(float(torch.cat([d.flatten() for d in delta]).norm()), rel=1e-12)
+    assert record["step_norm"] == pytest.approx(float(torch.cat([d.flatten() for d in delta]).norm()), rel=1e-12)
     if second_order:
         expected = 0.5 * sum(float((c * d).sum()) for c, d in zip(curvature, delta))
-        assert record.second_order == pytest.approx(expected, rel=1e-9)
+        assert record["second_order"] == pytest.approx(expected, rel=1e-9)
     else:
-        assert record.second_order is None
+        assert record["second_order"] is None
 
 
 def test_first_order_mode_refuses_a_finish_without_a_finite_loss():

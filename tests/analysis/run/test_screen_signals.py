@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from objreg.analysis.probe.first_order import FirstOrderRecord
+from objreg.analysis.records import FirstOrderRecord
 from objreg.analysis.run.screen_signals import SIGNALS, Trajectory, gaps, lookahead_drops, signals
 
 

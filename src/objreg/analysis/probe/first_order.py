@@ -21,21 +21,8 @@ from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import Params, flat_dot, flat_norm, named_shared
 from objreg.analysis.probe.arguments import Quiet, build_downstream, unwrapped_model, user_group
 from objreg.analysis.probe.attention import derivable_attention
+from objreg.analysis.records import FirstOrderRecord
 from objreg.core.errors import InvalidParameterError, ProbeStateError
-
-
-@dataclass(frozen=True)
-class FirstOrderRecord:
-    """One probed step (floats; ``None`` where not asked for)."""
-
-    step: int
-    downstream_loss: float  # D before the step
-    predicted_drop: float  # −∇D·Δθ
-    second_order: float | None  # ½ Δθᵀ H_D Δθ (second_order=True)
-    alignment: float | None  # ∇D·g, g the gradient the loop stepped along (where given)
-    downstream_grad_norm: float  # ‖∇D‖
-    gradient_norm: float | None  # ‖g‖ (where given)
-    step_norm: float  # ‖Δθ‖
 
 
 @dataclass
@@ -112,10 +99,9 @@ class FirstOrderProbe:
                 gradient, (product,) = measured.curvature.gradient_and_products([delta])
             second = 0.5 * float(flat_dot(delta, product))
         loop = measured.loop_gradient
-        return FirstOrderRecord(
-            step=measured.step, downstream_loss=measured.downstream_loss,
-            predicted_drop=-float(flat_dot(gradient, delta)), second_order=second,
-            alignment=float(flat_dot(gradient, loop)) if loop is not None else None,
-            downstream_grad_norm=float(flat_norm(gradient)),
-            gradient_norm=float(flat_norm(loop)) if loop is not None else None,
-            step_norm=float(flat_norm(delta)))
+        return {"step": measured.step, "downstream_loss": measured.downstream_loss,
+                "predicted_drop": -float(flat_dot(gradient, delta)), "second_order": second,
+                "alignment": float(flat_dot(gradient, loop)) if loop is not None else None,
+                "downstream_grad_norm": float(flat_norm(gradient)),
+                "gradient_norm": float(flat_norm(loop)) if loop is not None else None,
+                "step_norm": float(flat_norm(delta))}

@@ -112,7 +112,7 @@ def score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig, 
             break
         if probed:
             record = probe.finish(measured)
-            score = record.predicted_drop
+            score = record["predicted_drop"]
             # A step whose first-order prediction moves D* by more than D* itself at the start is far
             # outside the regime where a first-order term predicts anything.
             if not math.isfinite(score) or (initial > 0 and abs(score) > initial):
@@ -141,7 +141,7 @@ def score_run(registry: Registry, candidate: Candidate, config: AnalysisConfig, 
             on_outcome(model)
     return {
         "steps": step, "probes": len(trajectory.probes), "diverged": None,
-        "scores": [p.predicted_drop for p in trajectory.probes], "per_token": per_token,
+        "scores": [p["predicted_drop"] for p in trajectory.probes], "per_token": per_token,
         "lookahead": lookahead_drops(trajectory, step, final), "signals": signals(trajectory, step, final),
         "tokens_per_step": sum(tokens) / len(tokens), "initial": initial, "final": final,
         "seconds": spent, "outcome": outcome, "outcome_seconds": outcome_seconds,

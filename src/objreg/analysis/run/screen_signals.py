@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from objreg.analysis.math.batch_means import batch_means_ci95
-from objreg.analysis.probe.first_order import FirstOrderRecord
+from objreg.analysis.records import FirstOrderRecord
 
 #: Every signal's name, in the order the report and the CLI show them.
 SIGNALS = ("score", "lookahead", "first_order_sum", "second_order_sum", "alignment", "cosine", "step_cosine",
@@ -59,13 +59,13 @@ def _cosine(dot: float, *norms: float) -> float:
 
 def gaps(trajectory: Trajectory, steps: int) -> list[int]:
     """The steps each probe stands for: up to the next probe, the last one up to the run's end."""
-    at = [p.step for p in trajectory.probes] + [steps]
+    at = [p["step"] for p in trajectory.probes] + [steps]
     return [b - a for a, b in zip(at, at[1:])]
 
 
 def lookahead_drops(trajectory: Trajectory, steps: int, final: float) -> list[float]:
     """The actual drop of ``D*`` per step over each probe interval (module docstring)."""
-    values = [p.downstream_loss for p in trajectory.probes] + [final]
+    values = [p["downstream_loss"] for p in trajectory.probes] + [final]
     return [(a - b) / n for a, b, n in zip(values, values[1:], gaps(trajectory, steps))]
 
 
@@ -76,23 +76,23 @@ def signals(trajectory: Trajectory, steps: int, final: float) -> dict[str, float
     if len(probes) < 1 or len(trajectory.losses) < 2:
         raise ValueError("signals need at least one probe and two steps")
     widths = gaps(trajectory, steps)
-    start = probes[0].downstream_loss
-    later = [p.downstream_loss for p in probes[1:]] + [final]
+    start = probes[0]["downstream_loss"]
+    later = [p["downstream_loss"] for p in probes[1:]] + [final]
     half = len(trajectory.losses) // 2
     losses = trajectory.losses
-    second = (sum((p.predicted_drop - p.second_order) * n for p, n in zip(probes, widths))
-              if all(p.second_order is not None for p in probes) else math.nan)
+    second = (sum((p["predicted_drop"] - p["second_order"]) * n for p, n in zip(probes, widths))
+              if all(p["second_order"] is not None for p in probes) else math.nan)
     return {
-        "score": _mean(p.predicted_drop for p in probes),
+        "score": _mean(p["predicted_drop"] for p in probes),
         "lookahead": _mean(lookahead_drops(trajectory, steps, final)),
-        "first_order_sum": sum(p.predicted_drop * n for p, n in zip(probes, widths)),
+        "first_order_sum": sum(p["predicted_drop"] * n for p, n in zip(probes, widths)),
         "second_order_sum": second,
-        "alignment": _mean(p.alignment for p in probes),
-        "cosine": _mean(_cosine(p.alignment, p.downstream_grad_norm, p.gradient_norm) for p in probes),
-        "step_cosine": _mean(_cosine(p.predicted_drop, p.downstream_grad_norm, p.step_norm) for p in probes),
+        "alignment": _mean(p["alignment"] for p in probes),
+        "cosine": _mean(_cosine(p["alignment"], p["downstream_grad_norm"], p["gradient_norm"]) for p in probes),
+        "step_cosine": _mean(_cosine(p["predicted_drop"], p["downstream_grad_norm"], p["step_norm"]) for p in probes),
         "speed": _mean(start - value for value in later),
         "loss_decrease": sum(losses[:half]) / half - sum(losses[half:]) / (len(losses) - half),
-        "grad_norm": _mean(p.gradient_norm for p in probes),
+        "grad_norm": _mean(p["gradient_norm"] for p in probes),
     }
 
 
