@@ -109,7 +109,8 @@ def test_first_order_mode_gives_the_drop_and_curvature_of_the_step_by_autograd(s
     model, opt = stand_ins.make("sgd", lr=0.5)
     probe = objreg.make_probe(model, task_loss, mode="first_order", eval_batches=EVAL, second_order=second_order)
     assert probe.mode == "first_order"
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    names = list(probe.shared)
+    assert names == ["embed.weight", "body.weight", "body.bias", "task_head.weight", "task_head.bias"]  # D reaches
     point = copy.deepcopy(model)  # θ_t, kept apart from the step
     params = [point.get_parameter(n) for n in names]
     before = [p.detach().clone() for p in params]
@@ -120,7 +121,8 @@ def test_first_order_mode_gives_the_drop_and_curvature_of_the_step_by_autograd(s
     batches = step_batches(torch.Generator().manual_seed(1))
     opt.zero_grad()
     sum(w * LOSSES[k](model, batches[k]).mean() for k, w in WEIGHTS.items()).backward()
-    loop = {n: torch.zeros_like(p) if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
+    loop = {n: torch.zeros_like(p) if p.grad is None else p.grad.clone() for n, p in model.named_parameters()
+            if n in names}
     measured = probe.measure(0, loop)
     opt.step()
     record = probe.finish(measured)

@@ -372,3 +372,23 @@ def check_gradients(gradients: Any, objectives: Mapping[str, Any], shared: Mappi
                                             f"gradient diverged")
         out[name] = {n: given[n] for n in shared}
     return out
+
+
+def downstream_reached(model: nn.Module, downstream: Downstream, shared: Sequence[str] | None) -> tuple[str, ...]:
+    """The parameters a probe without objectives measures on: ``shared`` checked (trainable names),
+    or by default every trainable parameter ``D`` reaches; a re-fitted head's own are left out."""
+    head = set(head_names(model, getattr(downstream, "head", None) or None))
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad and n not in head}
+    if shared is None:
+        names = reached_by(model, downstream, trainable)
+        if not names:
+            raise InvalidParameterError("the downstream loss reaches none of the model's trainable parameters "
+                                        "(computed under torch.no_grad(), or detached?)")
+        return names
+    if isinstance(shared, (str, bytes)) or not isinstance(shared, Sequence) or not shared:
+        raise InvalidParameterError(f"shared must be a non-empty list of parameter names, got {shared!r}")
+    unknown = [n for n in shared if n not in trainable]
+    if unknown:
+        raise InvalidParameterError(f"shared names {len(unknown)} parameters the model has no trainable parameter "
+                                    f"called: {', '.join(map(repr, unknown[:5]))}")
+    return tuple(n for n in trainable if n in set(shared))

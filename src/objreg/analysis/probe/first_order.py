@@ -19,7 +19,7 @@ from torch import nn
 
 from objreg.analysis.math.downstream import Downstream
 from objreg.analysis.math.functional import Params, flat_dot, flat_norm, named_shared
-from objreg.analysis.probe.arguments import Quiet, build_downstream, unwrapped_model, user_group
+from objreg.analysis.probe.arguments import Quiet, build_downstream, downstream_reached, unwrapped_model, user_group
 from objreg.analysis.probe.attention import derivable_attention
 from objreg.analysis.records import FirstOrderRecord
 from objreg.core.errors import InvalidParameterError, ProbeStateError
@@ -46,8 +46,8 @@ class FirstOrderProbe:
             ``Task``, or a built :class:`~objreg.analysis.math.downstream.Downstream` (the
             re-fitted head's ``D*`` too: ``objreg screen``'s).
         eval_batches: The fixed evaluation set defining ``D`` (one batch or a list).
-        shared: Names of the parameters measured on (default: every trainable parameter; ``objreg
-            screen`` passes the backbone's).
+        shared: Names of the parameters measured on (default: every trainable parameter ``D``
+            reaches, a re-fitted head's own left out; ``objreg screen`` passes the backbone's).
         refit_head, fit_batches: Re-fit the downstream head at every probe (``D*``), as
             :class:`~objreg.analysis.probe.transfer_probe.TransferProbe` does.
         second_order: Also take ``½ Δθᵀ H_D Δθ`` (one Hessian-vector product per probe).
@@ -64,8 +64,7 @@ class FirstOrderProbe:
         group = downstream.group if isinstance(downstream, Downstream) else user_group(model)
         self.downstream = build_downstream(model, downstream, eval_batches, group, None, refit_head, fit_batches)
         self.model, self.second_order = model, second_order
-        self.shared = (list(shared) if shared is not None
-                       else [n for n, p in model.named_parameters() if p.requires_grad])
+        self.shared = list(downstream_reached(model, self.downstream, shared))
 
     def loss(self) -> float:
         """``D`` now."""

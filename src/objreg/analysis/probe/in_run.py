@@ -39,9 +39,8 @@ from objreg.analysis.math.stats import mean_ci95
 from objreg.analysis.probe.arguments import (
     Quiet,
     build_downstream,
-    head_names,
+    downstream_reached,
     inner_optimizer,
-    reached_by,
     unwrapped_model,
     user_group,
 )
@@ -100,7 +99,7 @@ class InRunAlignment:
         group = downstream.group if isinstance(downstream, Downstream) else user_group(model)
         self.downstream = build_downstream(model, downstream, eval_batches, group, None, refit_head,
                                            fit_batches)
-        self.shared = self._shared_names(shared)
+        self.shared = downstream_reached(model, self.downstream, shared)
         # The default set is narrowed, at the first step, to what the loop's objectives reach
         # (a frozen downstream head's parameters, say, have D's gradient but no objective's).
         self._narrow = shared is None
@@ -314,23 +313,6 @@ class InRunAlignment:
         self.age += 1
         if self._on_record is not None:
             self._on_record(record)
-
-    def _shared_names(self, shared: Sequence[str] | None) -> tuple[str, ...]:
-        head = set(head_names(self.model, getattr(self.downstream, "head", None) or None))
-        trainable = {n: p for n, p in self.model.named_parameters() if p.requires_grad and n not in head}
-        if shared is None:
-            names = reached_by(self.model, self.downstream, trainable)
-            if not names:
-                raise InvalidParameterError("the downstream loss reaches none of the model's trainable parameters "
-                                            "(computed under torch.no_grad(), or detached?)")
-            return names
-        if isinstance(shared, (str, bytes)) or not isinstance(shared, Sequence) or not shared:
-            raise InvalidParameterError(f"shared must be a non-empty list of parameter names, got {shared!r}")
-        unknown = [n for n in shared if n not in trainable]
-        if unknown:
-            raise InvalidParameterError(f"shared names {len(unknown)} parameters the model has no trainable parameter "
-                                        f"called: {', '.join(map(repr, unknown[:5]))}")
-        return tuple(n for n in trainable if n in set(shared))
 
 
 def _shut_hooks(live: dict[str, Any]) -> None:
