@@ -20,6 +20,8 @@
 ``tagfiles``       token classification files: CoNLL and JSONL tagged sentences
 ``squadfiles``     SQuAD v1.1/v2.0 JSON: contexts, questions and answer spans
 ``documents``      a task's text corpus read as ``--corpus`` reads it
+``hf_backbone``    a Hugging Face transformers model as objreg's backbone (encoders, decoders, encoder-decoders)
+``hf_directory``   a transformers model directory: recognised, its architecture, its tokenizer
 ``atomic``         files written atomically (a temporary file renamed into place)
 ``overlap``        text shared between rows: the n-gram containment test and groups of rows that share text
 ``splits``         a task file split into training and held-out rows, the training text as a corpus
