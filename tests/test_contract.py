@@ -130,7 +130,7 @@ def test_a_v2_plugin_reads_its_loss_hyper_parameter_from_params():
     registry = registry_with(Base())
     passed = check_objective_contract("base", registry=registry, params={"scale": 3.0})
     assert "a row's loss does not depend on the other rows of the batch" in passed
-    tokenizer = objreg.testing._sample_tokenizer(objreg.testing.SAMPLE_TEXTS)
+    tokenizer = objreg.testing.sample_tokenizer(objreg.testing.SAMPLE_TEXTS)
     batch = tokenizer.batch_from_texts(list(objreg.testing.SAMPLE_TEXTS), 32)
     model = registry.load_model("default", tokenizer.vocab, [objreg.HeadSpec("lm", "lm")],
                                 dict(objreg.testing.TINY_MODEL), torch.Generator().manual_seed(0))

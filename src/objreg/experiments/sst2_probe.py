@@ -30,7 +30,7 @@ def sst2(path: Path | None = None) -> tuple[list[str], torch.Tensor]:
     Raises:
         DataError: the file is absent.
     """
-    from objreg.toolkit.taskfiles import read_classification
+    from objreg.toolkit.classfiles import read_classification
 
     path = path or shared_data() / SST2
     if not path.is_file():

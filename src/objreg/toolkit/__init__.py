@@ -15,7 +15,13 @@
 ``layers``         Transformer layers that ``vmap``, ``jvp`` and double backward go through
 ``tokenizer``      tokenisation into ``TokenBatch`` rows; ``wordpiece`` objreg's own WordPiece
 ``surprisal``      a model's surprisal of each token (the entropy masking policy)
-``taskfiles``      reading downstream task files (SQuAD, GLUE TSV, JSONL, CoNLL), even spacing, round robin
+``taskfiles``      what the task file readers share: lines, JSONL records, labels; even spacing, round robin
+``classfiles``     classification files: GLUE-style TSV and JSONL records of a text (pair) and a label
+``tagfiles``       token classification files: CoNLL and JSONL tagged sentences
+``squadfiles``     SQuAD v1.1/v2.0 JSON: contexts, questions and answer spans
+``documents``      a task's text corpus read as ``--corpus`` reads it
+``hf_backbone``    a Hugging Face transformers model as objreg's backbone (encoders, decoders, encoder-decoders)
+``hf_directory``   a transformers model directory: recognised, its architecture, its tokenizer
 ``atomic``         files written atomically (a temporary file renamed into place)
 ``overlap``        text shared between rows: the n-gram containment test and groups of rows that share text
 ``splits``         a task file split into training and held-out rows, the training text as a corpus

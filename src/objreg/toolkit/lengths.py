@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from objreg.core.errors import DataError, InvalidParameterError
-from objreg.toolkit.taskfiles import read_squad
+from objreg.toolkit.squadfiles import read_squad
 
 if TYPE_CHECKING:
     from objreg.toolkit.tokenizer import Tokenizer
@@ -87,7 +87,7 @@ def answer_length_distribution(
     :func:`format_lengths` turns it into the ``empirical_lengths`` parameter.
 
     Raises:
-        DataError: the file is missing, not SQuAD JSON (:func:`objreg.toolkit.taskfiles.read_squad`),
+        DataError: the file is missing, not SQuAD JSON (:func:`objreg.toolkit.squadfiles.read_squad`),
             or has no answer.
     """
     path = Path(squad_json_path)

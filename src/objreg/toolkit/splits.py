@@ -3,7 +3,7 @@ corpus: what task-adaptive pre-training needs (pre-train on the training rows' t
 them, score on the held-out rows, whose text is never pre-trained on).
 
 Classification files only (GLUE-style TSV with a header, or JSONL: one record a line, read by
-:func:`objreg.toolkit.taskfiles.read_classification`). Rows that share text (an RTE premise paired
+:func:`objreg.toolkit.classfiles.read_classification`). Rows that share text (an RTE premise paired
 with several hypotheses, a repeated sentence: :func:`objreg.toolkit.overlap.text_groups` on their
 lower-cased words) go to the same side, so no held-out row's text is in the training text. Groups
 are taken in an order from the ``data_split`` stream of the seed until the held-out side has its
@@ -21,9 +21,10 @@ import torch
 
 from objreg.core.errors import DataError, InvalidParameterError
 from objreg.toolkit.atomic import atomic_file
+from objreg.toolkit.classfiles import read_classification
 from objreg.toolkit.overlap import text_groups
 from objreg.toolkit.randomness import stream
-from objreg.toolkit.taskfiles import is_jsonl, read_classification
+from objreg.toolkit.taskfiles import is_jsonl
 
 _WORD = re.compile(r"\w+")
 

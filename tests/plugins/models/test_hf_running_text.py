@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 import objreg
 from objreg.cli import make_cli
-from objreg.plugins.models import hf
+from objreg.toolkit import hf_directory
 from objreg.toolkit.tokenizer import TokenizedCorpus, split_sentences
 
 transformers = pytest.importorskip("transformers")
@@ -47,7 +47,7 @@ def own_ids(tokenizer: objreg.Tokenizer, text: str) -> list[int]:
 
 def test_rows_equal_the_tokenizers_own_encoding_of_the_text(bpe_dir):
     style, directory = bpe_dir
-    tokenizer = hf.load_tokenizer(directory)
+    tokenizer = hf_directory.load_tokenizer(directory)
     sentences = split_sentences(DOCUMENT)
     assert len(sentences) == 5
     encoding = tokenizer.backend.encode(DOCUMENT, add_special_tokens=False)
@@ -70,7 +70,7 @@ def test_rows_equal_the_tokenizers_own_encoding_of_the_text(bpe_dir):
 @pytest.mark.parametrize("seq_len", [12, 24, 200])
 def test_pre_training_chunks_are_cut_from_the_documents_encoding(bpe_dir, seq_len):
     _, directory = bpe_dir
-    tokenizer = hf.load_tokenizer(directory)
+    tokenizer = hf_directory.load_tokenizer(directory)
     other = "Bees collect nectar. They store honey in wax cells."
     corpus = objreg.Corpus("two documents", (tuple(split_sentences(DOCUMENT)), tuple(split_sentences(other))))
     tokenized = TokenizedCorpus(tokenizer, corpus, seq_len)
@@ -90,7 +90,7 @@ def test_pre_training_chunks_are_cut_from_the_documents_encoding(bpe_dir, seq_le
 
 def test_corrupt_with_the_models_tokenizer_prints_its_ids(bpe_dir):
     _, directory = bpe_dir
-    tokenizer = hf.load_tokenizer(directory)
+    tokenizer = hf_directory.load_tokenizer(directory)
     cli = make_cli(lambda: objreg.get_plugin_manager(load_entrypoints=False))
     done = CliRunner().invoke(cli, ["corrupt", "clm", "--model", directory, "--text", DOCUMENT, "--json"])
     assert done.exit_code == 0, done.output
@@ -129,7 +129,7 @@ def test_wordpiece_rows_are_those_of_each_sentence_alone(bert_tokenizer_json, tm
     directory.mkdir()
     (directory / "config.json").write_text(json.dumps({"model_type": "bert"}))
     (directory / "tokenizer.json").write_bytes(bert_tokenizer_json.read_bytes())
-    for tokenizer in (hf.load_tokenizer(str(directory)), objreg.default_tokenizer()):
+    for tokenizer in (hf_directory.load_tokenizer(str(directory)), objreg.default_tokenizer()):
         encoded = [s for document in tokenizer.encode_documents(documents) for s in document]
         assert encoded == per_sentence(tokenizer, documents)
         assert encoded[-2] == ([], [])  # the empty sentence
@@ -138,7 +138,7 @@ def test_wordpiece_rows_are_those_of_each_sentence_alone(bert_tokenizer_json, tm
 def test_metaspace_rows_are_those_of_each_sentence_alone(tmp_path, documents, tokenizer_trainers):
     tokenizer_trainers["unigram"](tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "t5", "is_encoder_decoder": True}))
-    tokenizer = hf.load_tokenizer(str(tmp_path))
+    tokenizer = hf_directory.load_tokenizer(str(tmp_path))
     encoded = [s for document in tokenizer.encode_documents(documents) for s in document]
     # Every corpus splits its text with split_sentences, which strips each sentence: here that is
     # the one difference (Metaspace would make tokens of the spaces around a sentence).
@@ -149,7 +149,7 @@ def test_metaspace_rows_are_those_of_each_sentence_alone(tmp_path, documents, to
 
 def test_token_classification_rows_are_the_encoding_of_the_sentence(bpe_dir, tmp_path):
     _, directory = bpe_dir
-    tokenizer = hf.load_tokenizer(directory)
+    tokenizer = hf_directory.load_tokenizer(directory)
     words = ["Unlike", "last", "year", ",", "Warsaw", "approved", "the", "budget", "."]
     data = tmp_path / "tags.jsonl"
     data.write_text(json.dumps({"tokens": words, "tags": ["O", "O", "O", "O", "LOC", "O", "O", "O", "O"]}) + "\n")
@@ -173,7 +173,7 @@ def test_token_classification_wordpiece_rows_are_those_of_each_word_alone(bert_t
     directory.mkdir()
     (directory / "config.json").write_text(json.dumps({"model_type": "bert"}))
     (directory / "tokenizer.json").write_bytes(bert_tokenizer_json.read_bytes())
-    tokenizer = hf.load_tokenizer(str(directory))
+    tokenizer = hf_directory.load_tokenizer(str(directory))
     words = ["Unlike", "last", "year", ",", "Warsaw's", "council", "approved", "the", "budget", "."]
     data = tmp_path / "tags.jsonl"
     data.write_text(json.dumps({"tokens": words, "tags": ["O"] * len(words)}) + "\n")

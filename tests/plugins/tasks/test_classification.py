@@ -1,7 +1,7 @@
 """Tests of the ``classification`` downstream task: GLUE TSV and JSONL rows (real SST-2 and RTE dev
 files where present), heads sized from the data's labels, the built-in same-document pairs, and
 the loss against an independent float64 computation and under vmap/jvp. The file readers'
-validation is tested in tests/toolkit/test_taskfiles.py."""
+validation is tested in tests/toolkit/test_classfiles.py."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 import objreg
 from objreg.plugins.tasks import classification as cls
+from objreg.toolkit.classfiles import read_classification
 from objreg.toolkit.lengths import fit_lengths
-from objreg.toolkit.taskfiles import read_classification
 
 PARAMS = {"text_field": "", "text_pair_field": "", "label_field": "", "labels": "", "seed": 0}
 

@@ -1,6 +1,6 @@
 """Tests of the ``qa`` downstream task: the built-in cloze set, SQuAD rows and windows, the
 attention mask, and the span loss against an independent float64 loop. The SQuAD reader's
-validation is tested in tests/toolkit/test_taskfiles.py."""
+validation is tested in tests/toolkit/test_squadfiles.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Tests of the ``token_classification`` downstream task: tag alignment to first subwords against a
 Hugging Face-style loop over word ids, CoNLL and JSONL rows, heads sized from the data's tags, the
 built-in lexical tags, and the loss against a float64 loop, with padding and unlabelled positions
-inert. The file readers' validation is tested in tests/toolkit/test_taskfiles.py."""
+inert. The file readers' validation is tested in tests/toolkit/test_tagfiles.py."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ Two sources of examples:
 * ``--downstream-data PATH``: a GLUE-style TSV file with a header line (SST-2 ``sentence``,
   ``label``; RTE ``sentence1``, ``sentence2``, ``label``, ``idx``; other columns are ignored) or a
   JSONL file (``{"text": ..., "label": ...}`` or ``{"text": ..., "text_pair": ..., "label": ...}``),
-  read by :func:`objreg.toolkit.taskfiles.read_classification`. The text, pair and label fields
+  read by :func:`objreg.toolkit.classfiles.read_classification`. The text, pair and label fields
   are found among the usual names or named with the ``text_field``, ``text_pair_field`` and
   ``label_field`` parameters. TSV fields may be CSV-quoted (``"a ""quoted"" word"``, as pandas
   and Hugging Face ``datasets`` write them) or bare (GLUE's own ``QUOTE_NONE`` files); a record is
@@ -44,10 +44,11 @@ from typing import Any
 import torch
 
 import objreg
+from objreg.toolkit.classfiles import read_classification
 from objreg.toolkit.heads import summary_states
 from objreg.toolkit.lengths import fit_lengths
 from objreg.toolkit.losses import label_nll
-from objreg.toolkit.taskfiles import evenly_spaced, read_classification, round_robin
+from objreg.toolkit.taskfiles import evenly_spaced, round_robin
 
 NAME = "classification"
 HEAD = "classification"

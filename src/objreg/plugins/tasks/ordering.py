@@ -24,7 +24,7 @@ reordering them would change nothing.
 Source of the windows: the held-out documents of the corpus (the default corpus, or the file
 given with ``--corpus``), or ``--downstream-data PATH``: a text or JSONL file (or a directory of
 them) read exactly as ``--corpus`` reads it (documents are blank-line-separated blocks, or one per
-line; :func:`objreg.toolkit.taskfiles.read_documents`), all of whose documents are used (so it should not be the ``--corpus`` file as well, or
+line; :func:`objreg.toolkit.documents.read_documents`), all of whose documents are used (so it should not be the ``--corpus`` file as well, or
 the model pre-trains on the evaluation text). Windows come one document after another in turn, each
 document's windows sliding by one sentence, up to ``limit``.
 
@@ -42,10 +42,11 @@ from typing import Any
 import torch
 
 import objreg
+from objreg.toolkit.documents import read_documents
 from objreg.toolkit.heads import summary_states
 from objreg.toolkit.lengths import fit_lengths
 from objreg.toolkit.losses import label_nll
-from objreg.toolkit.taskfiles import read_documents, round_robin
+from objreg.toolkit.taskfiles import round_robin
 
 NAME = "ordering"
 HEAD = "ordering"

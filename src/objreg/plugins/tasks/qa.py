@@ -8,7 +8,7 @@ standard BERT handling.
 Two sources of examples:
 
 * ``--downstream-data PATH``: a SQuAD v1.1 / v2.0 JSON file (Rajpurkar et al. 2016), read by
-  :func:`objreg.toolkit.taskfiles.read_squad`. The first answer of each question is the target.
+  :func:`objreg.toolkit.squadfiles.read_squad`. The first answer of each question is the target.
   Up to ``limit`` questions, evenly spaced over the file.
 * No path: a built-in **cloze** QA set built from held-out documents of the corpus, after Lewis
   et al. 2019 ("Unsupervised Question Answering by Cloze Translation", their identity-mapping
@@ -30,7 +30,7 @@ not contain the whole answer points at ``[CLS]``, as in both references. ``limit
 
 About 360 lines, one module: the two sources of examples share the row layout, and a plugin
 module loads no other plugin module (the import floors of docs/architecture.md); the file reading
-is in :mod:`objreg.toolkit.taskfiles`.
+is in :mod:`objreg.toolkit.squadfiles`.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ from typing import Any
 import torch
 
 import objreg
-from objreg.toolkit.taskfiles import evenly_spaced, read_squad, round_robin
+from objreg.toolkit.squadfiles import read_squad
+from objreg.toolkit.taskfiles import evenly_spaced, round_robin
 
 NAME = "qa"
 

@@ -19,7 +19,7 @@ Two sources of examples:
   ``ner_tags``/``pos_tags``/``labels`` are found too, or named with ``tokens_field`` and
   ``tags_field``). Tags are strings or integers; the tag set is read from the whole file, in
   numeric order when every tag is an integer, else alphabetical, or fixed with ``labels``
-  (:func:`objreg.toolkit.taskfiles.read_tagged`). Up to ``limit`` sentences, evenly spaced over
+  (:func:`objreg.toolkit.tagfiles.read_tagged`). Up to ``limit`` sentences, evenly spaced over
   the file.
 * No path: a built-in **lexical tagging** of held-out sentences of the corpus, a deterministic
   stand-in for POS tagging that any tokenizer can see (it ignores case, which the default
@@ -50,7 +50,8 @@ import torch
 
 import objreg
 from objreg.toolkit.losses import label_nll
-from objreg.toolkit.taskfiles import TaggedSentence, evenly_spaced, read_tagged, round_robin
+from objreg.toolkit.tagfiles import TaggedSentence, read_tagged
+from objreg.toolkit.taskfiles import evenly_spaced, round_robin
 
 NAME = "token_classification"
 HEAD = "token_classification"
