@@ -114,3 +114,28 @@ def test_curvature_method_is_checked(build):
     fn, shared = build("clm")
     with pytest.raises(objreg.InvalidParameterError, match="HVP method must be one of auto"):
         Curvature([fn], shared, "finite_differences")
+
+
+@pytest.mark.parametrize("method", ["forward_over_reverse", "double_backward"])
+def test_dots_over_chunks_are_the_dots_of_the_whole_sets_products(build, direction, method):
+    """gradient_and_dots, each chunk's product dotted as it is made, against one float64 HVP of the
+    whole set per direction dotted afterwards; a vector naming only some parameters dots only those,
+    and the kept entries are the products'."""
+    fn, shared = build("mlm")
+    directions = [direction(shared, seed=s) for s in (1, 2, 3)]
+    some = sorted(shared)[:2]
+    partial = {n: direction(shared, seed=9)[n] for n in some}
+    against = [[directions[0], directions[1]], [directions[2]], [partial, directions[0], directions[2]]]
+    operator = Curvature(list(fn.chunks(2)), shared, method, max_directions=2)
+    gradient_d, dots, kept = operator.gradient_and_dots(directions, against, keep=some)
+    assert operator.method == method and operator.matvecs == 3 and dots.dtype == torch.float64
+    expected_gradient = gradient(fn, shared)
+    assert all(torch.allclose(gradient_d[n], expected_gradient[n], rtol=1e-9, atol=1e-13) for n in shared)
+    for k, (v, vectors) in enumerate(zip(directions, against)):
+        product = hvp_forward_over_reverse(fn.mean, shared, v)
+        for j, a in enumerate(vectors):
+            expected = float(sum((a[n] * product[n]).sum() for n in a))
+            assert float(dots[k, j]) == pytest.approx(expected, rel=1e-10, abs=1e-14)
+        assert sorted(kept[k]) == some
+        assert all(torch.allclose(kept[k][n], product[n], rtol=1e-9, atol=1e-14) for n in some)
+    assert float(dots[1, 1]) == 0.0  # direction 1 has one vector: the rest of its row stays 0

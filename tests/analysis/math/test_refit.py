@@ -257,3 +257,28 @@ def test_no_module_builds_d_but_through_make_downstream():
                         name == "of_batches" and getattr(owner, "id", "") in ("Downstream", "RefitDownstream")):
                     found.append(f"{path.relative_to(source)}:{node.lineno}")
     assert found == []
+
+
+@pytest.mark.parametrize("path", ["features", "whole model"])
+def test_dots_equal_the_products_dotted_afterwards(registry, path):
+    """gradient_and_dots (no whole product held) against gradient_and_products's products dotted
+    afterwards, on both paths: the same gradient and dots to rounding, and kept entries the products'."""
+    model, downstream = refit_setup(registry, "qa")
+    theta = point(model, downstream)
+    downstream.loss(model)
+    directions = [unit_direction(theta, s) for s in (3, 4, 5)]
+    curvature = downstream.curvature(model, theta)
+    if path == "whole model":
+        curvature.fit = [ObjectiveFunction(model, downstream.task, c, shared=[*theta, *downstream.head])
+                         for c in downstream.fit_set.local_chunks]
+    some = sorted(theta)[:2]
+    against = [[directions[1], directions[2]], [directions[0]], [{n: directions[0][n] for n in some}]]
+    gradient, products = curvature.gradient_and_products(directions)
+    gradient_d, dots, kept = curvature.gradient_and_dots(directions, against, keep=some)
+    for n in gradient:
+        assert torch.allclose(gradient_d[n], gradient[n], rtol=1e-12, atol=1e-15)
+    for k, vectors in enumerate(against):
+        for j, a in enumerate(vectors):
+            expected = float(sum((a[n] * products[k][n]).sum() for n in a))
+            assert float(dots[k, j]) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+        assert all(torch.allclose(kept[k][n], products[k][n], rtol=1e-9, atol=1e-13) for n in some)

@@ -11,7 +11,8 @@ and differentiates it once per direction.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from typing import Protocol
 
 import torch
 from torch.func import grad, jvp, vmap
@@ -86,6 +87,28 @@ class Curvature:
         Raises:
             InvalidParameterError: the model has neither derivative an exact HVP needs.
         """
+        gradient, totals = self._with_method(directions, lambda: _Totals(self.shared, len(directions)))
+        products = totals.products if self.functions else [
+            {n: torch.zeros_like(t) for n, t in self.shared.items()} for _ in directions]
+        # One collective for the gradient and every product (identity in one process).
+        return self.group.all_reduce_sum((gradient, products))
+
+    def gradient_and_dots(self, directions: list[Params], against: list[list[Params]], keep: Collection[str] = ()
+                          ) -> tuple[Params, torch.Tensor, list[Params]]:
+        """``∇D``, the dots ``⟨a, H v_k⟩`` for every ``a`` in ``against[k]`` (a float64 tensor
+        ``[k, j]``; ``a`` may name a subset of the parameters) and the products' entries named in
+        ``keep``, without ever holding a whole product: each chunk's product along each direction
+        is dotted (and its kept entries added) as it is made, then let go.
+
+        Raises:
+            InvalidParameterError: the model has neither derivative an exact HVP needs.
+        """
+        gradient, dots = self._with_method(directions, lambda: _Dots(self.shared, against, keep))
+        return self.group.all_reduce_sum((gradient, dots.values, dots.kept))
+
+    def _with_method(self, directions: list[Params], new_sink: Callable[[], Sink]) -> tuple[Params, Sink]:
+        """The gradient and a sink (``new_sink()``, a fresh one for each method tried) that was
+        handed each chunk's product along direction ``k`` as ``sink.add(k, product)``."""
         if self.method == "auto":
             # On the CPU double backward is the faster and the lighter in memory (docs/performance.md);
             # elsewhere forward-over-reverse is.
@@ -93,14 +116,16 @@ class Curvature:
             first, second = ("double_backward", "forward_over_reverse") if on_cpu else (
                 "forward_over_reverse", "double_backward")
             try:
-                result = self._compute(directions, first)
+                sink = new_sink()
+                result = self._compute(directions, first, sink.add)
                 self.method = first
-                return result
+                return result, sink
             except (NotImplementedError, RuntimeError) as error:
                 if not derivative_unsupported(error):
                     raise
             try:
-                result = self._compute(directions, second)
+                sink = new_sink()
+                result = self._compute(directions, second, sink.add)
             except (NotImplementedError, RuntimeError) as error:
                 if not derivative_unsupported(error):
                     raise
@@ -110,65 +135,94 @@ class Curvature:
                     f"attn_implementation=\"eager\"; objreg's Transformer: attention='math')"
                 ) from None
             self.method = second
-            return result
-        return self._compute(directions, self.method)
+            return result, sink
+        sink = new_sink()
+        return self._compute(directions, self.method, sink.add), sink
 
     def matvec(self, direction: Params) -> Params:
         """``H v`` for one direction."""
         return self.gradient_and_products([direction])[1][0]
 
-    def _compute(self, directions: list[Params], method: str) -> tuple[Params, list[Params]]:
+    def _compute(self, directions: list[Params], method: str, sink: Callable[[int, Params], None]) -> Params:
         gradient: Params = {}
-        products: list[Params] = [{} for _ in directions]
         for f in self.functions:
             loss = self._chunk_loss(f)
-            if method == "forward_over_reverse":
-                part_gradient, part_products = self._forward_over_reverse(loss, directions)
-            else:
-                part_gradient, part_products = self._double_backward(loss, directions)
-            # The sums start at zero as each chunk's part arrives (not before the first chunk's
-            # parts exist), and each part is let go once added: the products are held once, not twice.
-            for total, part in zip([gradient, *products], [part_gradient, *part_products]):
-                for n, t in self.shared.items():
-                    total[n] = (total[n] if n in total else torch.zeros_like(t)).add_(part.pop(n))
+            take = self._forward_over_reverse if method == "forward_over_reverse" else self._double_backward
+            part = take(loss, directions, sink)
+            # The sum starts as the first chunk's part arrives, and each part is let go once added.
+            for n, t in self.shared.items():
+                gradient[n] = (gradient[n] if n in gradient else torch.zeros_like(t)).add_(part.pop(n))
         if not self.functions:
             gradient = {n: torch.zeros_like(t) for n, t in self.shared.items()}
-            products = [{n: torch.zeros_like(t) for n, t in self.shared.items()} for _ in directions]
-        # One collective for the gradient and every product (identity in one process).
-        gradient, products = self.group.all_reduce_sum((gradient, products))
         self.matvecs += len(directions)
-        return gradient, products
+        return gradient
 
-    def _forward_over_reverse(self, loss: Callable[[Params], torch.Tensor], directions: list[Params]
-                              ) -> tuple[Params, list[Params]]:
+    def _forward_over_reverse(self, loss: Callable[[Params], torch.Tensor], directions: list[Params],
+                              sink: Callable[[int, Params], None]) -> Params:
         if not directions:
-            return grad(loss)(self.shared), []
-        products: list[Params] = []
+            return grad(loss)(self.shared)
         gradient: Params = {}
         for start in range(0, len(directions), self.max_directions):
             group = directions[start:start + self.max_directions]
             if len(group) == 1:
                 gradient, product = jvp(grad(loss), (self.shared,), (group[0],))
-                products.append(product)
+                sink(start, product)
                 continue
             stacked = {n: torch.stack([d[n] for d in group]) for n in self.shared}
             batched_gradient, batched = vmap(lambda v: jvp(grad(loss), (self.shared,), (v,)))(stacked)
             gradient = {n: t[0] for n, t in batched_gradient.items()}
-            products.extend({n: t[i] for n, t in batched.items()} for i in range(len(group)))
-        return gradient, products
+            for i in range(len(group)):
+                sink(start + i, {n: t[i] for n, t in batched.items()})
+        return gradient
 
-    def _double_backward(self, loss: Callable[[Params], torch.Tensor], directions: list[Params]
-                         ) -> tuple[Params, list[Params]]:
+    def _double_backward(self, loss: Callable[[Params], torch.Tensor], directions: list[Params],
+                         sink: Callable[[int, Params], None]) -> Params:
         params = requiring_grad(self.shared)
         leaves = list(params.values())
         grads = torch.autograd.grad(loss(params), leaves, create_graph=True, allow_unused=True)
         gradient = {n: torch.zeros_like(t) if g is None else g.detach() for (n, t), g in zip(params.items(), grads)}
-        products = []
         for i, direction in enumerate(directions):
             projected = sum((g * direction[n]).sum() for g, n in zip(grads, params) if g is not None)
             if not isinstance(projected, torch.Tensor) or not projected.requires_grad:
-                products.append({n: torch.zeros_like(t) for n, t in params.items()})
+                sink(i, {n: torch.zeros_like(t) for n, t in params.items()})
                 continue
             parts = torch.autograd.grad(projected, leaves, retain_graph=i < len(directions) - 1, allow_unused=True)
-            products.append({n: torch.zeros_like(t) if h is None else h for (n, t), h in zip(params.items(), parts)})
-        return gradient, products
+            sink(i, {n: torch.zeros_like(t) if h is None else h for (n, t), h in zip(params.items(), parts)})
+        return gradient
+
+
+class Sink(Protocol):
+    """Takes each chunk's product along direction ``k`` as it is made."""
+
+    def add(self, k: int, part: Params) -> None: ...
+
+
+class _Totals:
+    """The products summed over the chunks, each sum started as its first part arrives."""
+
+    def __init__(self, shared: Params, count: int):
+        self.shared = shared
+        self.products: list[Params] = [{} for _ in range(count)]
+
+    def add(self, k: int, part: Params) -> None:
+        total = self.products[k]
+        for n, t in self.shared.items():
+            total[n] = (total[n] if n in total else torch.zeros_like(t)).add_(part.pop(n))
+
+
+class _Dots:
+    """The products' dots with the ``against`` vectors summed over the chunks (float64), and
+    their entries named in ``keep``."""
+
+    def __init__(self, shared: Params, against: list[list[Params]], keep: Collection[str]):
+        self.against = against
+        like = next(iter(shared.values()))
+        self.values = torch.zeros(len(against), max((len(a) for a in against), default=0), dtype=torch.float64,
+                                  device=like.device)
+        self.kept = [{n: torch.zeros_like(shared[n]) for n in keep} for _ in against]
+
+    def add(self, k: int, part: Params) -> None:
+        for j, vector in enumerate(self.against[k]):
+            self.values[k, j] += sum((vector[n] * part[n]).sum() for n in vector).double()
+        for n, total in self.kept[k].items():
+            total.add_(part[n])

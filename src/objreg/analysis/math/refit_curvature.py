@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -110,9 +111,13 @@ class RefitCurvature:
         self.max_directions = max_directions
         self.matvecs = 0
 
-    def _run(self, functions: list[Any], rows: int, directions: list[Params]) -> tuple[Params, list[Params]]:
+    def _run(self, functions: list[Any], rows: int, directions: list[Params],
+             against: list[list[Params]] | None = None, keep: Collection[str] = ()
+             ) -> tuple[Params, torch.Tensor, list[Params]]:
+        """A pass over ``functions`` at ``(θ, h*)``: the gradient, the products' dots with
+        ``against`` (none by default) and their entries named in ``keep``."""
         curvature = Curvature(functions, self.point, self.method, total=rows, group=self.group)
-        result = curvature.gradient_and_products(directions)
+        result = curvature.gradient_and_dots(directions, against or [[] for _ in directions], keep)
         self.method = curvature.method
         return result
 
@@ -133,10 +138,18 @@ class RefitCurvature:
 
     def gradient_and_products(self, directions: list[Params]) -> tuple[Params, list[Params]]:
         """``∇D*`` and ``[∇²D* w for w in directions]`` (on the backbone's shared parameters)."""
+        gradient, _, products = self.gradient_and_dots(directions, [[] for _ in directions], keep=list(self.shared))
+        return gradient, products
+
+    def gradient_and_dots(self, directions: list[Params], against: list[list[Params]], keep: Collection[str] = ()
+                          ) -> tuple[Params, torch.Tensor, list[Params]]:
+        """``∇D*``, the dots ``⟨a, ∇²D* w_k⟩`` for every ``a`` in ``against[k]`` (float64 ``[k, j]``;
+        ``a`` names backbone parameters) and the products' entries named in ``keep`` (backbone
+        names): as :meth:`Curvature.gradient_and_dots`, no whole product is held where ``keep`` is empty."""
         if self.fit and isinstance(self.fit[0], FeatureChunk):
-            result = self._feature_products(directions)
+            result = self._feature_products(directions, against, list(keep))
         else:
-            result = self._joint_products(directions)
+            result = self._joint_products(directions, against, list(keep))
         self.matvecs += len(directions)
         return result
 
@@ -146,31 +159,32 @@ class RefitCurvature:
 
     # -- a plain loss function: every derivative of F through the whole model ---------------------
 
-    def _joint_products(self, directions: list[Params]) -> tuple[Params, list[Params]]:
+    def _joint_products(self, directions: list[Params], against: list[list[Params]], keep: list[str]
+                        ) -> tuple[Params, torch.Tensor, list[Params]]:
         thetas, heads = list(self.shared), list(self.head)
         # J w = −A⁻¹ ∂²_hθ F w for every direction.
-        _, mixed = self._run(self.fit, self.fit_rows, [self._lift(w) for w in directions]) if directions else (
-            None, [])
+        _, _, mixed = self._run(self.fit, self.fit_rows, [self._lift(w) for w in directions], keep=heads)
         lifts = self._solve([{n: -m[n] for n in heads} for m in mixed])
         lifted = [self._lift(w, j) for w, j in zip(directions, lifts)]
         # ∂D_E and ∂²D_E along the lifted directions; v = A⁻¹ ∂_h D_E.
-        gradient_e, products_e = self._run(self.evaluation, self.eval_rows, lifted)
+        gradient_e, dots_e, kept_e = self._run(self.evaluation, self.eval_rows, lifted, against, heads + keep)
         (v,) = self._solve([{n: gradient_e[n] for n in heads}])
         tangent = self._lift(self._zeros(self.shared), v)
         # G = ⟨∂_h F, v⟩: its gradient's θ-part is ∂²_θh F v, its products the third derivative.
         directional = [Directional(f, tangent) for f in self.fit]
-        gradient_g, products_g = self._run(directional, self.fit_rows, lifted)
+        gradient_g, dots_g, kept_g = self._run(directional, self.fit_rows, lifted, against, heads + keep)
         gradient = {n: gradient_e[n] - gradient_g[n] for n in thetas}
         # ∇²D* w = [∇²Φ w̃]_θ + Jᵀ[∇²Φ w̃]_h, Jᵀ y = −∂²_θh F A⁻¹ y.
-        phi = [{n: pe[n] - pg[n] for n in self.point} for pe, pg in zip(products_e, products_g)]
+        phi = [{n: pe[n] - pg[n] for n in pe} for pe, pg in zip(kept_e, kept_g)]
         back = self._solve([{n: p[n] for n in heads} for p in phi])
-        _, transposed = self._run(self.fit, self.fit_rows, [self._lift(self._zeros(self.shared), b) for b in back]) \
-            if back else (None, [])
-        return gradient, [{n: p[n] - t[n] for n in thetas} for p, t in zip(phi, transposed)]
+        _, dots_t, transposed = self._run(self.fit, self.fit_rows,
+                                          [self._lift(self._zeros(self.shared), b) for b in back], against, keep)
+        return gradient, dots_e - dots_g - dots_t, [{n: p[n] - t[n] for n in keep} for p, t in zip(phi, transposed)]
 
     # -- an objreg task: derivatives of F on the head, the backbone only moves directions -----------
 
-    def _feature_products(self, directions: list[Params]) -> tuple[Params, list[Params]]:
+    def _feature_products(self, directions: list[Params], against: list[list[Params]], keep: list[str]
+                          ) -> tuple[Params, torch.Tensor, list[Params]]:
         """The same quantities as :meth:`_joint_products`, with ``F = f(φ(θ), h)`` split at the
         head: the backbone is passed through over the fit set to move the directions into
         feature space (``φ' w``, forward mode) and, once more, for the curvature of ``⟨c, φ(θ)⟩``
@@ -178,7 +192,7 @@ class RefitCurvature:
         taken on the head and the features (:class:`_HeadSide`)."""
         thetas, heads = list(self.shared), list(self.head)
         if self.eval_head_gradient is None or not directions:
-            gradient_e, _ = self._run(self.evaluation, self.eval_rows, [])
+            gradient_e, _, _ = self._run(self.evaluation, self.eval_rows, [])
             slope = flattened(gradient_e, heads)
         else:
             slope = self.eval_head_gradient
@@ -186,8 +200,8 @@ class RefitCurvature:
         if not directions:
             with torch.no_grad():
                 sides = [_HeadSide(chunk, chunk.features(self.shared), self.head, v) for chunk in self.fit]
-            pulled_c, _ = self._backbone(sides).gradient_and_products([])
-            return {n: gradient_e[n] - pulled_c[n] for n in thetas}, []
+            pulled_c, dots, _ = self._backbone(sides).gradient_and_dots([], [])
+            return {n: gradient_e[n] - pulled_c[n] for n in thetas}, dots, []
         # φ and φ' w, chunk by chunk; the head-side derivatives there.
         with torch.no_grad():
             moved = []
@@ -199,26 +213,27 @@ class RefitCurvature:
         sums = [self.group.all_reduce_sum(_sum_params([side.mixed(m[k]) for side, m in zip(sides, moved)], self.head))
                 for k in range(len(directions))]
         lifts = self._solve([{n: -m[n] for n in heads} for m in sums])  # J w = −A⁻¹ ∂²_hθ F w
-        gradient_e, products_e = self._run(self.evaluation, self.eval_rows,
-                                           [self._lift(w, j) for w, j in zip(directions, lifts)])
+        gradient_e, dots_e, kept_e = self._run(self.evaluation, self.eval_rows,
+                                               [self._lift(w, j) for w, j in zip(directions, lifts)], against,
+                                               heads + keep)
         thirds = [[side.third(m[k], jw) for k, jw in enumerate(lifts)] for side, m in zip(sides, moved)]
         del moved
         head_g = [self.group.all_reduce_sum(_sum_params([t[k][1] for t in thirds], self.head))
                   for k in range(len(directions))]
-        back = self._solve([{n: pe[n] - hg[n] for n in heads} for pe, hg in zip(products_e, head_g)])  # A⁻¹[∇²Φw̃]_h
-        results = [{n: pe[n] for n in thetas} for pe in products_e]  # the θ-part of ∇²D_E w̃, made the result
-        del products_e
+        back = self._solve([{n: pe[n] - hg[n] for n in heads} for pe, hg in zip(kept_e, head_g)])  # A⁻¹[∇²Φw̃]_h
+        results = [{n: pe[n] for n in keep} for pe in kept_e]  # the kept θ-part of ∇²D_E w̃, made the result
+        del kept_e
         # ∂²_θh F v = φ'ᵀ c and the curvature of ⟨c, φ(θ)⟩ along w, plus the cotangents
         # y = d/ds ∇_φ g + ∂²_φh f A⁻¹[∇²Φw̃]_h pulled back (φ'ᵀ y): one pass per direction.
         cotangents = [[t[k][0] + side.back(z) for k, z in enumerate(back)] for side, t in zip(sides, thirds)]
         del thirds
         lifted = [{**w, **{_Pulled.key(j): c[k] for j, c in enumerate(cotangents)}} for k, w in enumerate(directions)]
-        pulled_c, curved = self._backbone(sides).gradient_and_products(lifted)
+        pulled_c, dots_c, curved = self._backbone(sides).gradient_and_dots(lifted, against, keep)
         gradient = {n: gradient_e[n] - pulled_c[n] for n in thetas}
         for result, c in zip(results, curved):
-            for n in thetas:
+            for n in keep:
                 result[n].sub_(c.pop(n))
-        return gradient, results
+        return gradient, dots_e - dots_c, results
 
     def _backbone(self, sides: list[_HeadSide]) -> Curvature:
         """``θ ↦ Σ_j ⟨c_j, φ_j(θ)⟩`` over the fit chunks, each ``c_j`` a parameter of its own
@@ -237,16 +252,16 @@ class _ThetaPart:
     def __init__(self, curvature: Curvature, owner: RefitCurvature):
         self.curvature, self.owner = curvature, owner
 
-    def gradient_and_products(self, directions: list[Params]) -> tuple[Params, list[Params]]:
+    def gradient_and_dots(self, directions: list[Params], against: list[list[Params]], keep: Collection[str]
+                          ) -> tuple[Params, torch.Tensor, list[Params]]:
         thetas = self.owner.shared
         if directions:
             # Directions carry no cotangent for the chunks another process holds: zero there.
             directions = [{**{n: torch.zeros_like(t) for n, t in self.curvature.shared.items()}, **d}
                           for d in directions]
-        gradient, products = self.curvature.gradient_and_products(directions)
+        gradient, dots, kept = self.curvature.gradient_and_dots(directions, against, keep)
         self.owner.method = self.curvature.method
-        return self.owner.group.all_reduce_sum(({n: gradient[n] for n in thetas},
-                                                [{n: p[n] for n in thetas} for p in products]))
+        return self.owner.group.all_reduce_sum(({n: gradient[n] for n in thetas}, dots, kept))
 
 
 class _Pulled:
