@@ -5,13 +5,11 @@ to 1e-9; float32 and a bfloat16-autocast loop to the tolerances stated below."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
-from two_processes import assert_close_reports, gloo_json, leaves
+from two_processes import assert_close_reports, gloo_json
 
 import objreg
 from objreg.analysis.probe.sharded import ShardedProbe
@@ -25,9 +23,9 @@ ROWS = {"fit": 5, "spread": 4}  # 5 rows deal 3 and 2: uneven shares
 class Net(nn.Module):
     """A body, the objectives' head ``out`` and the downstream task's head (not trained)."""
 
-    def __init__(self):
+    def __init__(self, dropout: float = 0.0):
         super().__init__()
-        self.body = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 8), nn.Tanh())
+        self.body = nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Dropout(dropout), nn.Linear(8, 8), nn.Tanh())
         self.out = nn.Linear(8, 3)  # 3 rows: FSDP2 pads the shards
         self.task_head = nn.Linear(8, 2)
 
@@ -38,9 +36,9 @@ class Net(nn.Module):
         return self.task_head(self.body(x))
 
 
-def model(dtype=torch.float64) -> Net:
+def model(dtype=torch.float64, dropout: float = 0.0) -> Net:
     generator = torch.Generator().manual_seed(0)
-    net = Net().to(dtype)
+    net = Net(dropout).to(dtype)
     with torch.no_grad():
         for p in net.parameters():
             p.copy_(torch.randn(p.shape, generator=generator, dtype=dtype) * 0.5)
@@ -98,6 +96,7 @@ CASES = {
     "fsdp float64, re-fitted head, double backward": (
         "fsdp", torch.float64, False, {"hvp_method": "double_backward", "head": True}),
     "fsdp float64, forward over reverse": ("fsdp", torch.float64, False, {"hvp_method": "forward_over_reverse"}),
+    "fsdp float64, the middle step tracked": ("fsdp", torch.float64, False, {"every": 2}),
     "ddp float64, re-fitted head": ("ddp", torch.float64, False, {"hvp_method": "double_backward", "head": True}),
     "fsdp float32": ("fsdp", torch.float32, False, {}),
     "fsdp float32, bfloat16 autocast": ("fsdp", torch.float32, True, {}),
@@ -109,18 +108,21 @@ CASES = {
 TOLERANCE = {
     "fsdp float64, re-fitted head, double backward": (1e-9, 1e-12),
     "fsdp float64, forward over reverse": (1e-9, 1e-12),
+    "fsdp float64, the middle step tracked": (1e-9, 1e-12),
     "ddp float64, re-fitted head": (1e-9, 1e-12),
     "fsdp float32": (2e-5, 5e-6),
     "fsdp float32, bfloat16 autocast": (1e-2, 5e-4),
 }
 
 
-def run(case: str, rank: int | None = None, world: int = 1) -> list:
-    """The loop of ``case`` for STEPS steps, measured every step; this process's rows of each
-    batch (``world`` 1: the concatenated batch in one process, TransferProbe)."""
+def run(case: str, rank: int | None = None, world: int = 1, dropout: float = 0.0) -> list:
+    """The loop of ``case``, measured every step (or every ``every``-th, tracked on the others,
+    for ``every`` + 1 steps); this process's rows of each batch (``world`` 1: the concatenated
+    batch in one process, TransferProbe)."""
     wrapper, dtype, autocast, options = CASES[case]
     options = dict(options)
-    net = model(dtype)
+    every = options.pop("every", 1)
+    net = model(dtype, dropout)
     if options.pop("head", False):
         options.update(downstream_head=net.task_head, fit_batches=fit_batches(dtype))
     trained, probe_class = net, objreg.TransferProbe
@@ -136,7 +138,7 @@ def run(case: str, rank: int | None = None, world: int = 1) -> list:
     optimizer = torch.optim.AdamW(trained.parameters(), lr=LR, weight_decay=DECAY)
     probe = probe_class(trained, OBJECTIVES, downstream, optimizer, eval_batches=eval_batches(dtype),
                         weights=WEIGHTS, eval_dtype=None, **options)
-    for step in range(STEPS):
+    for step in range(STEPS if every == 1 else every + 1):
         whole = whole_batches(step, dtype)
         mine = own_rows(whole, rank, world) if world > 1 else concatenated(whole)
         optimizer.zero_grad()
@@ -146,6 +148,10 @@ def run(case: str, rank: int | None = None, world: int = 1) -> list:
             loss = sum(WEIGHTS[k] * world * len(mine[k]) / ROWS[k] * fn(trained, mine[k]).mean()
                        for k, fn in OBJECTIVES.items())
         loss.backward()
+        if step % every:
+            probe.track(mine)
+            optimizer.step()
+            continue
         measured = probe.measure(mine, step=step)
         optimizer.step()
         probe.finish(measured)
@@ -179,7 +185,7 @@ def test_two_processes_own_rows_give_one_process_records(two_processes, case):
         assert all("downstream_fit" in r for r in zero)
 
 
-def _refusals(rank: int) -> dict:
+def _other_checks(rank: int) -> dict:
     from torch.distributed.fsdp import fully_shard
 
     out = {}
@@ -197,22 +203,33 @@ def _refusals(rank: int) -> dict:
             out[name] = None
         except InvalidParameterError as error:
             out[name] = str(error)
+    out["dropout"] = run("fsdp float64, forward over reverse", rank, 2, dropout=0.3)
     return out
 
 
 @pytest.fixture(scope="module")
-def refusals(tmp_path_factory):
-    return gloo_json(_refusals, tmp_path_factory.mktemp("refusals"))
+def other_checks(tmp_path_factory):
+    return gloo_json(_other_checks, tmp_path_factory.mktemp("checks"))
 
 
 @pytest.mark.parametrize(("case", "message"), [
     ("rank-local evaluation rows", "ShardedProbe needs every process to pass the same whole eval_batches"),
     ("SGD with momentum", "plain SGD only"),
 ])
-def test_what_stays_unsupported_is_refused_on_every_process(refusals, case, message):
-    for per_rank in refusals:
+def test_what_stays_unsupported_is_refused_on_every_process(other_checks, case, message):
+    for per_rank in other_checks:
         assert per_rank[case] is not None and message in per_rank[case]
         assert "\n" not in per_rank[case]
+
+
+def test_the_probe_replays_the_sharded_models_dropout_on_its_copy(other_checks):
+    """The loop's forward on the sharded model draws dropout's masks; the probe's own gradients
+    on the gathered copy replay them, so the split is of the step taken (not flagged)."""
+    for per_rank in other_checks:
+        for record in per_rank["dropout"]:
+            assert "decomposition_flagged" not in record["update"]
+            assert record["update"]["decomposition_residual"] < 1e-12
+    assert other_checks[0]["dropout"] == other_checks[1]["dropout"]
 
 
 def test_an_unsharded_model_is_refused():

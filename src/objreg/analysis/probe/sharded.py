@@ -27,7 +27,7 @@ are dropped after each call; the twin's full parameters stay (docs/distributed.m
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
