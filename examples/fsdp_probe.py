@@ -10,7 +10,7 @@ FSDP2 (``--wrap fsdp``, the default): each ``Linear`` and the whole model ``full
 DDP (``--wrap ddp``): ``objreg.TransferProbe`` on the ``DistributedDataParallel`` model. Either
 way every process passes the probe its own rows. Then rank 0 runs ``objreg.TransferProbe`` in one
 process on the ranks' rows concatenated in rank order, from the same weights, and prints the
-largest relative difference between the records (float64: around 1e-13). ``--autocast`` runs the
+largest relative difference between the records (float64: around 1e-12). ``--autocast`` runs the
 loop's forward in bfloat16 autocast (the probe measures in the model's dtype; the steps then
 differ from one process's at bfloat16's rounding). ``--time`` prints the seconds of a probed and
 an unprobed step. docs/distributed.md, "FSDP2", says what is gathered and what it costs.
