@@ -205,7 +205,43 @@ def _other_checks(rank: int) -> dict:
         except InvalidParameterError as error:
             out[name] = str(error)
     out["dropout"] = run("fsdp float64, forward over reverse", rank, 2, dropout=0.3)
+    out["resumed"] = _resumed(rank)
     return out
+
+
+def _resumed(rank: int) -> dict:
+    """A probe made after AdamW's first step, loaded with the first probe's state_dict, records
+    the second step as the first probe does; the first probe's report."""
+    from torch.distributed.fsdp import fully_shard
+
+    net = model()
+    for layer in [*net.body, net.out]:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer)
+    net = fully_shard(net)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=LR, weight_decay=DECAY)
+
+    def new_probe():
+        return ShardedProbe(net, OBJECTIVES, downstream, optimizer, eval_batches=eval_batches(), weights=WEIGHTS)
+
+    probe, state, resumed = new_probe(), None, {}
+    for step in range(2):
+        mine = own_rows(whole_batches(step), rank, 2)
+        optimizer.zero_grad()
+        sum(WEIGHTS[k] * 2 * len(mine[k]) / ROWS[k] * fn(net, mine[k]).mean() for k, fn in OBJECTIVES.items()).backward()
+        if step == 1:
+            later = new_probe()
+            later.load_state_dict(state)
+            resumed["measured"] = later.measure(mine, step=step)
+        measured = probe.measure(mine, step=step)
+        optimizer.step()
+        probe.finish(measured)
+        if step == 1:
+            resumed["record"] = later.finish(resumed["measured"])
+        state = probe.state_dict()
+    report = probe.report().to_dict()
+    return {"record": resumed["record"], "original": probe.records[1], "summary": sorted(report["summary"]),
+            "steps": len(report["steps"])}
 
 
 @pytest.fixture(scope="module")
@@ -237,3 +273,11 @@ def test_an_unsharded_model_is_refused():
     net = model()
     with pytest.raises(InvalidParameterError, match="sharded with torch.distributed.fsdp.fully_shard"):
         ShardedProbe(net, OBJECTIVES, downstream, torch.optim.AdamW(net.parameters()), eval_batches=eval_batches())
+
+
+def test_a_probe_resumed_from_a_state_dict_and_the_report(other_checks):
+    for per_rank in other_checks:
+        resumed = per_rank["resumed"]
+        assert_close_reports({"steps": [resumed["original"]], "summary": {}},
+                             {"steps": [resumed["record"]], "summary": {}}, rtol=1e-12)
+        assert resumed["steps"] == 2 and "weights_by_step" in resumed["summary"]
