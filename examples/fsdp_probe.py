@@ -13,7 +13,8 @@ process on the ranks' rows concatenated in rank order, from the same weights, an
 largest relative difference between the records (float64: around 1e-12). ``--autocast`` runs the
 loop's forward in bfloat16 autocast (the probe measures in the model's dtype; the steps then
 differ from one process's at bfloat16's rounding). ``--time`` prints the seconds of a probed and
-an unprobed step. docs/distributed.md, "FSDP2", says what is gathered and what it costs.
+an unprobed step, and the peak memory of each loop. docs/distributed.md, "FSDP2", says what is
+gathered and what it costs.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import argparse
 import gc
 import json
 import math
+import resource
 import time
 
 import torch
@@ -127,6 +129,11 @@ def one_process_run(args: argparse.Namespace, dtype: torch.dtype, world: int) ->
     return probe.records
 
 
+def peak_memory() -> float:
+    """This process's peak resident memory so far, MiB (Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def numbers(value, path: str = ""):
     """Every number of a record with its path."""
     if isinstance(value, dict):
@@ -165,8 +172,11 @@ def main() -> None:
     dist.init_process_group("gloo")  # the CPU; on GPUs, NCCL with each process on its own device (not tried)
     try:
         rank, world = dist.get_rank(), dist.get_world_size()
+        start = peak_memory()
+        unprobed = distributed_run(args, dtype, probed=False)[1] if args.time else []  # first: its peak apart
+        unprobed_peak = peak_memory()
         records, probed = distributed_run(args, dtype)
-        unprobed = distributed_run(args, dtype, probed=False)[1] if args.time else []
+        probed_peak = peak_memory()
         dist.barrier()  # neither process tears the group down while the other still uses it
     finally:
         # The sharded model and its probe (in reference cycles) go while the group exists: freed
@@ -177,7 +187,9 @@ def main() -> None:
         return
     if args.time:  # the first step apart: it builds what later steps reuse
         print(f"seconds per step after the first: probed {sum(probed[1:]) / (len(probed) - 1):.3f}, unprobed "
-              f"{sum(unprobed[1:]) / (len(unprobed) - 1):.3f} (first step {probed[0]:.3f} and {unprobed[0]:.3f})")
+              f"{sum(unprobed[1:]) / (len(unprobed) - 1):.3f} (first step {probed[0]:.3f} and {unprobed[0]:.3f}); "
+              f"rank 0's peak resident memory above its start: unprobed {unprobed_peak - start:.0f} MiB, probed "
+              f"{probed_peak - start:.0f} MiB")
     # The reference outside the process group: TransferProbe would otherwise split its work with
     # the other process.
     reference = one_process_run(args, dtype, world)
