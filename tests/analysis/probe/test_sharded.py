@@ -172,7 +172,11 @@ def two_processes(tmp_path_factory):
 def test_two_processes_own_rows_give_one_process_records(two_processes, case):
     zero, one = (per_rank[case] for per_rank in two_processes)
     assert zero == one  # every process ends with the same records
-    records = run(case)
+    if CASES[case][2]:  # under autocast the loop's .grad is bfloat16's: the probe warns that it flags the split
+        with pytest.warns(UserWarning, match="does not describe the step the optimizer took"):
+            records = run(case)
+    else:
+        records = run(case)
     rtol, atol = TOLERANCE[case]
     assert_close_reports({"steps": records, "summary": {}}, {"steps": zero, "summary": {}}, rtol=rtol, atol=atol)
     for record in zero:
