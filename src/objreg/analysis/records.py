@@ -174,41 +174,6 @@ class InRunRecord(TypedDict):
     staleness: Staleness | None  # on a refresh step (but the first): the replaced ∇D against the fresh one
 
 
-class ShardedAlignment(TypedDict):
-    """One objective's alignment in a :class:`ShardedRecord` (``TransferProbe``'s keys, fewer)."""
-
-    dot: float  # mean over examples of ⟨∇ℓ_i, ∇D⟩
-    cosine: float
-    grad_norm: float
-    conflict_fraction: float
-    dots: list[float]  # every row's ⟨∇ℓ_i, ∇D⟩
-
-
-class ShardedUpdate(TypedDict):
-    norm: float
-    decomposition_residual: float
-    attribution: str  # "linear": plain SGD's split
-    first_order: ByName  # each part's ∇D·(−η α_k g_k)
-
-
-class ShardedRecord(TypedDict):
-    """One step of :class:`~objreg.analysis.probe.sharded.ShardedProbe` (an FSDP2-sharded model):
-    the keys of :class:`StepRecord` it computes, the same numbers (docs/distributed.md, "FSDP2")."""
-
-    step: int
-    weights: ByName
-    losses: ByName
-    downstream_loss: float
-    downstream_grad_norm: float
-    alignment: dict[str, ShardedAlignment]
-    second_order: ByName
-    predicted_delta: Prediction
-    downstream_loss_after: float
-    actual_delta: float
-    update: ShardedUpdate
-
-
-
 class FirstOrderRecord(TypedDict):
     """One step of :class:`~objreg.analysis.probe.first_order.FirstOrderProbe` (``objreg screen``'s)."""
 

@@ -86,11 +86,13 @@ def test_every_mode_names_the_options_it_takes():
     ({"mode": "in_run", "optimizer": "the loop's"}, "mode in_run does not take optimizer"),
     ({"mode": "in_run", "weights": WEIGHTS}, "mode in_run does not take weights"),
     ({"mode": "in_run", "settings": objreg.ProbeSettings(seed=1)}, "mode in_run takes no probe settings"),
+    ({"mode": "first_order", "settings": objreg.ProbeSettings(seed=1)}, "mode first_order takes no probe settings"),
     ({"objectives": None}, "mode full needs objectives"),
     ({"optimizer": None}, "mode full needs optimizer"),
     ({"settings": {"seed": 1}}, "settings must be an objreg.ProbeSettings, got dict"),
-    ({"mode": "sharded", "shared": ["body.weight"]}, "mode sharded does not take shared"),
-    ({"mode": "sharded", "refit_head": ["head.weight"]}, "mode sharded does not take refit_head"),
+    ({"mode": "sharded", "whole_batches": True}, "mode sharded does not take whole_batches (it takes steps, "
+                                                 "batch_coupled, decode)"),
+    ({"mode": "sharded"}, "ShardedProbe takes a model sharded with torch.distributed.fsdp.fully_shard"),
 ])
 def test_what_a_mode_does_not_take_is_refused_by_name(arguments, message):
     model, opt = stand_ins.make("sgd")

@@ -8,7 +8,8 @@ mode       what it is                                      its class
            products, the step's split, the Taylor check
 ``in_run`` every example's ``⟨∇ℓ_i, ∇D⟩`` from the loop's   :class:`~.in_run.InRunAlignment`
            own backward, ``∇D`` refreshed every few steps
-``sharded`` a model sharded with FSDP2                     :class:`~.sharded.ShardedProbe`
+``sharded`` the full probe's records of a model sharded    :class:`~.sharded.ShardedProbe`
+           with FSDP2, each process passing its own rows
 ``first_order`` the step's first-order predicted drop       :class:`~.first_order.FirstOrderProbe`
            ``−∇D·Δθ`` at the cost of one gradient of ``D``
            (``objreg screen``'s)
@@ -40,7 +41,7 @@ MODES = ("full", "in_run", "sharded", "first_order")
 MODE_OPTIONS = {
     "full": ("steps", "batch_coupled", "whole_batches", "decode"),
     "in_run": ("refresh_every", "per_example"),
-    "sharded": (),
+    "sharded": ("steps", "batch_coupled", "decode"),
     "first_order": ("second_order",),
 }
 
@@ -80,11 +81,12 @@ def make_probe(
         shared: The parameters measured on (default: every trainable parameter both ``D`` and
             some objective reach).
         refit_head, fit_batches: Re-fit the downstream head at every probed point (``D*``)
-            on ``fit_batches`` (``full``, ``in_run``, ``first_order``).
+            on ``fit_batches`` (every mode; ``sharded``: the sharded model's module or names).
         settings: How the probe computes (:class:`~objreg.analysis.probe.settings.ProbeSettings`;
-            ``full`` only: the other modes take none).
+            ``full`` and ``sharded``: the other modes take none).
         **options: What only this mode takes (:data:`MODE_OPTIONS`): ``full``: ``steps``,
-            ``batch_coupled``, ``whole_batches``, ``decode``; ``in_run``: ``refresh_every``,
+            ``batch_coupled``, ``whole_batches``, ``decode``; ``sharded``: the same but
+            ``whole_batches`` (each process passes its own rows); ``in_run``: ``refresh_every``,
             ``per_example``; ``first_order``: ``second_order``.
 
     Returns:
@@ -106,11 +108,12 @@ def make_probe(
         raise InvalidParameterError(f"settings must be an objreg.ProbeSettings, got {type(settings).__name__}")
     given = {"objectives": objectives, "optimizer": optimizer, "weights": weights, "shared": shared,
              "refit_head": refit_head, "fit_batches": fit_batches}
-    if mode == "full":
+    if mode in ("full", "sharded"):  # ShardedProbe runs a TransferProbe on the gathered model
         _require(mode, objectives=objectives, optimizer=optimizer)
-        return TransferProbe(model, objectives, downstream, optimizer, eval_batches=eval_batches, weights=weights,
-                             shared=shared, refit_head=refit_head, fit_batches=fit_batches,
-                             **(settings or ProbeSettings()).as_arguments(), **options)
+        probe_class = TransferProbe if mode == "full" else ShardedProbe
+        return probe_class(model, objectives, downstream, optimizer, eval_batches=eval_batches, weights=weights,
+                           shared=shared, refit_head=refit_head, fit_batches=fit_batches,
+                           **(settings or ProbeSettings()).as_arguments(), **options)
     _refuse_settings(mode, settings)
     if mode == "in_run":
         _refuse(mode, given, ("objectives", "optimizer", "weights"),
@@ -118,15 +121,10 @@ def make_probe(
                 "probe.attach(optimizer) takes the optimizer")
         return InRunAlignment(model, downstream, eval_batches=eval_batches, shared=shared,
                               refit_head=refit_head, fit_batches=fit_batches, **options)
-    if mode == "first_order":
-        _refuse(mode, given, ("objectives", "optimizer", "weights"),
-                "it reads the step the loop took off the parameters, before and after optimizer.step()")
-        return FirstOrderProbe(model, downstream, eval_batches=eval_batches, shared=shared, refit_head=refit_head,
+    _refuse(mode, given, ("objectives", "optimizer", "weights"),
+            "it reads the step the loop took off the parameters, before and after optimizer.step()")
+    return FirstOrderProbe(model, downstream, eval_batches=eval_batches, shared=shared, refit_head=refit_head,
                                fit_batches=fit_batches, **options)
-    _require(mode, objectives=objectives, optimizer=optimizer)
-    _refuse(mode, given, ("shared", "refit_head", "fit_batches"),
-            "it measures every trainable parameter of the sharded model, against the head as it is")
-    return ShardedProbe(model, objectives, downstream, optimizer, eval_batches=eval_batches, weights=weights)
 
 
 def _require(mode: str, **needed: Any) -> None:
@@ -144,5 +142,5 @@ def _refuse(mode: str, given: Mapping[str, Any], names: tuple[str, ...], why: st
 def _refuse_settings(mode: str, settings: ProbeSettings | None) -> None:
     changed = settings.changed() if settings is not None else {}
     if changed:
-        raise InvalidParameterError(f"mode {mode} takes no probe settings (they set how the full probe computes), "
-                                    f"got {', '.join(sorted(changed))}")
+        raise InvalidParameterError(f"mode {mode} takes no probe settings (they set how the full and sharded probes "
+                                    f"compute), got {', '.join(sorted(changed))}")

@@ -26,15 +26,17 @@ class LoopForward:
     modes: list[tuple[nn.Module, bool]]
 
 
-def forward_seer(probe: weakref.ref) -> Callable[..., None]:
+def forward_seer(probe: weakref.ref, twin: nn.Module | None = None) -> Callable[..., None]:
     """A forward pre-hook keeping, for the probe (while it lives), the random state and the
-    modules' modes of the loop's first training-mode forward after each optimizer step."""
+    modules' modes of the loop's first training-mode forward after each optimizer step (the modes
+    for ``twin``'s modules, where the probe measures on a twin of the hooked model)."""
 
     def see(module: nn.Module, args: Any) -> None:
         alive = probe()
         if alive is not None and alive._forward is None and module.training:
             cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else []
-            alive._forward = LoopForward(torch.get_rng_state(), cuda, [(m, m.training) for m in module.modules()])
+            modes = [(t, m.training) for m, t in zip(module.modules(), (twin or module).modules())]
+            alive._forward = LoopForward(torch.get_rng_state(), cuda, modes)
 
     return see
 

@@ -1,265 +1,270 @@
-"""The probe's core record on a model sharded with FSDP2 (``torch.distributed.fsdp.fully_shard``):
-every quantity computed on each process's shards of the parameters and summed over processes.
+"""The probe on a model sharded with FSDP2 (``torch.distributed.fsdp.fully_shard``), each process
+passing its own rows as a ``DistributedSampler`` deals them: :class:`ShardedProbe` gives the records
+of :class:`~objreg.analysis.probe.transfer_probe.TransferProbe` in one process on the concatenated
+batch, because it *is* a ``TransferProbe``, run on a gathered, plain view of the model.
 
-:class:`~objreg.analysis.probe.transfer_probe.TransferProbe` differentiates a functional copy of
-the model with ``torch.func``; on an FSDP2 model that cannot work: the parameters are ``DTensor``
-shards, gathered into full tensors only inside the model's own forward, and ``torch.autograd.grad``
-(hence double backward) never reaches the shards ("The differentiated Tensor ... appears to not
-have been used in the graph"). What FSDP2 does give is ``loss.backward()``: each process's shard of
-the gradient. So :class:`ShardedProbe` builds everything from gradient shards:
+FSDP2's parameters are ``DTensor`` shards, gathered into full tensors only inside the model's own
+forward, and ``torch.func`` cannot differentiate through that: ``functional_call`` on the sharded
+model fails in FSDP's pre-forward hook (``'Tensor' object has no attribute '_local_tensor'``), and
+``torch.func.grad`` over it in FSDP's parameter code. So the probe measures on
 
-- ``∇D`` and each row's ``∇ℓ_i``: one backward each (the per-example loop); every dot
-  ``⟨a, b⟩`` is the sum over processes of the dot of their shards (one ``all_reduce``);
-- ``H_D v``: the central difference ``(∇D(θ + εv) − ∇D(θ − εv)) / 2ε`` of two gradients, the
-  shards moved in place and restored. Its error is ``O(ε²)`` in the third derivative plus the
-  rounding of two gradients over ``2ε``; in float64 with ``ε = 1e-5 ‖θ‖/‖v‖`` both are far
-  below 1e-6 of the product, so the model must be float64 (refused otherwise);
-- the step's split under plain SGD: the parts ``−η α_k g_k``, each dotted with ``∇D`` on shards.
+- a *twin* of the model, made once: every module again of its own class (FSDP2's ``FSDP<Class>``
+  dropped), without FSDP's hooks and state, with the model's buffers and plain parameters that
+  hold the full tensors (``DTensor.full_tensor()``: one all-gather per parameter);
+- a *shadow* of the loop's optimizer over the twin's parameters: its class and settings, and its
+  state (Adam's moments and step count) gathered in full.
 
-FSDP2's backward averages the processes' gradients, so a row's gradient needs every process on
-that row: every process passes the **same** batches (the whole batch), and the rows are not
-divided. Sharding here saves memory, not time. Each ``measure`` checks it: a fingerprint of the
-batches and the evaluation batch, compared over processes in one small ``all_reduce``, refuses
-rank-local rows (what a ``DistributedSampler`` gives) before any gradient is taken. Adam's split
-(coalition moments, elementwise, so shard-friendly) is not built yet: the probe takes plain SGD.
+At each :meth:`ShardedProbe.measure` (and :meth:`~ShardedProbe.track`) the twin's parameters and
+``.grad`` and the shadow's state and settings are gathered from the model and the loop's optimizer,
+and a ``TransferProbe`` on the twin measures, each process on its own rows with the collectives on
+the user's process group, as under DDP; after ``optimizer.step()``, :meth:`~ShardedProbe.finish`
+gathers the new parameters for ``Δθ`` and ``D`` after. Every number (per-example dots, intervals,
+the Adam/AdamW split, exact HVPs by double backward or forward-over-reverse, the re-fitted head,
+the counterfactual) comes from ``TransferProbe``'s code. The gathered ``.grad`` and optimizer state
+are dropped after each call; the twin's full parameters stay (docs/distributed.md: the memory).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
+import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
+from objreg.analysis.math.functional import Params
 from objreg.analysis.math.state_checks import fingerprint
-from objreg.analysis.math.taylor import pair_key
-from objreg.analysis.records import ShardedRecord
-from objreg.core.errors import InvalidParameterError, ProbeStateError
+from objreg.analysis.probe.arguments import head_names, inner_optimizer, user_group
+from objreg.analysis.probe.optimizer_hooks import step_counter
+from objreg.analysis.probe.replay import forward_seer
+from objreg.analysis.probe.report import AlignmentReport
+from objreg.analysis.probe.transfer_probe import LossFn, Measurement, TransferProbe
+from objreg.analysis.records import StepRecord
+from objreg.core.errors import InvalidParameterError
+from objreg.core.handles import Objective, Task
 
-LossFn = Callable[[nn.Module, Any], torch.Tensor]
-#: ε of the central differences, relative: ``ε ‖v‖ = RELATIVE_STEP ‖θ‖``.
-RELATIVE_STEP = 1e-5
+#: The module hook dictionaries a twin keeps, but for FSDP's own hooks.
+HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks", "_state_dict_hooks",
+              "_state_dict_pre_hooks", "_load_state_dict_pre_hooks", "_load_state_dict_post_hooks")
+#: Flags keyed by a hook's id, each beside the hook dictionary it qualifies.
+HOOK_FLAGS = {"_forward_pre_hooks_with_kwargs": "_forward_pre_hooks", "_forward_hooks_with_kwargs": "_forward_hooks",
+              "_forward_hooks_always_called": "_forward_hooks"}
+#: What FSDP2 puts in a module's ``__dict__`` (its state lives under keys ``__composable_api…``).
+FSDP_ATTRIBUTES = ("_is_fsdp_managed_module", "_fsdp_use_orig_params")
 
 
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """This process's shard of a ``DTensor`` (a plain tensor is its own shard)."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+def _full(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor of a ``DTensor`` (an all-gather every process calls); a plain tensor as it is."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
+def _from_torch_distributed(hook: Any) -> bool:
+    function = getattr(hook, "func", hook)  # functools.partial
+    function = getattr(function, "__func__", function)  # a bound method
+    return str(getattr(function, "__module__", "")).startswith("torch.distributed")
+
+
+def _original_class(module: nn.Module) -> type:
+    """The class of ``module`` before ``fully_shard`` (which puts ``FSDP<Class>`` in front of it)."""
+    cls = type(module)
+    index = getattr(cls, "_orig_cls_mro_index", None)
+    return cls.__mro__[index] if index is not None else cls
+
+
+def _twin(module: nn.Module, made: dict[int, nn.Parameter]) -> nn.Module:
+    """``module`` again, unsharded and without FSDP: its original class, its attributes shared,
+    FSDP's hooks and state left out, the same buffers, full plain parameters (``made``: those made
+    so far, so a tied parameter stays one)."""
+    twin = object.__new__(_original_class(module))
+    state = {k: v for k, v in module.__dict__.items()
+             if not k.startswith("__composable_api") and k not in FSDP_ATTRIBUTES}
+    for name in HOOK_DICTS:
+        if name in state:
+            state[name] = type(state[name])((k, h) for k, h in state[name].items() if not _from_torch_distributed(h))
+    for name, hooks in HOOK_FLAGS.items():
+        if name in state:
+            state[name] = type(state[name])((k, v) for k, v in state[name].items() if k in state[hooks])
+    parameters = {}
+    for name, p in module._parameters.items():
+        if p is not None and id(p) not in made:
+            with torch.no_grad():
+                made[id(p)] = nn.Parameter(_full(p.detach()).clone(), requires_grad=p.requires_grad)
+        parameters[name] = None if p is None else made[id(p)]
+    state["_parameters"] = parameters
+    state["_buffers"] = dict(module._buffers)
+    state["_modules"] = {name: None if child is None else _twin(child, made) for name, child in module._modules.items()}
+    twin.__dict__.update(state)
+    return twin
+
+
+def _reshard(model: nn.Module) -> None:
+    """Every FSDP module back to its shards (FSDP2 leaves its root unsharded after a forward), so
+    that ``model.parameters()`` are the ``DTensor`` shards the optimizer holds."""
+    for module in model.modules():
+        if hasattr(module, "reshard") and hasattr(module, "unshard"):
+            module.reshard()
 
 
 class ShardedProbe:
-    """Measures one SGD step of a model sharded with ``fully_shard``: the record of
-    :class:`~objreg.analysis.records.ShardedRecord` (a subset of ``TransferProbe``'s, the same
-    numbers to rounding).
+    """Probes the steps of a model sharded with ``fully_shard`` (FSDP2), each process passing its
+    own rows: the records of :class:`~objreg.analysis.probe.transfer_probe.TransferProbe` on the
+    whole batch in one process (:class:`~objreg.analysis.records.StepRecord`, ``objreg analyze``'s
+    schema), measured on a gathered copy of the model (module docstring).
+
+    Call it as ``TransferProbe``: :meth:`measure` after the loop's backward, ``optimizer.step()``,
+    :meth:`finish`; under Adam, :meth:`track` every step not measured. Every process calls every
+    method (they gather), each with its own rows; ``eval_batches`` (and ``fit_batches``) are the
+    whole set on every process (checked). The losses must read the model they are given.
 
     Args:
-        model: The model, ``fully_shard`` applied (its parameters are ``DTensor``), float64.
-        objectives: Name → per-sample loss ``fn(model, batch) -> [B]``.
-        downstream: ``fn(model, batch) -> [B]``, the downstream per-sample loss.
-        optimizer: The loop's plain ``torch.optim.SGD`` (no momentum, no weight decay).
-        eval_batch: The evaluation batch defining ``D`` (its mean loss); every process passes it.
-        weights: The loop's objective weights ``α_k`` (its loss is ``Σ_k α_k mean(ℓ_k)``; default 1).
+        model: The model, ``fully_shard`` applied (some trainable parameter a ``DTensor``).
+        objectives, downstream, eval_batches, weights: As ``TransferProbe``'s.
+        optimizer: The loop's ``torch.optim.SGD`` (plain), ``Adam`` or ``AdamW`` over ``model``'s
+            (sharded) parameters.
+        **options: ``TransferProbe``'s other keywords (``per_sample_method``, ``hvp_method``,
+            ``eval_dtype``, ``refit_head`` as the sharded model's module or parameter names,
+            ``fit_batches``, ``counterfactual_radius``, ``seed``, …).
 
     Raises:
-        InvalidParameterError: a model not sharded or not float64, an optimizer other than plain
-            SGD, weights naming other objectives (the message names what is allowed).
+        InvalidParameterError: a model without ``DTensor`` parameters (use ``TransferProbe``),
+            evaluation sets that differ between processes, or any argument ``TransferProbe``
+            refuses (the message names what is wrong and what is allowed).
     """
 
-    def __init__(self, model: nn.Module, objectives: Mapping[str, LossFn], downstream: LossFn,
-                 optimizer: torch.optim.Optimizer, *, eval_batch: Any, weights: Mapping[str, float] | None = None):
-        self.parameters = [p for p in model.parameters() if p.requires_grad]
-        if not self.parameters or not all(hasattr(p, "to_local") for p in self.parameters):
+    mode = "sharded"  # objreg.make_probe's name for it
+
+    def __init__(self, model: nn.Module, objectives: Mapping[str, LossFn | Objective], downstream: LossFn | Task,
+                 optimizer: torch.optim.Optimizer, *, eval_batches: Any = None,
+                 weights: Mapping[str, float] | None = None, **options: Any):
+        if not isinstance(model, nn.Module) or not any(
+                hasattr(p, "full_tensor") for p in model.parameters() if p.requires_grad):
             raise InvalidParameterError("ShardedProbe takes a model sharded with torch.distributed.fsdp.fully_shard "
-                                        "(every trainable parameter a DTensor); for an unsharded or DDP model use "
+                                        "(its trainable parameters DTensors); for an unsharded or DDP model use "
                                         "TransferProbe")
-        dtypes = {p.dtype for p in self.parameters}
-        if dtypes != {torch.float64}:
-            raise InvalidParameterError(f"ShardedProbe takes a float64 model (its Hessian-vector products are central "
-                                        f"differences of gradients), got parameters in {sorted(map(str, dtypes))}")
-        if type(optimizer) is not torch.optim.SGD or any(
-                g["momentum"] or g["weight_decay"] or g.get("nesterov") or g.get("maximize")
-                for g in optimizer.param_groups):
-            raise InvalidParameterError(f"ShardedProbe takes plain torch.optim.SGD (no momentum, weight decay, "
-                                        f"nesterov or maximize), got {type(optimizer).__name__} with those settings")
-        if len(optimizer.param_groups) != 1:
-            raise InvalidParameterError("ShardedProbe takes an SGD with one parameter group (one learning rate)")
-        weights = dict(weights) if weights is not None else {k: 1.0 for k in objectives}
-        if set(weights) != set(objectives):
-            raise InvalidParameterError(f"weights must name exactly the objectives {sorted(objectives)}, "
-                                        f"got {sorted(weights)}")
-        self.model, self.objectives, self.downstream = model, dict(objectives), downstream
-        self.optimizer, self.eval_batch, self.weights = optimizer, eval_batch, weights
-        self.records: list[ShardedRecord] = []
-        self._pending: dict[str, Any] | None = None
+        optimizer = inner_optimizer(optimizer)
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise InvalidParameterError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        _reshard(model)
+        self.model, self.optimizer = model, optimizer
+        self._names = [n for n, _ in model.named_parameters()]
+        made: dict[int, nn.Parameter] = {}
+        self.twin = _twin(model, made)
+        twins = {id(p): made[id(p)] for p in model.parameters()}
+        missing = [p for group in optimizer.param_groups for p in group["params"] if id(p) not in twins]
+        if missing:
+            raise InvalidParameterError(f"the optimizer holds {len(missing)} parameters the model does not have: give "
+                                        f"ShardedProbe the model whose parameters the optimizer steps")
+        self.shadow = object.__new__(type(optimizer))
+        torch.optim.Optimizer.__init__(self.shadow, [
+            {**group, "params": [twins[id(p)] for p in group["params"]]} for group in optimizer.param_groups
+        ], dict(optimizer.defaults))
+        self._check_same_sets(eval_batches, options.get("fit_batches"))
+        head = options.get("refit_head")
+        if isinstance(head, nn.Module):  # the sharded model's module: the twin's by its parameters' names
+            options["refit_head"] = head_names(model, head)
+        self._gather(grads=False, state=True)
+        try:
+            self.probe = TransferProbe(self.twin, objectives, downstream, self.shadow, eval_batches=eval_batches,
+                                       weights=weights, **options)
+        finally:
+            self._drop()
+        # The loop steps the sharded optimizer and runs the sharded model: the probe counts those
+        # steps and keeps that forward's random state and modes (for the twin's modules).
+        counter = optimizer.register_step_post_hook(step_counter(weakref.ref(self.probe)))
+        seen = model.register_forward_pre_hook(forward_seer(weakref.ref(self.probe), self.twin))
+        weakref.finalize(self, counter.remove)
+        weakref.finalize(self, seen.remove)
 
-    # Shard arithmetic: lists of local shards, one per parameter, dots summed over processes.
+    @property
+    def records(self) -> list[StepRecord]:
+        """The finished records, in order."""
+        return self.probe.records
 
-    def _shards(self) -> list[torch.Tensor]:
-        return [_local(p).detach().clone() for p in self.parameters]
+    def measure(self, batches: Mapping[str, Any], *, weights: Mapping[str, float] | None = None,
+                step: int | None = None, gradients: Mapping[str, Params] | None = None,
+                losses: Mapping[str, float] | None = None) -> Measurement:
+        """Before ``optimizer.step()``, after the loop's backward: ``TransferProbe.measure`` on
+        this process's rows (``gradients``: full tensors or ``DTensor`` shards per shared parameter)."""
+        if gradients is not None and isinstance(gradients, Mapping):
+            gradients = {k: {n: _full(t) for n, t in g.items()} if isinstance(g, Mapping) else g
+                         for k, g in gradients.items()}
+        self._gather(grads=True, state=True)
+        try:
+            return self.probe.measure(batches, step=step, weights=weights, gradients=gradients, losses=losses)
+        finally:
+            self._drop()
 
-    def _sum(self, values: torch.Tensor) -> torch.Tensor:
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(values)
-        return values
-
-    def _dots(self, pairs: Sequence[tuple[list[torch.Tensor], list[torch.Tensor]]]) -> list[float]:
-        """``⟨a, b⟩`` for every pair, summed over processes in one ``all_reduce``."""
-        local = torch.stack([sum((x * y).sum() for x, y in zip(a, b)) for a, b in pairs])
-        return self._sum(local).tolist()
-
-    def _check_same_batches(self, batches: Mapping[str, Any]) -> None:
-        """Refuse batches that differ between processes (module docstring); every process gets
-        the same answer, so all raise together rather than hang in the next collective."""
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    def track(self, batches: Mapping[str, Any] | None = None, *, weights: Mapping[str, float] | None = None) -> None:
+        """Under Adam, on every step not measured, before ``optimizer.step()``: ``TransferProbe.track``."""
+        if self.probe.coalitions is None:
             return
-        digest = fingerprint([[batches[k] for k in sorted(batches)], self.eval_batch])
-        value = int(digest[:15], 16)  # 60 bits: an int64 on every backend
-        both = torch.tensor([value, -value], dtype=torch.int64, device=_local(self.parameters[0]).device)
-        dist.all_reduce(both, op=dist.ReduceOp.MAX)  # the largest and minus the smallest fingerprint
-        if int(both[0]) != -int(both[1]):
+        self._gather(grads=True, state=True)
+        try:
+            self.probe.track(batches, weights=weights)
+        finally:
+            self._drop()
+
+    def finish(self, measurement: Measurement) -> StepRecord:
+        """After ``optimizer.step()``: the new parameters gathered, the step's record."""
+        self._gather(grads=False, state=False)
+        return self.probe.finish(measurement)
+
+    def report(self, downstream: str = "downstream", config: Mapping[str, Any] | None = None) -> AlignmentReport:
+        """:attr:`records` as an ``objreg.AlignmentReport`` (``TransferProbe.report``)."""
+        return self.probe.report(downstream, config)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The probe's state for a checkpoint (``TransferProbe.state_dict``)."""
+        return self.probe.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._gather(grads=False, state=True)
+        try:
+            self.probe.load_state_dict(state)
+        finally:
+            self._drop()
+
+    # -- the gathered view ---------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def _gather(self, *, grads: bool, state: bool) -> None:
+        """The twin's parameters (and ``.grad``) and the shadow's settings (and state) from the
+        model and the loop's optimizer, gathered in full; every process calls it in step."""
+        _reshard(self.model)
+        sources = dict(self.model.named_parameters())
+        twins = dict(self.twin.named_parameters())
+        for name in self._names:
+            source, twin = sources[name], twins[name]
+            twin.copy_(_full(source.detach()))
+            if grads:
+                twin.grad = None if source.grad is None else _full(source.grad.detach()).to(twin.dtype)
+        for module, twin_module in zip(self.model.modules(), self.twin.modules()):
+            twin_module._buffers.update(module._buffers)
+        for group, shadow in zip(self.optimizer.param_groups, self.shadow.param_groups):
+            shadow.update({k: v for k, v in group.items() if k != "params"})
+        if state:
+            self.shadow.state.clear()
+            for group, shadow in zip(self.optimizer.param_groups, self.shadow.param_groups):
+                for source, twin in zip(group["params"], shadow["params"]):
+                    if self.optimizer.state.get(source):
+                        self.shadow.state[twin] = {k: _full(v).clone() if isinstance(v, torch.Tensor) else v
+                                                   for k, v in self.optimizer.state[source].items()}
+
+    def _drop(self) -> None:
+        """The gathered ``.grad`` and optimizer state freed (the parameters stay)."""
+        for p in self.twin.parameters():
+            p.grad = None
+        self.shadow.state.clear()
+
+    def _check_same_sets(self, *sets: Any) -> None:
+        """Every process must pass the same evaluation (and fit) set: D is defined by the whole of it."""
+        group = user_group(self.model)
+        if not group.distributed:
+            return
+        digests = group.gather_objects(fingerprint([s for s in sets if s is not None]))
+        if len(set(digests)) > 1:
             raise InvalidParameterError(
-                "ShardedProbe needs every process to pass the same whole batches and eval_batch; these processes "
-                "passed different ones (rank-local rows, as a DistributedSampler gives?): FSDP2 averages the "
-                "processes' gradients, so each row's gradient needs every process on that row")
-
-    def _set(self, shards: Sequence[torch.Tensor]) -> None:
-        with torch.no_grad():
-            for p, s in zip(self.parameters, shards):
-                _local(p).copy_(s)
-        self._reshard()
-
-    def _reshard(self) -> None:
-        # A module left unsharded after a forward (FSDP2's root, by default) would not gather the
-        # new shards at its next forward.
-        for module in self.model.modules():
-            if hasattr(module, "reshard") and hasattr(module, "unshard"):
-                module.reshard()
-
-    def _gradient(self, loss: torch.Tensor) -> list[torch.Tensor]:
-        """This process's shards of ``∇loss`` (FSDP2's backward: gathered, reduced, sharded)."""
-        for p in self.parameters:
-            p.grad = None
-        loss.backward()
-        shards = [_local(p.grad).detach().clone() if p.grad is not None else torch.zeros_like(_local(p))
-                  for p in self.parameters]
-        for p in self.parameters:
-            p.grad = None
-        return shards
-
-    def _downstream(self) -> tuple[float, list[torch.Tensor]]:
-        loss = self.downstream(self.model, self.eval_batch).mean()
-        return float(loss.detach()), self._gradient(loss)
-
-    def _hvp(self, at: list[torch.Tensor], direction: list[torch.Tensor]) -> list[torch.Tensor]:
-        """``H_D v`` at ``at`` by central differences; the parameters are left at ``at``."""
-        size, norm = (math.sqrt(max(d, 0.0)) for d in self._dots([(at, at), (direction, direction)]))
-        if norm == 0:
-            return [torch.zeros_like(d) for d in direction]
-        eps = RELATIVE_STEP * max(size, 1.0) / norm
-        self._set([a + eps * d for a, d in zip(at, direction)])
-        plus = self._downstream()[1]
-        self._set([a - eps * d for a, d in zip(at, direction)])
-        minus = self._downstream()[1]
-        self._set(at)
-        return [(p - m) / (2 * eps) for p, m in zip(plus, minus)]
-
-    def measure(self, batches: Mapping[str, Any], *, weights: Mapping[str, float] | None = None) -> None:
-        """Before ``optimizer.step()``: ``D``, ``∇D``, every row's dot, ``S``. The model's
-        ``.grad`` is left empty: take the loop's backward after this call (or again)."""
-        if self._pending is not None:
-            raise ProbeStateError("measure() called twice without finish(): call finish() after optimizer.step()")
-        if set(batches) != set(self.objectives):
-            raise InvalidParameterError(f"batches must name exactly the objectives {sorted(self.objectives)}, "
-                                        f"got {sorted(batches)}")
-        weights = dict(weights) if weights is not None else dict(self.weights)
-        self._check_same_batches(batches)
-        self._reshard()
-        before = self._shards()
-        d_loss, d_grad = self._downstream()
-        gradients, dots, losses = {}, {}, {}
-        for name, fn in self.objectives.items():
-            with torch.no_grad():
-                rows = int(fn(self.model, batches[name]).shape[0])
-            total = [torch.zeros_like(s) for s in before]
-            row_grads, row_losses = [], []
-            for i in range(rows):  # the per-example loop: every process on the same row
-                loss = fn(self.model, batches[name])[i]
-                row_losses.append(float(loss.detach()))
-                row = self._gradient(loss)
-                row_grads.append(row)
-                total = [t + r for t, r in zip(total, row)]
-            dots[name] = self._dots([(row, d_grad) for row in row_grads])
-            gradients[name] = [t / rows for t in total]
-            losses[name] = sum(row_losses) / rows
-        names = list(self.objectives)
-        products = {name: self._hvp(before, gradients[name]) for name in names}
-        pairs = [(gradients[a], products[b]) for i, a in enumerate(names) for b in names[i:]]
-        pairs += [(gradients[n], gradients[n]) for n in names] + [(d_grad, d_grad)]
-        values = self._dots(pairs)
-        s_matrix = {}
-        k = 0
-        for i, a in enumerate(names):
-            for b in names[i:]:
-                s_matrix[(a, b)] = values[k]
-                k += 1
-        square = dict(zip(names, values[k:k + len(names)]))
-        d_norm = math.sqrt(values[-1])
-        # S is symmetric; the central differences make H_D g_b and H_D g_a differ by rounding, so
-        # each pair is the mean of both orders as TransferProbe reports it.
-        mirrored = self._dots([(gradients[b], products[a]) for i, a in enumerate(names) for b in names[i:]])
-        second = {pair_key(a, b): (s_matrix[(a, b)] + m) / 2 for (a, b), m in zip(s_matrix, mirrored)}
-        record: dict[str, Any] = {
-            "step": len(self.records),
-            "weights": weights,
-            "losses": losses,
-            "downstream_loss": d_loss,
-            "downstream_grad_norm": d_norm,
-            "alignment": {},
-            "second_order": second,
-        }
-        for name in names:
-            mean = sum(dots[name]) / len(dots[name])
-            norm = math.sqrt(square[name])
-            record["alignment"][name] = {
-                "dot": mean,
-                "cosine": mean / (norm * d_norm) if norm * d_norm > 0 else 0.0,
-                "grad_norm": norm,
-                "conflict_fraction": sum(d < 0 for d in dots[name]) / len(dots[name]),
-                "dots": dots[name],
-            }
-        self._pending = {"record": record, "before": before, "d_grad": d_grad, "gradients": gradients,
-                         "weights": weights, "d_loss": d_loss}
-
-    def finish(self) -> ShardedRecord:
-        """After ``optimizer.step()``: the step's record, also appended to :attr:`records`."""
-        if self._pending is None:
-            raise ProbeStateError("finish() without measure(): call measure() before optimizer.step()")
-        pending, self._pending = self._pending, None
-        self._reshard()
-        before, d_grad, record = pending["before"], pending["d_grad"], pending["record"]
-        after = self._shards()
-        delta = [a - b for a, b in zip(after, before)]
-        lr = float(self.optimizer.param_groups[0]["lr"])
-        parts = {k: [-lr * pending["weights"][k] * g for g in pending["gradients"][k]] for k in pending["gradients"]}
-        residual = [d - sum(parts[k][i] for k in parts) for i, d in enumerate(delta)]
-        with torch.no_grad():
-            d_after = float(self.downstream(self.model, self.eval_batch).mean())
-        product = self._hvp(before, delta)  # at θ before the step; the parameters are restored below
-        self._set(after)
-        names = list(parts)
-        values = self._dots([(d_grad, delta), (delta, product), (delta, delta), (residual, residual)]
-                             + [(d_grad, parts[k]) for k in names])
-        first, second, norm = values[0], 0.5 * values[1], math.sqrt(values[2])
-        record["predicted_delta"] = {"first_order": first, "second_order": second}
-        record["downstream_loss_after"] = d_after
-        record["actual_delta"] = d_after - pending["d_loss"]
-        record["update"] = {
-            "norm": norm,
-            "decomposition_residual": math.sqrt(values[3]) / norm if norm > 0 else 0.0,
-            "attribution": "linear",
-            "first_order": dict(zip(names, values[4:])),
-        }
-        self.records.append(record)
-        return record
+                "ShardedProbe needs every process to pass the same whole eval_batches (and fit_batches): they define "
+                "D, and each process evaluates its share of them; these processes passed different ones (rank-local "
+                "rows?). The objectives' batches are each process's own rows")
