@@ -113,7 +113,8 @@ WRAPPED: list[tuple[Any, str, str]] = [
     (engine, "decompose", "split"),
     (counterfactual.AdamCounterfactual, "step", "counterfactual_step"),
     (curvature.Curvature, "gradient_and_products", "hvp"),
-    (refit_curvature.RefitCurvature, "gradient_and_products", "hvp_refit"),
+    (curvature.Curvature, "gradient_and_dots", "hvp"),
+    (refit_curvature.RefitCurvature, "gradient_and_dots", "hvp_refit"),  # its products go through it too
     (refit_curvature.FeatureChunk, "moved", "features_moved"),
     (engine.Probe, "_per_sample", "per_sample"),
     (engine.Probe, "_first_order_errors", "shapley_errors"),

@@ -211,8 +211,8 @@ class _Totals:
 
 
 class _Dots:
-    """The products' dots with the ``against`` vectors summed over the chunks (float64), and
-    their entries named in ``keep``."""
+    """The products' dots with the ``against`` vectors summed over the chunks, and their entries
+    named in ``keep``. Each dot is accumulated in float64 whatever the products' dtype."""
 
     def __init__(self, shared: Params, against: list[list[Params]], keep: Collection[str]):
         self.against = against
@@ -223,6 +223,6 @@ class _Dots:
 
     def add(self, k: int, part: Params) -> None:
         for j, vector in enumerate(self.against[k]):
-            self.values[k, j] += sum((vector[n] * part[n]).sum() for n in vector).double()
+            self.values[k, j] += sum((vector[n] * part[n]).sum(dtype=torch.float64) for n in vector)
         for n, total in self.kept[k].items():
             total.add_(part[n])

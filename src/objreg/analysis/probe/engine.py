@@ -70,7 +70,6 @@ from objreg.analysis.math.spectrum import eigenvector_alignment, orient, top_eig
 from objreg.analysis.math.stats import alignment_stats, seed_for
 from objreg.analysis.math.taylor import (
     asymmetry,
-    gram,
     quadratic_by_pair,
     rounding_floor,
     taylor_errors,
@@ -200,15 +199,23 @@ class Probe:
         points = stencil(weights, names, self.counterfactual_radius) if exact is not None else []
         counterfactual_steps = [exact.step(point) for point in points]
         directions += counterfactual_steps
+        # Each product is needed only through its dots (S, the parts' quadratic form, the stencil's
+        # second-order terms): taken as it is made, no set of products is held.
+        raw = [gradients[n] for n in names]
+        part_list = list(parts.values())
+        against = [raw] * len(names) + ([] if linear else [part_list] * len(parts)) + [[c] for c in counterfactual_steps]
         curvature = self.downstream.curvature(self.model, before, self.hvp_method)
-        downstream_grad, products = curvature.gradient_and_products(directions)
+        downstream_grad, dots, _ = curvature.gradient_and_dots(directions, against)
         self.hvp_method = curvature.method
-        raw_products = dict(zip(names, products[: len(names)]))
-        if linear:  # d = −η α g, so H d = −η α H g: no new HVP
-            part_products = {n: {p: -split.scale * weights[n] * t for p, t in raw_products[n].items()} for n in names}
+        dots = dots.cpu().numpy()
+        s_matrix = dots[:len(names), :len(names)].T  # S_ij = g_iᵀ H g_j, row j holding H g_j's dots
+        if linear:  # d = −η α g, so dᵢᵀ H dⱼ = η² αᵢ αⱼ S_ij: no new HVP
+            order = [names.index(c) for c in parts]
+            scaled = np.array([-split.scale * weights[c] for c in parts])
+            quadratic = scaled[:, None] * s_matrix[np.ix_(order, order)] * scaled[None, :]
         else:
-            part_products = dict(zip(parts, products[len(names):len(names) + len(parts)]))
-        counterfactual_products = products[len(directions) - len(counterfactual_steps):]
+            quadratic = dots[len(names):len(names) + len(parts), :len(parts)].T
+        counterfactual_second = dots[len(directions) - len(counterfactual_steps):, 0]
         downstream_norm = float(flat_norm(downstream_grad))
 
         record: StepRecord = {  # type: ignore[typeddict-item]  # finish() adds the rest
@@ -237,19 +244,17 @@ class Probe:
                 self.attribution.add(name, step, ids, weights[name] / len(ids) * scores)
 
         # Second order: S on the raw gradients; the Taylor terms of the step, split by part.
-        s_matrix = gram([gradients[n] for n in names], [raw_products[n] for n in names])
         record["second_order"] = upper_pairs(names, s_matrix)
         record["second_order_asymmetry"] = asymmetry(s_matrix)
         part_names = list(parts)
-        quadratic = gram([parts[c] for c in part_names], [part_products[c] for c in part_names])
 
         if self.spectrum and step in (0, self.steps - 1):
             record["spectrum"] = self._spectrum(curvature, before, downstream_grad, gradients)
         if exact is not None:
             record["counterfactual"] = {
                 "points": [{"weights": point, "first_order": float(flat_dot(downstream_grad, change)),
-                            "second_order": 0.5 * float(flat_dot(change, product))}
-                           for point, change, product in zip(points, counterfactual_steps, counterfactual_products)],
+                            "second_order": 0.5 * float(second)}
+                           for point, change, second in zip(points, counterfactual_steps, counterfactual_second)],
                 "grid": [{"weights": point, "first_order": float(flat_dot(downstream_grad, exact.step(point)))}
                          for point in grid(weights, names, self.counterfactual_radius)],
             }

@@ -95,8 +95,8 @@ class FirstOrderProbe:
         gradient, second = measured.gradient, None
         if self.second_order:  # ∇D and H_D Δθ at θ_t (the curvature holds θ_t), one pass
             with Quiet(self.model), derivable_attention():
-                gradient, (product,) = measured.curvature.gradient_and_products([delta])
-            second = 0.5 * float(flat_dot(delta, product))
+                gradient, dots, _ = measured.curvature.gradient_and_dots([delta], [[delta]])
+            second = 0.5 * float(dots[0, 0])
         loop = measured.loop_gradient
         return {"step": measured.step, "downstream_loss": measured.downstream_loss,
                 "predicted_drop": -float(flat_dot(gradient, delta)), "second_order": second,
