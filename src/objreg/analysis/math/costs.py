@@ -9,10 +9,10 @@ beside them are small). :func:`moments_warning` says when the moments would outg
 :data:`WARNING_MULTIPLE` times the optimizer's state (and :data:`WARNING_FLOOR` bytes), naming
 what shrinks them.
 
-A probed step holds more than that: the Hessian-vector products of every direction it takes
-(each objective's gradient and, under Adam, each part of the step and each point of the exact
-counterfactual's stencil) are parameter-sized, and a re-fitted head's curvature needs a second
-set of them. The peak resident memory of ``objreg analyze`` per optimizer and head, fitted to
+A probed step holds more than that: the directions it takes Hessian-vector products along (each
+objective's gradient and, under Adam, each part of the step and each point of the exact
+counterfactual's stencil) are parameter-sized, and a re-fitted head moves every one of them into
+its fit set's features (the products themselves are dotted as they are made). The peak resident memory of ``objreg analyze`` per optimizer and head, fitted to
 measured runs, is benchmarks/peak_model.py's (docs/performance.md, "A probed step's peak
 memory"): measurements live beside the benchmarks, not here.
 """

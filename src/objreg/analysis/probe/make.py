@@ -1,19 +1,14 @@
 """``make_probe``: the one way to create a probe; its ``mode`` chooses what it measures and how.
 
-=========  ==============================================  ======================================
-mode       what it is                                      its class
-=========  ==============================================  ======================================
-``full``   everything ``objreg analyze`` measures at a      :class:`~.transfer_probe.TransferProbe`
-           step: per-example dots, ``S`` by Hessian-vector
-           products, the step's split, the Taylor check
-``in_run`` every example's ``⟨∇ℓ_i, ∇D⟩`` from the loop's   :class:`~.in_run.InRunAlignment`
-           own backward, ``∇D`` refreshed every few steps
-``sharded`` the full probe's records of a model sharded    :class:`~.sharded.ShardedProbe`
-           with FSDP2, each process passing its own rows
-``first_order`` the step's first-order predicted drop       :class:`~.first_order.FirstOrderProbe`
-           ``−∇D·Δθ`` at the cost of one gradient of ``D``
-           (``objreg screen``'s)
-=========  ==============================================  ======================================
+- ``full``: everything ``objreg analyze`` measures at a step (per-example dots, ``S`` by
+  Hessian-vector products, the step's split, the Taylor check):
+  :class:`~.transfer_probe.TransferProbe`.
+- ``in_run``: every example's ``⟨∇ℓ_i, ∇D⟩`` from the loop's own backward, ``∇D`` refreshed every
+  few steps: :class:`~.in_run.InRunAlignment`.
+- ``sharded``: the full probe's records of a model sharded with FSDP2, each process passing its
+  own rows: :class:`~.sharded.ShardedProbe`.
+- ``first_order``: the step's first-order predicted drop ``−∇D·Δθ`` at the cost of one gradient
+  of ``D`` (``objreg screen``'s): :class:`~.first_order.FirstOrderProbe`.
 
 The arguments every mode shares keep one name and meaning (``eval_batches``, ``fit_batches``,
 ``refit_head``, ``shared``, ``weights``); what only some modes take is refused, by name, in
