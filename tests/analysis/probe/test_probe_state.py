@@ -31,7 +31,7 @@ def make(optimizer="adam", dtype=torch.float64, width=None, **settings):
 
 
 def probe_of(model, opt, refit=True, fit=FIT, **options):
-    extra = {"downstream_head": model.task_head, "fit_batches": fit} if refit else {}
+    extra = {"refit_head": model.task_head, "fit_batches": fit} if refit else {}
     return objreg.TransferProbe(model, LOSSES, task_loss, opt, eval_batches=EVAL, weights=WEIGHTS, **extra, **options)
 
 

@@ -406,8 +406,12 @@ BEFORE_REFIT = Path(__file__).parent / "data" / "default-job-2-steps-before-refi
 def test_a_frozen_head_gives_every_number_the_default_job_gave_before_refit():
     """``objreg analyze --pretrain mlm,sop --downstream qa --steps 2 --json`` before the re-fitted
     head existed (the file, written at commit 7c37ad6: issues 29 to 31 in, the re-fit not yet) against
-    ``--downstream-head frozen`` now: every value it had is there, bit for bit (the report only
-    gained fields, e.g. config.downstream_head)."""
+    ``--downstream-head frozen`` now: every value it had is there (the report only gained fields,
+    e.g. config.downstream_head). Bit for bit until the probe took its second-order terms as dots
+    while each product is made (commit 6ce2988: each chunk's dots summed, another order of float32
+    additions): since, the Hessian terms move by up to 2e-7 and what is computed from them (Taylor
+    errors, differences of nearly equal numbers) by up to 2e-5 relative; ``second_order_asymmetry``,
+    itself a measure of that rounding, stays at rounding level (docs/performance.md)."""
     before = json.loads(BEFORE_REFIT.read_text(encoding="utf-8"))
     now = objreg.analyze("mlm,sop", "qa", steps=2, downstream_head="frozen").to_dict()
     assert now["config"]["downstream_head"] == "frozen"
@@ -416,8 +420,12 @@ def test_a_frozen_head_gives_every_number_the_default_job_gave_before_refit():
     # benchmark's, not the run's); every number is as it was.
     reworded = {path for path, _ in leaves(before) if path.endswith(".scope.note")}
     assert reworded and all(found[path].startswith("not measured on this run") for path in reworded)
-    assert {path: value for path, value in leaves(before) if path not in reworded} == {
-        path: found.get(path) for path, _ in leaves(before) if path not in reworded}
+    rounding = {path for path, _ in leaves(before) if path.endswith("second_order_asymmetry")}
+    assert rounding and all(0 <= found[path] < 1e-6 for path in rounding)
+    kept = [(path, value) for path, value in leaves(before) if path not in reworded | rounding]
+    assert {path: found.get(path) for path, _ in kept} == {
+        path: pytest.approx(value, rel=2e-5, abs=1e-12) if isinstance(value, float) else value for path, value in kept}
+    assert sum(found[path] == value for path, value in kept) > 0.8 * len(kept)  # most are bit for bit
 
 
 def test_every_objective_set_starts_from_the_same_refitted_d():

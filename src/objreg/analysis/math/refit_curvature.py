@@ -252,7 +252,7 @@ class _ThetaPart:
     def __init__(self, curvature: Curvature, owner: RefitCurvature):
         self.curvature, self.owner = curvature, owner
 
-    def gradient_and_dots(self, directions: list[Params], against: list[list[Params]], keep: Collection[str]
+    def gradient_and_dots(self, directions: list[Params], against: list[list[Params]], keep: Collection[str] = ()
                           ) -> tuple[Params, torch.Tensor, list[Params]]:
         thetas = self.owner.shared
         if directions:
