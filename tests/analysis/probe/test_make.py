@@ -128,6 +128,7 @@ def test_first_order_mode_gives_the_drop_and_curvature_of_the_step_by_autograd(s
     measured = probe.measure(0, loop)
     opt.step()
     record = probe.finish(measured)
+    assert probe.records == [record]
     delta = [model.get_parameter(n).detach() - b for n, b in zip(names, before)]
     drop = -sum(float((g * d).sum()) for g, d in zip(gradient, delta))
     curvature = torch.autograd.grad(sum((g * d).sum() for g, d in zip(reached, delta) if g is not None), params,

@@ -126,19 +126,23 @@ def run(case: str, rank: int | None = None, world: int = 1, dropout: float = 0.0
     net = model(dtype, dropout)
     if options.pop("head", False):
         options.update(refit_head=net.task_head, fit_batches=fit_batches(dtype))
-    trained, probe_class = net, objreg.TransferProbe
+    trained, mode = net, "full"
     if world > 1 and wrapper == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
         for layer in [*net.body, net.out, net.task_head]:
             if isinstance(layer, nn.Linear):
                 fully_shard(layer)
-        trained, probe_class = fully_shard(net), ShardedProbe
+        trained, mode = fully_shard(net), "sharded"
     elif world > 1:
         trained = nn.parallel.DistributedDataParallel(net)
     optimizer = torch.optim.AdamW(trained.parameters(), lr=LR, weight_decay=DECAY)
-    probe = probe_class(trained, OBJECTIVES, downstream, optimizer, eval_batches=eval_batches(dtype),
-                        weights=WEIGHTS, **options)
+    settings = objreg.ProbeSettings(**{k: options.pop(k) for k in ("hvp_method",) if k in options})
+    # Through the front door: the sharded mode takes the full mode's arguments and settings.
+    probe = objreg.make_probe(trained, downstream, mode=mode, objectives=OBJECTIVES, optimizer=optimizer,
+                              eval_batches=eval_batches(dtype), weights=WEIGHTS, settings=settings, **options)
+    assert probe.mode == mode and probe.settings == settings
+    assert isinstance(probe, ShardedProbe if mode == "sharded" else objreg.TransferProbe)
     for step in range(STEPS if every == 1 else every + 1):
         whole = whole_batches(step, dtype)
         mine = own_rows(whole, rank, world) if world > 1 else concatenated(whole)

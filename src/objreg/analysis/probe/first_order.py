@@ -64,6 +64,7 @@ class FirstOrderProbe:
         group = downstream.group if isinstance(downstream, Downstream) else user_group(model)
         self.downstream = build_downstream(model, downstream, eval_batches, group, None, refit_head, fit_batches)
         self.model, self.second_order = model, second_order
+        self.records: list[FirstOrderRecord] = []
         self.shared = list(downstream_reached(model, self.downstream, shared))
 
     def loss(self) -> float:
@@ -86,7 +87,8 @@ class FirstOrderProbe:
         return measured
 
     def finish(self, measured: FirstOrderMeasurement) -> FirstOrderRecord:
-        """After the optimizer's step: its ``Δθ`` against ``∇D`` (and ``H_D`` where asked)."""
+        """After the optimizer's step: its ``Δθ`` against ``∇D`` (and ``H_D`` where asked); the
+        record is also appended to :attr:`records`."""
         if measured.curvature is None:
             raise ProbeStateError(f"finish() needs a measurement with a finite D; step {measured.step}'s D was "
                                   f"{measured.downstream_loss}")
@@ -98,9 +100,12 @@ class FirstOrderProbe:
                 gradient, dots, _ = measured.curvature.gradient_and_dots([delta], [[delta]])
             second = 0.5 * float(dots[0, 0])
         loop = measured.loop_gradient
-        return {"step": measured.step, "downstream_loss": measured.downstream_loss,
-                "predicted_drop": -float(flat_dot(gradient, delta)), "second_order": second,
-                "alignment": float(flat_dot(gradient, loop)) if loop is not None else None,
-                "downstream_grad_norm": float(flat_norm(gradient)),
-                "gradient_norm": float(flat_norm(loop)) if loop is not None else None,
-                "step_norm": float(flat_norm(delta))}
+        record: FirstOrderRecord = {
+            "step": measured.step, "downstream_loss": measured.downstream_loss,
+            "predicted_drop": -float(flat_dot(gradient, delta)), "second_order": second,
+            "alignment": float(flat_dot(gradient, loop)) if loop is not None else None,
+            "downstream_grad_norm": float(flat_norm(gradient)),
+            "gradient_norm": float(flat_norm(loop)) if loop is not None else None,
+            "step_norm": float(flat_norm(delta))}
+        self.records.append(record)
+        return record

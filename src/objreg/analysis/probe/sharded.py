@@ -39,6 +39,7 @@ from objreg.analysis.probe.arguments import head_names, inner_optimizer, user_gr
 from objreg.analysis.probe.optimizer_hooks import step_counter
 from objreg.analysis.probe.replay import forward_seer
 from objreg.analysis.probe.report import AlignmentReport
+from objreg.analysis.probe.settings import ProbeSettings
 from objreg.analysis.probe.transfer_probe import LossFn, Measurement, TransferProbe
 from objreg.analysis.records import StepRecord
 from objreg.core.errors import InvalidParameterError
@@ -181,6 +182,11 @@ class ShardedProbe:
         """The finished records, in order."""
         return self.probe.records
 
+    @property
+    def settings(self) -> ProbeSettings:
+        """How the probe computes (the gathered model's ``TransferProbe``'s settings)."""
+        return self.probe.settings
+
     def measure(self, batches: Mapping[str, Any], *, weights: Mapping[str, float] | None = None,
                 step: int | None = None, gradients: Mapping[str, Params] | None = None,
                 losses: Mapping[str, float] | None = None) -> Measurement:
@@ -210,9 +216,10 @@ class ShardedProbe:
         self._gather(grads=False, state=False)
         return self.probe.finish(measurement)
 
-    def report(self, downstream: str = "downstream", config: Mapping[str, Any] | None = None) -> AlignmentReport:
-        """:attr:`records` as an ``objreg.AlignmentReport`` (``TransferProbe.report``)."""
-        return self.probe.report(downstream, config)
+    def report(self, downstream: str = "downstream", config: Mapping[str, Any] | None = None, **options: Any
+               ) -> AlignmentReport:
+        """:attr:`records` as an ``objreg.AlignmentReport`` (``TransferProbe.report``, its options too)."""
+        return self.probe.report(downstream, config, **options)
 
     def state_dict(self) -> dict[str, Any]:
         """The probe's state for a checkpoint (``TransferProbe.state_dict``)."""
