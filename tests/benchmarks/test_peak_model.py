@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
+from benchmark_files import REPO, load
 
-REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
-
-
-def _load() -> object:
-    """benchmarks/peak_model.py, loaded from its file (the benchmarks are not an installed package)."""
-    spec = importlib.util.spec_from_file_location("peak_model", REPO / "benchmarks" / "peak_model.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-peak_model = _load()
+peak_model = load("peak_model")
 
 
 def test_the_fit_is_the_least_squares_fit_of_the_runs():

@@ -40,7 +40,7 @@ MODE_OPTIONS = {
     "first_order": ("second_order",),
 }
 
-Probe = TransferProbe | InRunAlignment | ShardedProbe | FirstOrderProbe
+AnyProbe = TransferProbe | InRunAlignment | ShardedProbe | FirstOrderProbe
 
 
 def make_probe(
@@ -57,7 +57,7 @@ def make_probe(
     fit_batches: Any = None,
     settings: ProbeSettings | None = None,
     **options: Any,
-) -> Probe:
+) -> AnyProbe:
     """Create a probe of ``model``'s training against ``downstream``.
 
     Args:

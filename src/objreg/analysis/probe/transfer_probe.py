@@ -181,7 +181,6 @@ class TransferProbe(Attached, Checkpointed):
         self._start_detached()
         # Every optimizer step counted (whoever calls it), so a finish that is not one step after
         # its measure is seen; the shared parameters as measured, so changes to them are refused.
-        self.strict = settings.strict
         self._steps_taken = 0
         self._open_measure_at: int | None = None
         self._warned = False
@@ -291,7 +290,7 @@ class TransferProbe(Attached, Checkpointed):
                                          if c is not None)]
         if causes and self._override is not None:
             causes.append(self._override)  # a likely reason, said only where the step did not match
-        if causes and self.strict:
+        if causes and self.settings.strict:
             raise ProbeStateError(mismatch_message(pending.record["step"], causes))
         with self._quiet():
             record = self.engine.finish(pending)
