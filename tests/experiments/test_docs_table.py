@@ -212,3 +212,35 @@ def test_no_package_data_names_a_machine_path():
     for path in docs.PACKAGE_DATA.glob("*.json"):
         strings = _strings(json.loads(path.read_text()))
         assert [s for s in strings if s.startswith("/") or ":\\" in s] == [], path.name
+
+
+def test_an_inconclusive_verdict_past_this_cpu_is_held_by_the_hardware(monkeypatch):
+    from objreg.experiments import inverse_frequency, power
+
+    per_seed = [0.1, 0.3, -0.05]
+    tested = {"effect": {"per_seed": per_seed, "threshold": 0.0, "direction": "above", "verdict": "inconclusive"}}
+    by_power = result("inverse-frequency", "inconclusive", per_seed)
+    by_power["figures"]["tests"] = tested
+    by_power["power"] = power.summary(tested, "inconclusive")
+    n80 = by_power["power"]["n80"]
+    # n80 seeds at the committed CPU a seed, against the three CPU hours an experiment may take here.
+    by_power["timing"]["cpu_s"] = 3 * docs.CPU_BUDGET_S / n80 * 0.99
+    assert docs.held_by_hardware("inverse-frequency", by_power) is None
+    by_power["timing"]["cpu_s"] = 3 * docs.CPU_BUDGET_S / n80 * 1.01
+    per_seed_s = by_power["timing"]["cpu_s"] / 3
+    held = docs.held_by_hardware("inverse-frequency", by_power)
+    assert held == (f"its n80 of {n80:,} seeds at {per_seed_s:,.0f} CPU s a seed is {n80 * per_seed_s / 3600:,.1f} "
+                    "CPU hours, past the 3 an experiment may take on this CPU")
+    failed = result("weight-tying", "inconclusive", per_seed)
+    failed["preconditions"] = [{"name": "control", "what": "w", "value": 0.5, "threshold": 0.6,
+                                "direction": "above", "passed": False}]
+    block = docs.table({"inverse-frequency": by_power, "weight-tying": failed})
+    assert ("of the inconclusive, 1 held by this hardware (`inverse-frequency`) and 1 for another reason "
+            "(`weight-tying`)") in block
+    row = next(line for line in block.splitlines() if line.startswith("| `inverse-frequency`"))
+    assert f"— held by this hardware: {held}" in row
+    # A failed precondition is not a hardware limit unless the experiment states one.
+    assert docs.held_by_hardware("weight-tying", failed) is None
+    monkeypatch.setattr(inverse_frequency, "HARDWARE_LIMIT", "its setting needs a device", raising=False)
+    assert docs.held_by_hardware("inverse-frequency", {**failed, "name": "inverse-frequency"}) == "its setting needs a device"
+    assert docs.held_by_hardware("inverse-frequency", {**failed, "verdict": "confirmed"}) is None

@@ -32,6 +32,9 @@ DOCS = Path(__file__).resolve().parents[3] / "docs"
 #: package's as :func:`package_extract`.
 PACKAGED = ("screen-validity",)
 PACKAGE_DATA = Path(__file__).resolve().parents[1] / "data"
+#: The CPU one experiment may take here to reach a decision: three CPU hours (issue 45). A
+#: power-limited verdict whose ``n80`` seeds would take longer is held by the hardware.
+CPU_BUDGET_S = 3 * 3600.0
 
 
 def load_results(results_dir: Path) -> dict[str, dict[str, Any]]:
@@ -62,6 +65,31 @@ def not_testable_here(name: str) -> str | None:
     """Why experiment ``name`` cannot be tested on the machines this project runs on
     (``NOT_TESTABLE_HERE``), or None: such a claim is kept out of the summary's counts."""
     return getattr(module(name), "NOT_TESTABLE_HERE", None)
+
+
+def held_by_hardware(name: str, result: dict[str, Any]) -> str | None:
+    """Why an inconclusive verdict waits on hardware this project does not have, or None.
+
+    The experiment's own ``HARDWARE_LIMIT`` where it states one (a registered setting this CPU
+    cannot run: its cost, and what would run it); else power whose ``n80`` seeds, at the CPU a seed
+    of the committed run took, exceed :data:`CPU_BUDGET_S`. A failed precondition, parts that are
+    decided and disagree, or an effect of about 0 (no ``n80`` at all) are not hardware limits:
+    more computing does not settle them."""
+    if result["verdict"] != "inconclusive":
+        return None
+    stated = getattr(module(name), "HARDWARE_LIMIT", None)
+    if stated:
+        return stated
+    power = result.get("power") or {}
+    seeds, cpu_s = len(result.get("replicates", [])), (result.get("timing") or {}).get("cpu_s")
+    if failed_preconditions(result) or decided_split(result) or power.get("n80") is None or not seeds or cpu_s is None:
+        return None
+    per_seed = cpu_s / seeds
+    needed = power["n80"] * per_seed
+    if needed <= CPU_BUDGET_S:
+        return None
+    return (f"its n80 of {power['n80']:,} seeds at {per_seed:,.0f} CPU s a seed is {needed / 3600:,.1f} CPU hours, "
+            f"past the {CPU_BUDGET_S / 3600:g} an experiment may take on this CPU")
 
 
 def failed_preconditions(result: dict[str, Any]) -> list[dict[str, Any]]:
@@ -167,6 +195,8 @@ def _row(name: str, r: dict[str, Any]) -> str:
     verdict = f"**{r['verdict']}**{quick}" + (f" ({reason})" if reason else "")
     if not_testable_here(name):
         verdict += " — not counted: not testable on this hardware"
+    elif held_by_hardware(name, r):
+        verdict += f" — held by this hardware: {held_by_hardware(name, r)}"
     if r.get("rule") not in (None, module(name).RULE):
         verdict += " — judged under an earlier design: its rule has changed since (changelog), and its redesign is not run"
     return (f"| `{name}` | {short_source(r['source'])} | {setting_kind(r)} | {verdict} | {_decisive(r)} | {_power_cell(r)} "
@@ -191,11 +221,15 @@ def table(results: dict[str, dict[str, Any]]) -> str:
     by_precondition = sum(r["verdict"] == "inconclusive" and bool(failed_preconditions(r)) for r in decided.values())
     by_split = sum(not failed_preconditions(r) and bool(decided_split(r)) for r in decided.values())
     missing = [name for name in EXPERIMENTS if name not in results]
+    held = [name for name, r in decided.items() if held_by_hardware(name, r)]
+    other = [name for name, r in decided.items() if r["verdict"] == "inconclusive" and name not in held]
     lines = [
         f"**Verdicts over seeds, claims of the literature:** {counts['confirmed']} confirmed, {counts['refuted']} "
         f"refuted, {counts['inconclusive']} inconclusive ({by_precondition} by a failed precondition, "
         + (f"{by_split} by parts that disagree, " if by_split else "")
         + f"{counts['inconclusive'] - by_precondition - by_split} by power)"
+        + (f"; of the inconclusive, {len(held)} held by this hardware ({_names(held)}) and {len(other)} for "
+           f"another reason ({_names(other)})" if counts["inconclusive"] else "")
         + (f"; {len(missing)} not run in the full setting yet ({', '.join(missing)})" if missing else "")
         + "".join(f"; `{name}` not counted, not testable on this hardware: {reason}" for name, reason in untestable.items())
         + ".",
@@ -221,6 +255,10 @@ def table(results: dict[str, dict[str, Any]]) -> str:
             plain = " (a software check)"
         lines.append(f"* `{name}` ({r['verdict']}):{plain} {r['reason']}")
     return "\n".join(lines)
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(f"`{name}`" for name in names) or "none"
 
 
 def render(page: str, results: dict[str, dict[str, Any]]) -> str:

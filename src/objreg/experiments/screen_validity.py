@@ -240,6 +240,10 @@ def _number(value: float | None) -> str:
     return "undefined" if value is None or math.isnan(value) else f"{value:.2f}"
 
 
+#: Why the registered redesign's decision waits on a device (read by the results table).
+HARDWARE_LIMIT = ("its registered redesign (28 candidates on MiniLM, two tasks, three seeds) costs about 470,000 CPU s "
+                  "by its one-candidate pilot, past the 3 CPU hours an experiment may take here; a device runs it in "
+                  "parts (benchmarks/device_experiment.sh)")
 PRECONDITIONS = (Precondition(
     "outcome_compute", f"the smallest ratio over tasks and candidates of the outcome run's training seconds to the "
     f"screen's (the outcome must cost at least {COMPUTE_FACTOR}x the screen)", COMPUTE_FACTOR, "above",
