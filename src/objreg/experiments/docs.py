@@ -262,10 +262,13 @@ def _names(names: list[str]) -> str:
 
 
 def render(page: str, results: dict[str, dict[str, Any]]) -> str:
-    """``page`` with the block between the markers replaced by :func:`table`."""
+    """``page`` with the block between the markers replaced by :func:`table`, and the before/after
+    table where the page has one (:mod:`objreg.experiments.before_after`)."""
+    from objreg.experiments import before_after
+
     head, rest = page.split(START, 1)
     _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{table(results)}\n{END}{tail}"
+    return before_after.render(f"{head}{START}\n{table(results)}\n{END}{tail}", results)
 
 
 def package_extract(result: dict[str, Any]) -> dict[str, Any]:
