@@ -390,3 +390,4 @@ def test_a_run_stopped_part_way_keeps_its_finished_seeds_for_pooling(stand_in_ex
     pooled = recombine(module, pooled)
     assert pooled.verdict == together.verdict and pooled.figures == together.figures
     assert pooled.setting["seeds"] == [0, 1, 2, 3, 4]
+

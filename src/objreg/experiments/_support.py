@@ -163,6 +163,22 @@ def train(
     return losses
 
 
+def fit_lm_head(model: nn.Module, objective: Objective, corpus: TokenizedCorpus, *, steps: int, batch_size: int,
+                lr: float, seed: int, device: torch.device) -> list[float]:
+    """:func:`train` ``model``'s heads alone on ``objective``, its backbone frozen (a tied decoder
+    matrix, being the input embeddings, stays as it is). For a checkpoint that ships its encoder
+    without the MLM head (all-MiniLM-L6-v2): its MLM gradients then come through a head that
+    predicts tokens rather than a random one. Returns the loss of each step."""
+    frozen = [parameter for parameter in model.backbone.parameters() if parameter.requires_grad]
+    for parameter in frozen:
+        parameter.requires_grad_(False)
+    try:
+        return train(model, objective, corpus, steps=steps, batch_size=batch_size, lr=lr, seed=seed, device=device)
+    finally:
+        for parameter in frozen:
+            parameter.requires_grad_(True)
+
+
 def loss_summary(losses: list[float], window: int = 10) -> dict:
     """Mean training loss over the first and the last ``window`` steps (one step's loss is noisy)."""
     if not losses:

@@ -107,12 +107,22 @@ class Config:
     head_warmup_steps: int
     lr: float = 1e-3
     mask_prob: float = 0.15
+    #: ``default``: the default model pre-trained from its random start on the built-in corpus;
+    #: ``minilm``: all-MiniLM-L6-v2 as shipped, read on WikiText-2 with its own tokenizer.
+    model: str = "default"
+    #: Steps fitting the MLM head alone, backbone frozen, before measuring (MiniLM ships no MLM head).
+    lm_head_steps: int = 0
 
 
 QUICK = Config(batches=40, batch_size=16, seq_len=64, pretrain_steps=40, pretrain_batch_size=16, eval_size=32,
                head_fit_size=256, head_warmup_steps=30)
-FULL = Config(batches=150, batch_size=32, seq_len=128, pretrain_steps=400, pretrain_batch_size=32, eval_size=64,
-              head_fit_size=1024, head_warmup_steps=100)
+TOY = Config(batches=150, batch_size=32, seq_len=128, pretrain_steps=400, pretrain_batch_size=32, eval_size=64,
+             head_fit_size=1024, head_warmup_steps=100)
+MINILM = Config(batches=40, batch_size=16, seq_len=128, pretrain_steps=0, pretrain_batch_size=16, eval_size=64,
+                head_fit_size=1024, head_warmup_steps=100, model="minilm", lm_head_steps=150)
+FULL = MINILM
+#: MiniLM's text, under ``shared/data``.
+WIKITEXT = "wikitext-2/valid.txt"
 
 
 def run(setting: Setting) -> ExperimentResult:
@@ -124,15 +134,20 @@ def combine(results: list[ExperimentResult], setting: Setting) -> ExperimentResu
 
 
 def _run(config: Config, setting: Setting, text: _support.DefaultText | None = None,
-         model_config: dict | None = None, squad: Path | None = None) -> ExperimentResult:
+         model_config: dict | None = None, squad: Path | None = None, model_path: str | None = None) -> ExperimentResult:
+    """One seed of ``config``; the tests pass small stand-ins (``text``, a ``model_config`` for the
+    default model, ``squad``, and ``model_path`` for MiniLM's)."""
     device = resolve_device(setting.device)
+    source = "default" if config.model == "default" else model_path or _support.minilm()
     squad = squad or squad_dir()
     missing = [name for name in SQUAD_FILES if not (squad / name).is_file()]
     if missing:
         raise DataError(f"{NAME} needs SQuAD v1.1 dev halves in {squad} ({', '.join(missing)} missing); set "
                         "OBJREG_SHARED_DATA to the folder that holds squad_v1.1/")
-    setting.status("loading the default corpus")
-    text = text or _support.default_text(config.seq_len)
+    setting.status("loading the text")
+    if text is None:
+        corpus = "default" if config.model == "default" else str(_support.shared_data() / WIKITEXT)
+        text = _support.default_text(config.seq_len, model=source, corpus=corpus)
     registry, vocab, tokenizer = text.registry, text.train.vocab, text.train.tokenizer
     task = registry.get_task("qa")
     data, task_heads = task.task_data(str(squad / SQUAD_FILES[1]), (), tokenizer, config.seq_len,
@@ -141,11 +156,16 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     conditions = condition_params(answer_lengths)
 
     mlm = registry.get("mlm", vocab=vocab, mask_prob=config.mask_prob)
-    model = build_model(registry, "default", vocab, {"mlm": mlm.info.heads, task.name: task_heads}, setting.seed,
+    model = build_model(registry, source, vocab, {"mlm": mlm.info.heads, task.name: task_heads}, setting.seed,
                         model_config).to(device)
-    setting.status(f"training the default model with mlm for {config.pretrain_steps} steps")
+    setting.status(f"training the model with mlm for {config.pretrain_steps} steps")
     losses = _support.train(model, mlm, text.train, steps=config.pretrain_steps, batch_size=config.pretrain_batch_size,
                             lr=config.lr, seed=setting.seed, device=device)
+    if config.lm_head_steps:
+        setting.status(f"fitting the MLM head alone for {config.lm_head_steps} steps")
+        losses = _support.fit_lm_head(model, mlm, text.train, steps=config.lm_head_steps,
+                                      batch_size=config.pretrain_batch_size, lr=config.lr, seed=setting.seed,
+                                      device=device)
     setting.status("fitting the qa probe")
     evaluation, fit = split_evaluation(data, config.eval_size, with_fit=True)
     fit_downstream_head(model, task, fit.to(device), config.head_warmup_steps)
@@ -175,7 +195,7 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     if setting.out_dir is not None:
         plots.append(_plot(figures, setting))
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
-                            _support.settings(config, setting, device, model=model_config or "default",
+                            _support.settings(config, setting, device, model=_support.model_name(config.model, model_config),
                                               downstream=f"qa on {SQUAD_FILES[1]}", lengths_from=SQUAD_FILES[0]), plots)
 
 
