@@ -36,6 +36,7 @@ distributions (the entropy twin learned less even on its own masks); ``inconclus
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,7 @@ import torch
 
 from objreg.analysis.math.stats import bootstrap_ci95
 from objreg.analysis.parallel.devices import resolve_device
+from objreg.analysis.run.prepare import build_model
 from objreg.experiments import _support
 from objreg.experiments.base import CONFIRMED, INCONCLUSIVE, REFUTED, ExperimentResult, Setting, save_figure
 from objreg.experiments.preconditions import Precondition
@@ -82,10 +84,20 @@ class Config:
     rows: int = 64
     folds: int = 5
     probe_seq_len: int = 64
+    #: ``default``: the default model from its random start on the built-in corpus; ``minilm``:
+    #: all-MiniLM-L6-v2 continued on WikiText-2 with its own tokenizer.
+    model: str = "default"
+    #: Steps fitting the MLM head alone at 1e-3, backbone frozen, before the twins part (MiniLM
+    #: ships no MLM head, and the entropy policy reads its surprisal through that head).
+    lm_head_steps: int = 0
 
 
 QUICK = Config()
-FULL = Config(steps=300, seq_len=128, rows=256)
+TOY = Config(steps=300, seq_len=128, rows=256)
+MINILM = Config(steps=300, seq_len=128, rows=256, lr=1e-4, model="minilm", lm_head_steps=150)
+FULL = TOY
+#: MiniLM's continued pre-training text, under ``shared/data``.
+WIKITEXT = "wikitext-2/valid.txt"
 
 
 def run(setting: Setting) -> ExperimentResult:
@@ -112,19 +124,32 @@ def decide(verdicts: dict[str, str]) -> str:
 
 
 def _run(config: Config, setting: Setting, text: _support.DefaultText | None = None,
-         model_config: dict | None = None, data: tuple[list[str], torch.Tensor] | None = None) -> ExperimentResult:
+         model_config: dict | None = None, data: tuple[list[str], torch.Tensor] | None = None,
+         model_path: str | None = None) -> ExperimentResult:
+    """One seed of ``config``; the tests pass small stand-ins (``text``, a ``model_config`` for the
+    default model, ``data``, and ``model_path`` for MiniLM's)."""
     device = resolve_device(setting.device)
-    text = text or _support.default_text(config.seq_len)
+    source = "default" if config.model == "default" else model_path or _support.minilm()
+    if text is None:
+        corpus = "default" if config.model == "default" else str(_support.shared_data() / WIKITEXT)
+        text = _support.default_text(config.seq_len, model=source, corpus=corpus)
     texts, labels = data or sst2()
     vocab, tokenizer = text.train.vocab, text.train.tokenizer
     uniform = text.registry.get("mlm", vocab=vocab)
     rows = _support.heldout_rows(text.heldout, config.rows, setting.seed)
     batches = {"uniform": uniform.corrupt(rows, stream(setting.seed, "heldout_corruption"))}
     losses, models, probe = {}, {}, {}
+    start = build_model(text.registry, source, vocab, {uniform.name: uniform.info.heads}, setting.seed,
+                        model_config).to(device)
+    head_fit = []
+    if config.lm_head_steps:
+        setting.status(f"fitting the MLM head alone for {config.lm_head_steps} steps")
+        head_fit = _support.fit_lm_head(start, uniform, text.train, steps=config.lm_head_steps,
+                                        batch_size=config.batch_size, lr=1e-3, seed=setting.seed, device=device)
     for policy in POLICIES:
         setting.status(f"training with {policy} masking ({config.steps} steps)")
         objective = text.registry.get("mlm", vocab=vocab, masking_policy=policy)
-        models[policy] = model = _support.mlm_model(text.registry, uniform, setting.seed, model_config).to(device)
+        models[policy] = model = copy.deepcopy(start)  # twins: one initialisation, one fitted head
         losses[policy] = _support.train(model, objective, text.train, steps=config.steps,
                                         batch_size=config.batch_size, lr=config.lr, seed=setting.seed, device=device)
         features = sentence_features(model, tokenizer, texts, config.probe_seq_len, device)
@@ -151,11 +176,13 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
         "heldout_loss_entropy_masks": {p: float(v.mean()) for p, v in heldout["entropy"].items()},
         "downstream": {"sst2_probe_accuracy": probe, "gain": probe["entropy"] - probe["uniform"]},
         "training_loss": {p: _support.loss_summary(v) for p, v in losses.items()},
+        "lm_head_fit_loss": _support.loss_summary(head_fit),
     }
     verdict, reason = seed_verdict(figures)
     plots = [_plot(losses, heldout["uniform"], setting)] if setting.out_dir is not None else []
     return ExperimentResult(NAME, CLAIM, verdict, reason, figures,
-                            _support.settings(config, setting, device),
+                            _support.settings(config, setting, device,
+                                              model=_support.model_name(config.model, model_config)),
                             plots)
 
 
