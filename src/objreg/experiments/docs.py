@@ -193,10 +193,11 @@ def _row(name: str, r: dict[str, Any]) -> str:
     quick = " (quick setting)" if r["setting"].get("quick") else ""
     reason = why(r)
     verdict = f"**{r['verdict']}**{quick}" + (f" ({reason})" if reason else "")
+    held = held_by_hardware(name, r)
     if not_testable_here(name):
         verdict += " — not counted: not testable on this hardware"
-    elif held_by_hardware(name, r):
-        verdict += f" — held by this hardware: {held_by_hardware(name, r)}"
+    elif held:
+        verdict += f" — held by this hardware: {held}"
     if r.get("rule") not in (None, module(name).RULE):
         verdict += " — judged under an earlier design: its rule has changed since (changelog), and its redesign is not run"
     return (f"| `{name}` | {short_source(r['source'])} | {setting_kind(r)} | {verdict} | {_decisive(r)} | {_power_cell(r)} "
