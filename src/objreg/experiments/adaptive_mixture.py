@@ -69,7 +69,6 @@ PRECONDITIONS = (Precondition(
     lambda figures, setting: float(np.mean(np.abs(np.asarray(figures["adaptive_weights"]["adaptive_quadratic"]["mlm"])
                                                   - TOTAL / 2)))),)
 SEARCH_SEED_OFFSET = 1000
-WIKITEXT = "wikitext-2/valid.txt"
 SQUAD = "squad_v1.1/dev-v1.1.half-a.json"
 
 
@@ -100,7 +99,7 @@ FULL = Config(steps=32, probe_every=4, lr=5e-3, batch_size=16, seq_len=128, eval
 def config_for(setting: Setting) -> Config:
     if setting.quick:
         return QUICK
-    corpus, squad = _support.shared_data() / WIKITEXT, _support.shared_data() / SQUAD
+    corpus, squad = _support.shared_data() / _support.WIKITEXT, _support.shared_data() / SQUAD
     if corpus.is_file() and squad.is_file():
         return Config(**{**asdict(FULL), "corpus": str(corpus), "downstream_data": str(squad)})
     return FULL

@@ -121,8 +121,6 @@ FULL = MINILM
 HARDWARE_LIMIT = ("its registered MiniLM setting costs about 2,700 CPU s a seed here, and its two pilot seeds put n80 at "
                   "88 seeds, about 66 CPU hours, past the 3 an experiment may take on this CPU; a device call runs "
                   "it (benchmarks/device_experiment.sh)")
-#: MiniLM's continued pre-training text, under ``shared/data``.
-WIKITEXT = "wikitext-2/valid.txt"
 
 
 def run(setting: Setting) -> ExperimentResult:
@@ -135,11 +133,9 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     """One seed of ``config``; the tests pass small stand-ins (``text``, a ``model_config`` for the
     default model, ``data``, and ``model_path`` for MiniLM's)."""
     device = resolve_device(setting.device)
-    source = "default" if config.model == "default" else model_path or _support.minilm()
+    source = _support.model_source(config.model, model_path)
     setting.status("loading the pre-training text and SST-2")
-    if text is None:
-        corpus = "default" if config.model == "default" else str(_support.shared_data() / WIKITEXT)
-        text = _support.default_text(config.seq_len, model=source, corpus=corpus)
+    text = text or _support.setting_text(config.model, config.seq_len, source)
     texts, labels = data or sst2()
     registry, tokenizer = text.registry, text.train.tokenizer
     noise = stream(setting.seed, "misspellings")

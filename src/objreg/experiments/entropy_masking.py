@@ -96,8 +96,6 @@ QUICK = Config()
 TOY = Config(steps=300, seq_len=128, rows=256)
 MINILM = Config(steps=300, seq_len=128, rows=256, lr=1e-4, model="minilm", lm_head_steps=150)
 FULL = TOY
-#: MiniLM's continued pre-training text, under ``shared/data``.
-WIKITEXT = "wikitext-2/valid.txt"
 
 
 def run(setting: Setting) -> ExperimentResult:
@@ -129,10 +127,8 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     """One seed of ``config``; the tests pass small stand-ins (``text``, a ``model_config`` for the
     default model, ``data``, and ``model_path`` for MiniLM's)."""
     device = resolve_device(setting.device)
-    source = "default" if config.model == "default" else model_path or _support.minilm()
-    if text is None:
-        corpus = "default" if config.model == "default" else str(_support.shared_data() / WIKITEXT)
-        text = _support.default_text(config.seq_len, model=source, corpus=corpus)
+    source = _support.model_source(config.model, model_path)
+    text = text or _support.setting_text(config.model, config.seq_len, source)
     texts, labels = data or sst2()
     vocab, tokenizer = text.train.vocab, text.train.tokenizer
     uniform = text.registry.get("mlm", vocab=vocab)

@@ -129,8 +129,6 @@ FULL = MINILM
 HARDWARE_LIMIT = ("its registered MiniLM setting's two pilot seeds put the deciding part, vs_long, at an effect of "
                   "about 0 (-0.0001, sd 0.003): n80 about 6,700 seeds at 620 CPU s a seed, past the 3 CPU hours an "
                   "experiment may take here and past any device call")
-#: MiniLM's text, under ``shared/data``.
-WIKITEXT = "wikitext-2/valid.txt"
 
 
 def run(setting: Setting) -> ExperimentResult:
@@ -146,16 +144,14 @@ def _run(config: Config, setting: Setting, text: _support.DefaultText | None = N
     """One seed of ``config``; the tests pass small stand-ins (``text``, a ``model_config`` for the
     default model, ``squad``, and ``model_path`` for MiniLM's)."""
     device = resolve_device(setting.device)
-    source = "default" if config.model == "default" else model_path or _support.minilm()
+    source = _support.model_source(config.model, model_path)
     squad = squad or squad_dir()
     missing = [name for name in SQUAD_FILES if not (squad / name).is_file()]
     if missing:
         raise DataError(f"{NAME} needs SQuAD v1.1 dev halves in {squad} ({', '.join(missing)} missing); set "
                         "OBJREG_SHARED_DATA to the folder that holds squad_v1.1/")
     setting.status("loading the text")
-    if text is None:
-        corpus = "default" if config.model == "default" else str(_support.shared_data() / WIKITEXT)
-        text = _support.default_text(config.seq_len, model=source, corpus=corpus)
+    text = text or _support.setting_text(config.model, config.seq_len, source)
     registry, vocab, tokenizer = text.registry, text.train.vocab, text.train.tokenizer
     task = registry.get_task("qa")
     data, task_heads = task.task_data(str(squad / SQUAD_FILES[1]), (), tokenizer, config.seq_len,
