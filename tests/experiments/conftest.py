@@ -1,5 +1,5 @@
-"""Stand-ins shared by the experiments' tests: a tiny corpus in the default text's shape, and an
-``analyze`` that records its settings and stops."""
+"""Stand-ins shared by the experiments' tests: a tiny corpus in the default text's shape, the same
+for a Hugging Face encoder, and an ``analyze`` that records its settings and stops."""
 
 from __future__ import annotations
 
@@ -16,6 +16,17 @@ def tiny_text(registry, tokenizer, texts):
     train, heldout = corpus.split(heldout_every=3)
     return _support.DefaultText(registry, objreg.TokenizedCorpus(tokenizer, train, 32),
                                 objreg.TokenizedCorpus(tokenizer, heldout, 32))
+
+
+@pytest.fixture(scope="session")
+def hf_text(tiny_bert, texts, tmp_path_factory):
+    """The test texts six times over as a corpus file, read with the tiny BERT's (MiniLM's)
+    tokenizer in rows of 32 tokens: the text of a MiniLM setting, in small."""
+    folder = tmp_path_factory.mktemp("hf-text")
+    corpus_file = folder / "corpus.txt"
+    corpus_file.write_text("\n\n".join(texts * 6), encoding="utf-8")
+    registry = objreg.Registry.load(load_entrypoints=False)
+    return _support.default_text(32, registry, folder / "cache", model=str(tiny_bert), corpus=str(corpus_file))
 
 
 @pytest.fixture

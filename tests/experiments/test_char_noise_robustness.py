@@ -73,17 +73,13 @@ def test_the_full_setting_is_minilm_continued_pre_training():
 
 
 @pytest.mark.e2e
-def test_tiny_continued_pre_training_of_a_hugging_face_encoder(tiny_bert, texts, tmp_path):
+def test_tiny_continued_pre_training_of_a_hugging_face_encoder(tiny_bert, hf_text, texts):
     # The MiniLM setting's path on a 2-layer BERT with MiniLM's tokenizer: both arms start from the
     # same saved weights, and the result names the setting.
-    registry = objreg.Registry.load(load_entrypoints=False)
-    corpus_file = tmp_path / "corpus.txt"
-    corpus_file.write_text("\n\n".join(texts * 6), encoding="utf-8")
-    text = _support.default_text(32, registry, tmp_path / "cache", model=str(tiny_bert), corpus=str(corpus_file))
     data = (texts * 5, torch.tensor([i % 2 for i in range(30)]))
     config = cn.Config(steps=3, seq_len=32, batch_size=4, lr=1e-4, probe_seq_len=40, finetune_epochs=1,
                        finetune_lr=1e-4, model="minilm")
-    result = cn._run(config, Setting(quick=True, seed=0, device="cpu"), text, None, data, str(tiny_bert))
+    result = cn._run(config, Setting(quick=True, seed=0, device="cpu"), hf_text, None, data, str(tiny_bert))
     json.dumps(result.to_dict(), allow_nan=False)
     assert result.setting["model"].startswith("all-MiniLM-L6-v2") and result.setting["lr"] == 1e-4
     figures = result.figures

@@ -64,20 +64,13 @@ def test_the_parts_decide_over_seeds(signals, gains, gains_entropy, verdict):
 
 
 @pytest.mark.e2e
-def test_twins_of_a_hugging_face_encoder_share_one_fitted_mlm_head(tiny_bert, texts, tmp_path):
+def test_twins_of_a_hugging_face_encoder_share_one_fitted_mlm_head(tiny_bert, hf_text, texts):
     # The MiniLM setting's path on a 2-layer BERT with MiniLM's tokenizer: the MLM head is fitted
     # once, then both twins continue from that one start.
-    import objreg
-    from objreg.experiments import _support
-
-    registry = objreg.Registry.load(load_entrypoints=False)
-    corpus_file = tmp_path / "corpus.txt"
-    corpus_file.write_text("\n\n".join(texts * 6), encoding="utf-8")
-    text = _support.default_text(32, registry, tmp_path / "cache", model=str(tiny_bert), corpus=str(corpus_file))
     data = (texts * 5, torch.tensor([i % 2 for i in range(30)]))
     config = em.Config(steps=3, batch_size=4, seq_len=32, rows=6, probe_seq_len=32, lr=1e-4, model="minilm",
                        lm_head_steps=2)
-    result = em._run(config, Setting(quick=True, seed=0, device="cpu"), text, None, data, str(tiny_bert))
+    result = em._run(config, Setting(quick=True, seed=0, device="cpu"), hf_text, None, data, str(tiny_bert))
     json.dumps(result.to_dict(), allow_nan=False)
     assert result.setting["model"].startswith("all-MiniLM-L6-v2") and result.setting["lm_head_steps"] == 2
     figures = result.figures

@@ -166,16 +166,12 @@ def test_the_full_setting_reads_minilm_through_a_fitted_mlm_head():
 
 
 @pytest.mark.e2e
-def test_a_tiny_run_on_a_hugging_face_encoder(tiny_bert, texts, squad, tmp_path):
+def test_a_tiny_run_on_a_hugging_face_encoder(tiny_bert, hf_text, squad):
     # The MiniLM setting's path on a 2-layer BERT with MiniLM's tokenizer: no pre-training, the MLM
     # head fitted alone (the encoder's weights untouched), then the alignment read.
-    registry = objreg.Registry.load(load_entrypoints=False)
-    corpus_file = tmp_path / "corpus.txt"
-    corpus_file.write_text("\n\n".join(texts * 6), encoding="utf-8")
-    text = _support.default_text(32, registry, tmp_path / "cache", model=str(tiny_bert), corpus=str(corpus_file))
     config = sl.Config(batches=3, batch_size=4, seq_len=32, pretrain_steps=0, pretrain_batch_size=4, eval_size=8,
                        head_fit_size=16, head_warmup_steps=2, model="minilm", lm_head_steps=3)
-    result = sl._run(config, Setting(quick=True, seed=0, device="cpu"), text=text, squad=squad,
+    result = sl._run(config, Setting(quick=True, seed=0, device="cpu"), text=hf_text, squad=squad,
                      model_path=str(tiny_bert))
     json.dumps(result.to_dict(), allow_nan=False)
     assert result.setting["model"].startswith("all-MiniLM-L6-v2") and result.setting["lm_head_steps"] == 3
