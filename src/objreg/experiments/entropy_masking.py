@@ -18,6 +18,9 @@ read on the same held-out rows (quick: 64 rows; full: 256) under each twin's own
 distribution, the same masks for both models: *uniform* 15% masking, and *entropy* masking drawn
 with the entropy twin's surprisal (the masks that twin trained on). Reading both twins only under
 uniform masks scores them on the uniform twin's own distribution, a bias towards it.
+:data:`MINILM` (not the full setting) continues all-MiniLM-L6-v2 instead, on WikiText-2 at 1e-4,
+after fitting its MLM head alone (the checkpoint ships none, and the entropy policy reads its
+surprisal through that head); both twins start from that one fitted model.
 
 **Measured.** *Signal*: the ratio of the two models' mean training loss (each on the tokens its
 own policy masked) over the second half of training. *Speed*: under each masking distribution,
